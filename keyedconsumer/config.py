@@ -1,0 +1,189 @@
+"""Validated consumer options (pydantic-settings).
+
+Every option can also come from an environment variable ``KEYEDCONSUMER_<FIELD>`` (for example
+``KEYEDCONSUMER_CONCURRENCY=16``; lists as JSON or comma-separated). Keyword arguments win over the
+environment. A bad value raises :class:`pydantic.ValidationError` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+__all__ = ["ConsumerConfig", "Ordering", "SECRET_WORDS", "redact"]
+
+Ordering = Literal["key", "partition", "none"]
+
+#: librdkafka properties the engine owns. ``enable.auto.offset.store`` is always false: offsets are
+#: stored only for finished messages (xkafka proposal, seed 003).
+_OWNED = {
+    "bootstrap.servers": "brokers",
+    "group.id": "group_id",
+    "enable.auto.offset.store": None,
+    "enable.auto.commit": "manual_commit",
+    "on_commit": None,
+}
+
+#: Substrings that mark a configuration key as secret: its value never appears in a repr, a log
+#: line or an error.
+SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas")
+
+
+def redact(config: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of a librdkafka property dict with secret values replaced by ``'***'``."""
+    return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in config.items()}
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip()
+        if value.startswith("["):
+            import json
+
+            return json.loads(value)
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class ConsumerConfig(BaseSettings):
+    """Options of a :class:`~keyedconsumer.KeyedConsumer`.
+
+    Parameters
+    ----------
+    name:
+        The consumer's name; also the consumer group id unless ``group_id`` is given.
+    brokers:
+        Bootstrap servers, ``host:port`` strings (librdkafka ``bootstrap.servers``).
+    topics:
+        Topics to subscribe to (a name starting with ``^`` is a regex, as in librdkafka).
+    group_id:
+        Consumer group id; defaults to ``name``.
+    concurrency:
+        Handlers running at once, >= 1. ``1`` runs one message at a time (the default).
+    ordering:
+        ``"key"``: one message at a time per (partition, key), in offset order; null keys share one
+        lane per partition. ``"partition"``: one at a time per partition. ``"none"``: no order.
+    manual_commit:
+        ``False``: librdkafka commits the stored offsets every ``auto.commit.interval.ms``.
+        ``True``: each offset advance is committed synchronously and every per-partition commit
+        error is checked.
+    max_in_flight:
+        Messages buffered or running, >= 1. Above it the assigned partitions are paused; they are
+        resumed below half of it. Polling goes on while paused.
+    max_in_flight_bytes:
+        The same bound in bytes of key + value.
+    batch_size:
+        Records asked of librdkafka per ``consume()`` call.
+    poll_timeout_s:
+        Seconds one ``consume()`` call may wait; also the longest delay of an offset store.
+    shutdown_timeout_s:
+        Seconds ``stop()`` waits for running handlers before committing and closing.
+    revoke_timeout_s:
+        Seconds a revoke waits for the revoked partitions' running handlers before committing.
+    startup_timeout_s:
+        Seconds to wait for the first metadata answer from the brokers before failing.
+    auto_offset_reset:
+        Where a group with no committed offset starts (librdkafka ``auto.offset.reset``).
+    config:
+        Any other librdkafka property, passed through unchanged. The properties the engine owns
+        (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
+        are rejected here: use the fields above.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="KEYEDCONSUMER_",
+        extra="forbid",
+        allow_inf_nan=False,
+        validate_default=True,
+    )
+
+    name: str = Field(min_length=1)
+    brokers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
+    topics: Annotated[list[str], NoDecode] = Field(min_length=1)
+    group_id: str | None = None
+    concurrency: int = Field(default=1, ge=1, le=100_000)
+    ordering: Ordering = "key"
+    manual_commit: bool = False
+    max_in_flight: int = Field(default=10_000, ge=1)
+    max_in_flight_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    batch_size: int = Field(default=500, ge=1, le=1_000_000)
+    poll_timeout_s: float = Field(default=0.1, gt=0, le=60)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    revoke_timeout_s: float = Field(default=10.0, gt=0)
+    startup_timeout_s: float = Field(default=30.0, gt=0)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("brokers", "topics", mode="before")
+    @classmethod
+    def _split_lists(cls, value: Any) -> Any:
+        return _split(value)
+
+    @field_validator(
+        "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", mode="before"
+    )
+    @classmethod
+    def _no_bool_for_int(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer, got a boolean")
+        return value
+
+    @field_validator("manual_commit", mode="before")
+    @classmethod
+    def _no_int_for_bool(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError("expected a boolean, got a number")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _not_owned(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for prop, field in _OWNED.items():
+            if prop in value:
+                hint = f"use the {field!r} option" if field else "the engine always sets it"
+                raise ValueError(f"librdkafka property {prop!r} is owned by keyedconsumer: {hint}")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ConsumerConfig:
+        if self.group_id is None:
+            self.group_id = self.name
+        return self
+
+    @property
+    def group(self) -> str:
+        """The consumer group id (``group_id``, else ``name``)."""
+        return self.group_id or self.name
+
+    @property
+    def uses_consumer_protocol(self) -> bool:
+        """True when ``group.protocol=consumer`` (KIP-848) is configured."""
+        return str(self.config.get("group.protocol", "classic")).lower() == "consumer"
+
+    def librdkafka(self) -> dict[str, Any]:
+        """Return the librdkafka property dict the engine passes to the client.
+
+        ``partition.assignment.strategy`` defaults to ``cooperative-sticky`` under the classic
+        protocol; under ``group.protocol=consumer`` (KIP-848) the assignor runs on the broker and
+        the client-side properties the new protocol rejects are not set.
+        """
+        conf: dict[str, Any] = {
+            "bootstrap.servers": ",".join(self.brokers),
+            "group.id": self.group,
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": not self.manual_commit,
+            "auto.offset.reset": self.auto_offset_reset,
+            # Bound librdkafka's own prefetch buffer; our buffer is bounded by max_in_flight(_bytes).
+            "queued.max.messages.kbytes": max(1024, min(65536, self.max_in_flight_bytes // 1024 // 4)),
+        }
+        if not self.uses_consumer_protocol:
+            conf["partition.assignment.strategy"] = "cooperative-sticky"
+        conf.update(self.config)
+        return conf
+
+    def __repr_args__(self) -> Any:
+        for k, v in super().__repr_args__():
+            yield (k, redact(v) if k == "config" and isinstance(v, dict) else v)

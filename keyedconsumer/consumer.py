@@ -1,0 +1,365 @@
+"""KeyedConsumer: poll -> sequence -> run -> store offsets; run / run_async / stop.
+
+One poll thread owns the Kafka client: it polls, admits messages to the dispatcher, stores (or
+commits) the offsets the workers finished, pauses and resumes fetching, and handles rebalances
+(whose callbacks librdkafka runs inside its poll call, in the same thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Union
+
+from . import kafka
+from .config import ConsumerConfig
+from .dispatch import ACTIVE, Dispatcher
+from .errors import KafkaClientError, KeyedConsumerError, MessageError
+from .executors import AsyncExecutor, Executor, ThreadExecutor
+from .kafka import TP, ClientFactory, KafkaClient
+from .message import Message, Status
+
+__all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler"]
+
+log = logging.getLogger("keyedconsumer")
+
+#: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
+Handler = Union[Callable[[Message], None], Callable[[Message], Awaitable[None]]]
+#: A middleware takes a handler and returns a handler of the same kind (sync or async).
+Middleware = Callable[[Any], Any]
+#: ``error_handler(error, message_or_None)``; returning normally marks the failure handled.
+ErrorHandler = Callable[[BaseException, Union[Message, None]], Any]
+
+
+def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:
+    """Wrap ``handler`` in ``middlewares``; the first given is the outermost (xkafka order)."""
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    wrapped: Any = handler
+    for mw in reversed(list(middlewares)):
+        wrapped = mw(wrapped)
+        if not callable(wrapped):
+            raise TypeError(f"middleware {mw!r} returned a non-callable {type(wrapped).__name__}")
+    return wrapped  # type: ignore[no-any-return]
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+class KeyedConsumer:
+    """Consume Kafka topics concurrently, one message at a time per key, storing only finished offsets.
+
+    Parameters
+    ----------
+    handler:
+        ``def handle(msg: Message) -> None`` (run on a pool of ``concurrency`` threads) or
+        ``async def`` (run as ``concurrency`` coroutines on one event loop). Raise, or call
+        ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip.
+    middlewares:
+        Handler-in, handler-out callables; the first given is the outermost.
+    error_handler:
+        ``error_handler(error, message_or_None)`` for failures no middleware handled and for Kafka
+        client errors. Returning normally marks a failed message handled (status ``FAIL``, done);
+        raising, or no handler at all, stops the consumer and ``run()`` raises.
+    client_factory:
+        Builds the Kafka client (default: librdkafka via confluent-kafka); tests may pass another.
+    settings:
+        A ready :class:`ConsumerConfig`; otherwise ``**options`` are its fields (``name``,
+        ``brokers``, ``topics``, ``concurrency``, ``ordering``, ``manual_commit``,
+        ``max_in_flight``, ``config`` ...), also readable from ``KEYEDCONSUMER_*`` variables.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        A bad option, naming the field.
+    TypeError
+        ``handler`` or a middleware's result is not callable.
+    """
+
+    def __init__(
+        self,
+        *,
+        handler: Handler,
+        middlewares: Sequence[Middleware] = (),
+        error_handler: ErrorHandler | None = None,
+        client_factory: ClientFactory | None = None,
+        settings: ConsumerConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = settings if settings is not None else ConsumerConfig(**options)
+        self._handler = compose(handler, middlewares)
+        self._async = _is_async(self._handler)
+        self._error_handler = error_handler
+        self._factory: ClientFactory = client_factory or kafka.connect
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._error_lock = threading.Lock()
+        self._active = False
+        self._closing = False
+        self._paused: set[TP] = set()
+        self._client: KafkaClient | None = None
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency)
+        self.peak_in_flight = 0  # highest number of buffered + running messages seen
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Consume until :meth:`stop`, SIGINT/SIGTERM, or an unhandled error.
+
+        Installs SIGINT and SIGTERM handlers (restored on return) when called from the main thread.
+
+        Raises
+        ------
+        MessageError
+            A message failed and nothing handled it (after the graceful stop; offsets were committed
+            up to, never past, that message).
+        KafkaClientError
+            A fatal client error, no answer from the brokers within ``startup_timeout_s``, or an
+            invalid librdkafka property.
+        """
+        restore = self._install_signals()
+        try:
+            self._reset()
+            executor: Executor
+            if self._async:
+                executor = AsyncExecutor(self._d, self._handler, self._resolve, self.config.concurrency)  # type: ignore[arg-type]
+            else:
+                executor = ThreadExecutor(self._d, self._handler, self._resolve, self.config.concurrency)
+            self._serve(executor)
+        finally:
+            restore()
+
+    async def run_async(self) -> None:
+        """Like :meth:`run`, awaited. ``async def`` handlers run on the caller's event loop.
+
+        Cancelling the awaiting task stops the consumer gracefully, then re-raises the cancellation.
+        """
+        loop = asyncio.get_running_loop()
+        self._reset()
+        executor: Executor
+        if self._async:
+            executor = AsyncExecutor(self._d, self._handler, self._resolve, self.config.concurrency, loop)  # type: ignore[arg-type]
+        else:
+            executor = ThreadExecutor(self._d, self._handler, self._resolve, self.config.concurrency)
+        fut = loop.run_in_executor(None, self._serve, executor)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self.stop()
+            await fut
+            raise
+
+    def _reset(self) -> None:
+        if self._active:
+            raise KeyedConsumerError("this consumer is already running")
+        self._stop.clear()
+        self._error = None
+        self._closing = False
+        self._paused.clear()
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency)
+
+    def stop(self) -> None:
+        """Stop gracefully: start nothing new, let running handlers finish (up to
+        ``shutdown_timeout_s``), commit the finished offsets, close the client (leaving the group).
+        Safe from any thread and from signal handlers; returns at once."""
+        self._stop.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages buffered or running now."""
+        return self._d.buffered
+
+    @property
+    def assignment(self) -> list[TP]:
+        """The partitions assigned now, as ``(topic, partition)``."""
+        return self._d.assigned()
+
+    # -- outcome of a message (worker threads / event loop) --------------------------------------
+
+    def _resolve(self, msg: Message) -> bool:
+        if msg.status is Status.SUCCESS or msg.status is Status.SKIP:
+            return True
+        err = msg.error if msg.error is not None else RuntimeError("ack_fail() without an error")
+        if self._error_handler is not None:
+            try:
+                self._error_handler(err, msg)
+                return True
+            except BaseException as exc:
+                failure = MessageError(msg.topic, msg.partition, msg.offset, exc)
+                failure.__cause__ = exc
+                self._fail(failure)
+                return False
+        failure = MessageError(msg.topic, msg.partition, msg.offset, err)
+        failure.__cause__ = err
+        self._fail(failure)
+        return False
+
+    def _fail(self, error: BaseException) -> None:
+        with self._error_lock:
+            if self._error is None:
+                self._error = error
+                log.error("stopping: %s", error)
+        self._stop.set()
+        self._d.halt()
+
+    def _on_client_error(self, err: KafkaClientError) -> None:
+        if err.fatal:
+            self._fail(err)
+        elif self._error_handler is not None:
+            try:
+                self._error_handler(err, None)
+            except BaseException as exc:
+                self._fail(exc)
+        else:
+            log.warning("%s", err)
+
+    # -- the poll thread ------------------------------------------------------------------------
+
+    def _serve(self, executor: Executor) -> None:
+        self._active = True
+        cfg = self.config
+        d = self._d
+        client = self._factory(cfg.librdkafka(), self._on_client_error)
+        self._client = client
+        started = False
+        try:
+            client.check_brokers(cfg.startup_timeout_s)
+            client.subscribe(cfg.topics, _Listener(self, client))
+            executor.start()
+            started = True
+            max_in_flight, batch = cfg.max_in_flight, cfg.batch_size
+            while not self._stop.is_set():
+                room = max_in_flight - d.buffered
+                msgs = client.poll_batch(batch if room >= batch else max(1, room), cfg.poll_timeout_s)
+                if msgs:
+                    d.admit(msgs)
+                    if d.buffered > self.peak_in_flight:
+                        self.peak_in_flight = d.buffered
+                self._store(client)
+                self._backpressure(client)
+        finally:
+            self._shutdown(client, executor, started)
+            self._active = False
+        if self._error is not None:
+            raise self._error
+
+    def _store(self, client: KafkaClient) -> None:
+        advances = self._d.advances()
+        if not advances:
+            return
+        if self.config.manual_commit:
+            try:
+                client.commit([(p.topic, p.partition, wm) for p, wm in advances])
+            except KafkaClientError as exc:
+                self._on_client_error(exc)
+                self._d.mark_dirty([p for p, _ in advances])
+                return
+            for p, wm in advances:
+                p.stored = wm
+            return
+        for p, wm in advances:
+            try:
+                client.store(p.topic, p.partition, wm)
+                p.stored = wm
+            except KafkaClientError as exc:  # e.g. the partition is no longer assigned
+                log.debug("offset not stored: %s", exc)
+
+    def _backpressure(self, client: KafkaClient) -> None:
+        d, cfg = self._d, self.config
+        if d.buffered >= cfg.max_in_flight or d.buffered_bytes >= cfg.max_in_flight_bytes:
+            new = [tp for tp in d.assigned() if tp not in self._paused]
+            if new:
+                client.pause(new)
+                self._paused.update(new)
+        elif (
+            self._paused
+            and d.buffered <= cfg.max_in_flight // 2
+            and d.buffered_bytes <= cfg.max_in_flight_bytes // 2
+        ):
+            assigned = set(d.assigned())
+            client.resume([tp for tp in self._paused if tp in assigned])
+            self._paused.clear()
+
+    def _shutdown(self, client: KafkaClient, executor: Executor, started: bool) -> None:
+        d, cfg = self._d, self.config
+        d.halt()
+        if started and not d.wait_idle(None, cfg.shutdown_timeout_s):
+            log.warning(
+                "%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
+                d.running,
+                cfg.shutdown_timeout_s,
+            )
+        try:
+            self._store(client)
+            final = [
+                (p.topic, p.partition, wm)
+                for p in list(d.parts.values())
+                if p.state == ACTIVE and (wm := p.tracker.watermark()) is not None
+            ]
+            if final and started:
+                client.commit(final)
+                for p in d.parts.values():
+                    p.stored = p.tracker.watermark()
+        except KafkaClientError as exc:
+            log.warning("final commit failed: %s", exc)
+        self._closing = True
+        try:
+            client.close()
+        except Exception as exc:  # closing must not hide the error that stopped us
+            log.warning("closing the Kafka client failed: %s", exc)
+        d.close()
+        if started:
+            executor.join(min(cfg.shutdown_timeout_s, 5.0))
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, lambda _s, _f: self.stop())
+
+        def restore() -> None:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+
+class _Listener:
+    """Rebalance callbacks (run by librdkafka inside ``poll_batch``, in the poll thread)."""
+
+    def __init__(self, consumer: KeyedConsumer, client: KafkaClient) -> None:
+        self._c = consumer
+        self._client = client
+
+    def on_assign(self, partitions: list[TP]) -> None:
+        log.info("assigned %s", partitions)
+        self._c._d.assign(partitions)
+
+    def on_revoke(self, partitions: list[TP]) -> None:
+        c = self._c
+        d = c._d
+        parts = d.begin_revoke(partitions)
+        c._paused.difference_update(partitions)
+        if not parts:
+            return
+        timeout = 0.0 if c._closing else c.config.revoke_timeout_s
+        if not d.wait_idle(parts, timeout) and timeout:
+            log.warning("revoke: handlers of %s still running after %g s", partitions, timeout)
+        final = d.close_parts(parts)
+        if final:
+            try:
+                self._client.commit(final)
+            except KafkaClientError as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        log.info("revoked %s, committed %s", partitions, final)
+
+    def on_lost(self, partitions: list[TP]) -> None:
+        log.warning("lost %s: dropping their messages without committing", partitions)
+        self._c._d.begin_revoke(partitions, lost=True)
+        self._c._paused.difference_update(partitions)

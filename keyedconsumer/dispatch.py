@@ -1,0 +1,285 @@
+"""Per-key sequencing, the ready queue and in-flight accounting, shared by the poll thread and the
+workers under one lock.
+
+A *lane* is what must run one message at a time: ``(partition, key)`` under ``ordering="key"``
+(null keys share one lane per partition), the partition under ``"partition"``, nothing under
+``"none"``. A lane's head is running or in the ready queue; the rest wait in the lane's deque. The
+lanes of a partition outlive its assignment while a head still runs, so a partition revoked and
+assigned back cannot start a second message of a key whose first is still running.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .kafka import TP
+from .message import Message
+from .offsets import OffsetTracker
+
+__all__ = ["Dispatcher", "Partition", "ACTIVE", "REVOKING", "CLOSED"]
+
+ACTIVE, REVOKING, CLOSED = 0, 1, 2
+
+#: Upper bound of messages a worker takes at once; small so a slow handler delays few others.
+MAX_CHUNK = 16
+
+Lanes = dict[object, "deque[Message] | None"]
+
+
+class Partition:
+    """One assignment of one partition: its offset tracker and what runs from it."""
+
+    __slots__ = ("topic", "partition", "tracker", "state", "running", "stored", "lanes")
+
+    def __init__(self, tp: TP, lanes: Lanes) -> None:
+        self.topic, self.partition = tp
+        self.tracker = OffsetTracker()
+        self.state = ACTIVE
+        self.running = 0  # taken by a worker and not finished
+        self.stored: int | None = None  # last offset stored or committed for this assignment
+        self.lanes = lanes
+
+    @property
+    def tp(self) -> TP:
+        return (self.topic, self.partition)
+
+
+class Dispatcher:
+    """State shared by the poll thread and the workers. Every method takes ``self.lock``.
+
+    Parameters
+    ----------
+    ordering:
+        ``"key"``, ``"partition"`` or ``"none"``.
+    concurrency:
+        Number of workers; sets how many ready messages one worker takes at once.
+    """
+
+    def __init__(self, ordering: str, concurrency: int) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)  # workers: work is ready
+        self.settled = threading.Condition(self.lock)  # wait_idle: something finished
+        self.ordering = ordering
+        self.concurrency = concurrency
+        self.ready: deque[Message] = deque()
+        self.parts: dict[TP, Partition] = {}
+        self._lanes_by_tp: dict[TP, Lanes] = {}
+        self.buffered = 0  # admitted and not finished or dropped
+        self.buffered_bytes = 0
+        self.running = 0
+        self.halted = False  # no new message starts
+        self.closed = False  # workers exit
+        self.waiters = 0  # threads waiting in wait_* for running to drop
+        self.wake: Callable[[int], None] = lambda n: None  # set by the executor; called under lock
+        self._dirty: set[Partition] = set()
+
+    # -- assignment -----------------------------------------------------------------------------
+
+    def assign(self, tps: Iterable[TP]) -> None:
+        with self.lock:
+            for tp in tps:
+                lanes = self._lanes_by_tp.setdefault(tp, {})
+                self.parts[tp] = Partition(tp, lanes)
+
+    def assigned(self) -> list[TP]:
+        with self.lock:
+            return list(self.parts)
+
+    def begin_revoke(self, tps: Iterable[TP], lost: bool = False) -> list[Partition]:
+        """Stop the partitions: drop their queued messages; none of theirs starts from now on.
+
+        With ``lost`` the partitions are closed at once (nothing of theirs is stored again).
+        """
+        out: list[Partition] = []
+        with self.lock:
+            for tp in tps:
+                part = self.parts.pop(tp, None)
+                if part is None:
+                    continue
+                part.state = CLOSED if lost else REVOKING
+                self._drop_queued(part)
+                out.append(part)
+        return out
+
+    def _drop_queued(self, part: Partition) -> None:
+        lanes = part.lanes
+        for q in lanes.values():
+            if q:
+                for m in q:
+                    self._forget(m)
+                q.clear()
+        if self.ready:
+            keep: deque[Message] = deque()
+            for m in self.ready:
+                if m._part is part:
+                    self._forget(m)
+                    lanes.pop(self._lane_key(m), None)
+                else:
+                    keep.append(m)
+            self.ready = keep
+        self._dirty.discard(part)
+
+    def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
+        """Wait until nothing of ``parts`` (all partitions when ``None``) runs. Returns success."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            self.waiters += 1
+            try:
+                while True:
+                    busy = self.running if parts is None else sum(p.running for p in parts)
+                    if busy == 0:
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self.settled.wait(left)
+            finally:
+                self.waiters -= 1
+
+    def close_parts(self, parts: list[Partition]) -> list[tuple[str, int, int]]:
+        """Close revoked partitions; return ``(topic, partition, offset)`` still to commit."""
+        out = []
+        with self.lock:
+            for part in parts:
+                if part.state == REVOKING:
+                    wm = part.tracker.watermark()
+                    if wm is not None:
+                        out.append((part.topic, part.partition, wm))
+                part.state = CLOSED
+        return out
+
+    # -- the poll thread ------------------------------------------------------------------------
+
+    def _lane_key(self, msg: Message) -> object:
+        return msg.key if self.ordering == "key" else 0
+
+    def admit(self, msgs: list[Message]) -> None:
+        """Take freshly polled messages: track their offsets and queue them on their lanes."""
+        ready = self.ready
+        by_key = self.ordering == "key"
+        sequenced = self.ordering != "none"
+        added = 0
+        with self.lock:
+            parts = self.parts
+            for msg in msgs:
+                part = parts.get((msg.topic, msg.partition))
+                if part is None or not part.tracker.add(msg.offset):
+                    continue  # not assigned (any more), or a re-delivery of a tracked offset
+                msg._part = part
+                self.buffered += 1
+                self.buffered_bytes += msg._size
+                if sequenced:
+                    lanes = part.lanes
+                    msg._lanes = lanes
+                    lk = msg.key if by_key else 0
+                    if lk in lanes:
+                        q = lanes[lk]
+                        if q is None:
+                            lanes[lk] = q = deque()
+                        q.append(msg)
+                        continue
+                    lanes[lk] = None
+                ready.append(msg)
+                added += 1
+            if added:
+                self.wake(added)
+
+    def advances(self) -> list[tuple[Partition, int]]:
+        """Partitions whose watermark moved past what was stored: ``[(partition, offset)]``."""
+        with self.lock:
+            if not self._dirty:
+                return []
+            out = []
+            for part in self._dirty:
+                if part.state == ACTIVE:
+                    wm = part.tracker.watermark()
+                    if wm is not None and (part.stored is None or wm > part.stored):
+                        out.append((part, wm))
+            self._dirty.clear()
+            return out
+
+    def mark_dirty(self, parts: Iterable[Partition]) -> None:
+        """Report ``parts`` again from :meth:`advances` (their store or commit failed)."""
+        with self.lock:
+            self._dirty.update(p for p in parts if p.state == ACTIVE)
+
+    def halt(self) -> None:
+        """Start nothing new: drop every ready and queued message (they stay not done)."""
+        with self.lock:
+            self.halted = True
+            for m in self.ready:
+                self._forget(m)
+            self.ready.clear()
+            for lanes in self._lanes_by_tp.values():
+                for q in lanes.values():
+                    if q:
+                        for m in q:
+                            self._forget(m)
+                        q.clear()
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        """Let the workers exit once they are idle."""
+        with self.lock:
+            self.closed = True
+            self.halted = True
+            self.cond.notify_all()
+            self.wake(1 << 30)
+
+    # -- the workers ----------------------------------------------------------------------------
+
+    def take_locked(self) -> list[Message]:
+        """Pop a chunk of ready messages for one worker (caller holds ``lock``; ready not empty)."""
+        ready = self.ready
+        n = len(ready) // self.concurrency
+        if n <= 1:
+            msg = ready.popleft()
+            msg._part.running += 1
+            self.running += 1
+            return [msg]
+        n = min(n, MAX_CHUNK)
+        chunk = [ready.popleft() for _ in range(n)]
+        for msg in chunk:
+            msg._part.running += 1
+        self.running += n
+        return chunk
+
+    def may_start(self, msg: Message) -> bool:
+        """True unless the consumer halted or the message's partition was revoked or lost."""
+        return not self.halted and msg._part.state == ACTIVE
+
+    def finish(self, msg: Message, done: bool) -> None:
+        """A taken message ended (``done``: its offset may be stored) or was not started."""
+        with self.lock:
+            part = msg._part
+            lanes = msg._lanes
+            if lanes is not None:
+                lk = msg.key if self.ordering == "key" else 0
+                q = lanes.get(lk)
+                if q:
+                    nxt = q.popleft()
+                    if self.halted or nxt._part.state != ACTIVE:
+                        self._forget(nxt)
+                        for m in q:
+                            self._forget(m)
+                        del lanes[lk]
+                    else:
+                        self.ready.append(nxt)
+                        self.wake(1)
+                else:
+                    lanes.pop(lk, None)
+            if done and part.state != CLOSED:
+                part.tracker.done(msg.offset)
+                self._dirty.add(part)
+            part.running -= 1
+            self.running -= 1
+            self._forget(msg)
+            if self.waiters:
+                self.settled.notify_all()
+
+    def _forget(self, msg: Message) -> None:
+        self.buffered -= 1
+        self.buffered_bytes -= msg._size

@@ -1,0 +1,213 @@
+"""Where handlers run: a pool of threads for plain functions, worker coroutines for ``async def``.
+
+Both take ready messages from the :class:`~keyedconsumer.dispatch.Dispatcher`, run at most
+``concurrency`` handlers at once, and report each end with ``Dispatcher.finish``. Neither blocks the
+poll thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .dispatch import Dispatcher
+from .message import Message, Status
+
+__all__ = ["ThreadExecutor", "AsyncExecutor", "Executor"]
+
+#: ``resolve(msg) -> done``: decides a finished message's fate (error handler, fatal stop).
+Resolve = Callable[[Message], bool]
+
+
+class Executor:
+    def start(self) -> None: ...
+    def join(self, timeout_s: float) -> None: ...
+
+
+class ThreadExecutor(Executor):
+    """Run a plain-function handler on ``concurrency`` threads."""
+
+    def __init__(
+        self, d: Dispatcher, handler: Callable[[Message], Any], resolve: Resolve, concurrency: int
+    ) -> None:
+        self._d = d
+        self._handler = handler
+        self._resolve = resolve
+        self._idle = 0
+        self._threads = [
+            threading.Thread(target=self._work, name=f"keyedconsumer-worker-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        d.wake = self._wake
+
+    def _wake(self, n: int) -> None:  # called with d.lock held
+        if self._idle:
+            self._d.cond.notify(min(n, self._idle))
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout_s: float) -> None:
+        for t in self._threads:
+            t.join(timeout_s)
+
+    def _work(self) -> None:
+        d = self._d
+        cond = d.cond
+        handler = self._handler
+        resolve = self._resolve
+        finish = d.finish
+        while True:
+            with cond:
+                while not d.ready:
+                    if d.closed:
+                        return
+                    self._idle += 1
+                    cond.wait()
+                    self._idle -= 1
+                chunk = d.take_locked()
+            for msg in chunk:
+                if not d.may_start(msg):
+                    finish(msg, False)
+                    continue
+                try:
+                    handler(msg)
+                except BaseException as exc:  # a handler's exception fails its message only
+                    msg.status = Status.FAIL
+                    msg.error = exc
+                else:
+                    if msg.status is Status.PENDING:
+                        msg.status = Status.SUCCESS
+                finish(msg, resolve(msg))
+
+
+class AsyncExecutor(Executor):
+    """Run an ``async def`` handler as ``concurrency`` worker coroutines on one event loop.
+
+    Parameters
+    ----------
+    loop:
+        The loop to run on (``run_async`` passes the caller's); ``None`` starts a private loop in a
+        thread of its own.
+    """
+
+    def __init__(
+        self,
+        d: Dispatcher,
+        handler: Callable[[Message], Awaitable[Any]],
+        resolve: Resolve,
+        concurrency: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self._d = d
+        self._handler = handler
+        self._resolve = resolve
+        self._concurrency = concurrency
+        self._own_loop = loop is None
+        self._loop = loop or asyncio.new_event_loop()
+        self._loop_thread_id: int | None = None
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._wake_pending = False
+        self._thread: threading.Thread | None = None
+        self._done: Any = None
+        d.wake = self._wake
+
+    def start(self) -> None:
+        if self._own_loop:
+            self._thread = threading.Thread(target=self._run_loop, name="keyedconsumer-asyncio", daemon=True)
+            self._thread.start()
+        else:
+            self._done = asyncio.run_coroutine_threadsafe(self._main(), self._loop)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        self._loop_thread_id = threading.get_ident()
+        await asyncio.gather(*(self._work() for _ in range(self._concurrency)))
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        elif self._done is not None:
+            try:
+                self._done.result(timeout_s)
+            except Exception:  # timed out or cancelled: the loop owner ends it
+                pass
+
+    # -- waking (called with d.lock held) ---------------------------------------------------------
+
+    def _wake(self, n: int) -> None:
+        if not self._waiters:
+            return
+        if threading.get_ident() == self._loop_thread_id:
+            self._release(n)
+        elif not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._wake_from_other_thread)
+            except RuntimeError:  # loop closed
+                pass
+
+    def _wake_from_other_thread(self) -> None:
+        with self._d.lock:
+            self._wake_pending = False
+            self._release(len(self._d.ready) if not self._d.closed else len(self._waiters))
+
+    def _release(self, n: int) -> None:
+        waiters = self._waiters
+        while n > 0 and waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    # -- the worker -------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        d = self._d
+        handler = self._handler
+        resolve = self._resolve
+        finish = d.finish
+        loop = self._loop
+        ran = 0
+        while True:
+            with d.lock:
+                if d.ready:
+                    chunk: list[Message] | None = d.take_locked()
+                elif d.closed:
+                    return
+                else:
+                    chunk = None
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._waiters.append(fut)
+            if chunk is None:
+                await fut
+                continue
+            for msg in chunk:
+                if not d.may_start(msg):
+                    finish(msg, False)
+                    continue
+                try:
+                    await handler(msg)
+                except asyncio.CancelledError:
+                    finish(msg, False)  # the loop is going away: not done, delivered again later
+                    raise
+                except BaseException as exc:  # a handler's exception fails its message only
+                    msg.status = Status.FAIL
+                    msg.error = exc
+                else:
+                    if msg.status is Status.PENDING:
+                        msg.status = Status.SUCCESS
+                finish(msg, resolve(msg))
+                ran += 1
+                if ran & 63 == 0:
+                    await asyncio.sleep(0)  # a handler that never awaits must not starve the loop

@@ -1,0 +1,163 @@
+"""The only module that imports ``confluent_kafka``: the Kafka client behind a narrow seam.
+
+The engine talks to :class:`KafkaClient`, a ``Protocol``; :func:`connect` builds the real one on
+librdkafka. Tests and :mod:`keyedconsumer.testing` can pass another factory to the consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from .errors import CommitError, KafkaClientError
+from .message import Message
+
+__all__ = ["KafkaClient", "ClientFactory", "RebalanceListener", "connect", "TP"]
+
+log = logging.getLogger("keyedconsumer.kafka")
+
+#: A topic-partition: ``(topic, partition)``.
+TP = tuple[str, int]
+
+
+class RebalanceListener(Protocol):
+    """Receives assignment changes, in the poll thread, inside ``poll_batch``."""
+
+    def on_assign(self, partitions: list[TP]) -> None: ...
+    def on_revoke(self, partitions: list[TP]) -> None: ...
+    def on_lost(self, partitions: list[TP]) -> None: ...
+
+
+class KafkaClient(Protocol):
+    """What the engine needs of a Kafka consumer client. Used from one thread (the poll thread)."""
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]: ...
+    def store(self, topic: str, partition: int, offset: int) -> None: ...
+    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None: ...
+    def pause(self, partitions: Sequence[TP]) -> None: ...
+    def resume(self, partitions: Sequence[TP]) -> None: ...
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, int | None]: ...
+    def check_brokers(self, timeout_s: float) -> None: ...
+    def close(self) -> None: ...
+
+
+#: ``factory(librdkafka_config, on_error) -> KafkaClient``; ``on_error`` receives client errors.
+ClientFactory = Callable[[dict[str, Any], Callable[[KafkaClientError], None]], KafkaClient]
+
+# Errors librdkafka reports on commit that mean "nothing to do", not a failure (case C8).
+_BENIGN_COMMIT = {KafkaError._NO_OFFSET}
+
+
+def _client_error(err: KafkaError, what: str) -> KafkaClientError:
+    return KafkaClientError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal())
+
+
+class _ConfluentClient:
+    """:class:`KafkaClient` on ``confluent_kafka.Consumer``."""
+
+    def __init__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> None:
+        self._on_error = on_error
+        conf = dict(conf)
+        conf["error_cb"] = self._error_cb
+        try:
+            self._consumer = Consumer(conf)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise KafkaClientError(f"cannot create the Kafka consumer: {err.str()}", code=err.name()) from None
+
+    def _error_cb(self, err: KafkaError) -> None:
+        self._on_error(_client_error(err, "Kafka client error"))
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        def tps(parts: list[TopicPartition]) -> list[TP]:
+            return [(p.topic, p.partition) for p in parts]
+
+        # The callbacks never call assign()/unassign(): confluent-kafka applies the (incremental)
+        # assignment itself after the callback returns, which incremental protocols require (C10).
+        self._consumer.subscribe(
+            list(topics),
+            on_assign=lambda _c, parts: listener.on_assign(tps(parts)),
+            on_revoke=lambda _c, parts: listener.on_revoke(tps(parts)),
+            on_lost=lambda _c, parts: listener.on_lost(tps(parts)),
+        )
+
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
+        out: list[Message] = []
+        append = out.append
+        for raw in self._consumer.consume(max_messages, timeout_s):
+            err = raw.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    where = f"topic={raw.topic()} partition={raw.partition()}"
+                    self._on_error(_client_error(err, f"consume error ({where})"))
+                continue
+            ts_type, ts = raw.timestamp()
+            append(
+                Message(
+                    raw.topic(),  # type: ignore[arg-type]
+                    raw.partition(),  # type: ignore[arg-type]
+                    raw.offset(),  # type: ignore[arg-type]
+                    raw.key(),  # type: ignore[arg-type]
+                    raw.value(),  # type: ignore[arg-type]
+                    raw.headers(),  # type: ignore[arg-type]
+                    ts if ts_type else None,
+                )
+            )
+        return out
+
+    def store(self, topic: str, partition: int, offset: int) -> None:
+        # One partition per call: librdkafka fails a multi-partition store only when every
+        # partition fails, so a mixed call could silently drop one (case C9).
+        try:
+            self._consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
+        except KafkaException as exc:
+            raise _client_error(exc.args[0], f"store_offsets topic={topic} partition={partition}") from None
+
+    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
+        tps = [TopicPartition(t, p, o) for t, p, o in offsets]
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() in _BENIGN_COMMIT:
+                return
+            raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
+        failed = [tp for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT]
+        if failed:
+            desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.name()}" for tp in failed)
+            raise CommitError(f"commit failed for {desc}", code=failed[0].error.name())
+
+    def pause(self, partitions: Sequence[TP]) -> None:
+        if partitions:
+            self._consumer.pause([TopicPartition(t, p) for t, p in partitions])
+
+    def resume(self, partitions: Sequence[TP]) -> None:
+        if partitions:
+            self._consumer.resume([TopicPartition(t, p) for t, p in partitions])
+
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, int | None]:
+        res = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
+
+    def check_brokers(self, timeout_s: float) -> None:
+        try:
+            self._consumer.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise KafkaClientError(
+                f"no answer from the brokers within {timeout_s:g} s: {err.name()}: {err.str()} "
+                "(check 'brokers' / bootstrap.servers)",
+                code=err.name(),
+            ) from None
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:
+    """Build the real client. Raises :class:`KafkaClientError` on an invalid librdkafka property."""
+    return _ConfluentClient(conf, on_error)

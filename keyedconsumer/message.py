@@ -1,0 +1,132 @@
+"""A consumed Kafka record and its outcome.
+
+The outcome vocabulary follows the xkafka proposal (``shared/seeds/003``): a message ends as
+``SUCCESS``, ``SKIP`` or ``FAIL``. A message is *done* (its offset may be stored) when it ends
+``SUCCESS`` or ``SKIP``, or when its ``FAIL`` was handled by the ``error_handler``.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["Message", "Status"]
+
+
+class Status(enum.Enum):
+    """Outcome of one message.
+
+    ``PENDING`` until the handler ends; then ``SUCCESS`` (returned normally or ``ack_success()``),
+    ``SKIP`` (``ack_skip()``) or ``FAIL`` (raised, or ``ack_fail(error)``).
+    """
+
+    PENDING = "PENDING"
+    SUCCESS = "SUCCESS"
+    SKIP = "SKIP"
+    FAIL = "FAIL"
+
+
+class Message:
+    """One Kafka record handed to a handler.
+
+    Attributes
+    ----------
+    topic, partition, offset:
+        Where the record was read from (``offset`` is the record's own offset, not offset + 1).
+    key, value:
+        Raw bytes, or ``None`` (a null key; a tombstone value). An empty key ``b""`` is not null.
+    headers:
+        ``list[tuple[str, bytes | None]]`` in broker order; duplicates are kept.
+    timestamp_ms:
+        The record's timestamp in milliseconds since the epoch, or ``None`` when the broker gave none.
+    status:
+        The :class:`Status`; ``PENDING`` while the handler runs.
+    error:
+        The exception that failed the message, or ``None``.
+    attempt:
+        The attempt number of the current run, 1 for the first. Retry middleware raises it.
+    state:
+        A free ``dict`` for middleware (retry state, decoded payloads, timings).
+    """
+
+    __slots__ = (
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "headers",
+        "timestamp_ms",
+        "status",
+        "error",
+        "attempt",
+        "state",
+        "payload",
+        "fencing_token",
+        "_size",
+        "_part",
+        "_lanes",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers: list[tuple[str, bytes | None]] = headers if headers is not None else []
+        self.timestamp_ms = timestamp_ms
+        self.status = Status.PENDING
+        self.error: BaseException | None = None
+        self.attempt = 1
+        self.state: dict[str, Any] = {}
+        self.payload: Any = None
+        self.fencing_token: int | None = None
+        self._size = (len(key) if key else 0) + (len(value) if value else 0)
+        self._part: Any = None  # the engine's per-partition record (internal)
+        self._lanes: Any = None  # the engine's per-key queues of this partition (internal)
+
+    @property
+    def timestamp(self) -> datetime | None:
+        """The record timestamp as an aware UTC ``datetime``, or ``None``."""
+        if self.timestamp_ms is None:
+            return None
+        return datetime.fromtimestamp(self.timestamp_ms / 1000.0, tz=timezone.utc)
+
+    def header(self, name: str) -> bytes | None:
+        """Return the value of the last header called ``name``, or ``None`` when absent."""
+        for k, v in reversed(self.headers):
+            if k == name:
+                return v
+        return None
+
+    def ack_success(self) -> None:
+        """Mark the message ``SUCCESS`` (the default when the handler returns normally)."""
+        self.status = Status.SUCCESS
+        self.error = None
+
+    def ack_skip(self) -> None:
+        """Mark the message ``SKIP``: it is done, its offset may be stored, nothing else happens."""
+        self.status = Status.SKIP
+        self.error = None
+
+    def ack_fail(self, error: BaseException) -> None:
+        """Mark the message ``FAIL`` with ``error``; it then follows the error path like a raise."""
+        self.status = Status.FAIL
+        self.error = error
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, "
+            f"key={self.key!r}, status={self.status.value})"
+        )

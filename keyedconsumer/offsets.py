@@ -1,0 +1,68 @@
+"""Per-partition offset tracking: the first offset not yet done.
+
+Rule (xkafka proposal, seed 003): the offset stored for a partition is the first offset that was
+received and is not done, or ``last received + 1`` when all are done. It is computed from the offsets
+actually received, never from ``previous + 1``, so offsets that never arrive (transaction markers,
+compacted records) cannot hold the watermark back (case C3).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["OffsetTracker"]
+
+
+class OffsetTracker:
+    """Track received and done offsets of one partition. Not thread-safe: the caller locks.
+
+    ``add`` is O(1) for offsets received in increasing order (the normal case); ``done`` is O(1);
+    ``watermark`` is amortised O(1).
+    """
+
+    __slots__ = ("_pending", "_done", "_next")
+
+    def __init__(self) -> None:
+        self._pending: deque[int] = deque()
+        self._done: set[int] = set()
+        self._next: int | None = None  # last received offset + 1
+
+    def add(self, offset: int) -> bool:
+        """Record a received offset.
+
+        Returns
+        -------
+        ``True`` when the offset is new and now pending; ``False`` when it is at or below an offset
+        already received (a re-delivery): it is not tracked again, so the watermark never moves back.
+        """
+        nxt = self._next
+        if nxt is None or offset >= nxt:
+            self._pending.append(offset)
+            self._next = offset + 1
+            return True
+        return False
+
+    def done(self, offset: int) -> None:
+        """Mark a received offset done. Repeated calls are ignored; ``offset`` must have been added."""
+        pending = self._pending
+        if pending and pending[0] == offset:
+            pending.popleft()
+            done = self._done
+            while pending and pending[0] in done:
+                done.remove(pending.popleft())
+        elif pending and pending[0] < offset < (self._next or 0):
+            self._done.add(offset)
+
+    def watermark(self) -> int | None:
+        """The offset to store: first offset not done, else last received + 1; ``None`` if empty."""
+        if self._pending:
+            return self._pending[0]
+        return self._next
+
+    @property
+    def pending(self) -> int:
+        """Number of received offsets not yet done."""
+        return len(self._pending) - len(self._done)
+
+    def __repr__(self) -> str:
+        return f"OffsetTracker(watermark={self.watermark()}, pending={self.pending})"

@@ -1,0 +1,57 @@
+"""Helpers for integration tests on the real broker (tests only: they may import confluent_kafka)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None, int | None]]) -> list[tuple[int, int]]:
+    """Produce ``(key, value, partition)`` records with acks=all; return their (partition, offset)."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+    acked: list[tuple[int, int]] = []
+
+    def cb(err, msg):  # type: ignore[no-untyped-def]
+        assert err is None, err
+        acked.append((msg.partition(), msg.offset()))
+
+    for key, value, partition in records:
+        kwargs = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                p.produce(topic, value=value, key=key, on_delivery=cb, **kwargs)
+                break
+            except BufferError:
+                p.poll(0.1)
+        p.poll(0)
+    assert p.flush(60) == 0
+    return acked
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in res}
+    finally:
+        c.close()
+
+
+def wait_until(pred, timeout_s: float, interval_s: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval_s)
+    return bool(pred())

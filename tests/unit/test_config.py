@@ -1,0 +1,82 @@
+"""Bad options fail at construction with a pydantic error naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from keyedconsumer import ConsumerConfig, KeyedConsumer
+
+
+def handler(msg: object) -> None:
+    pass
+
+
+def fields(exc: ValidationError) -> set[str]:
+    return {str(e["loc"][0]) for e in exc.errors()}
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("concurrency", 0),
+        ("concurrency", -3),
+        ("concurrency", True),  # a boolean where an integer belongs
+        ("max_in_flight", 0),
+        ("max_in_flight", False),
+        ("ordering", "random"),
+        ("manual_commit", 1),  # an integer where a boolean belongs
+        ("shutdown_timeout_s", math.nan),
+        ("poll_timeout_s", math.inf),
+        ("topics", []),
+        ("name", ""),
+        ("no_such_option", 1),
+    ],
+)
+def test_bad_value_names_the_field(field: str, value: object) -> None:
+    opts: dict[str, object] = {"name": "n", "topics": ["t"], field: value}
+    with pytest.raises(ValidationError) as info:
+        KeyedConsumer(handler=handler, **opts)
+    assert field in fields(info.value)
+
+
+@pytest.mark.parametrize("prop", ["enable.auto.offset.store", "group.id", "bootstrap.servers", "enable.auto.commit"])
+def test_owned_librdkafka_properties_are_refused(prop: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(name="n", topics=["t"], config={prop: "x"})
+    assert "config" in fields(info.value) and prop in str(info.value)
+
+
+def test_defaults_and_librdkafka_dict() -> None:
+    cfg = ConsumerConfig(name="orders", topics=["orders"])
+    assert cfg.group == "orders" and cfg.concurrency == 1 and cfg.ordering == "key"
+    conf = cfg.librdkafka()
+    assert conf["enable.auto.offset.store"] is False
+    assert conf["enable.auto.commit"] is True
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky"
+    manual = ConsumerConfig(name="o", topics=["o"], manual_commit=True, config={"group.protocol": "consumer"})
+    conf = manual.librdkafka()
+    assert conf["enable.auto.commit"] is False
+    assert "partition.assignment.strategy" not in conf  # KIP-848 rejects client-side assignors
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYEDCONSUMER_NAME", "from-env")
+    monkeypatch.setenv("KEYEDCONSUMER_TOPICS", "a,b")
+    monkeypatch.setenv("KEYEDCONSUMER_CONCURRENCY", "16")
+    monkeypatch.setenv("KEYEDCONSUMER_BROKERS", '["h1:9092", "h2:9092"]')
+    cfg = ConsumerConfig()
+    assert (cfg.name, cfg.topics, cfg.concurrency, cfg.brokers) == ("from-env", ["a", "b"], 16, ["h1:9092", "h2:9092"])
+    assert ConsumerConfig(concurrency=2).concurrency == 2  # keyword arguments win
+
+
+def test_secrets_never_in_repr() -> None:
+    cfg = ConsumerConfig(name="n", topics=["t"], config={"sasl.password": "hunter2", "sasl.username": "u"})
+    assert "hunter2" not in repr(cfg) and "hunter2" not in str(cfg)
+
+
+def test_handler_must_be_callable() -> None:
+    with pytest.raises(TypeError):
+        KeyedConsumer(handler="nope", name="n", topics=["t"])  # type: ignore[arg-type]

@@ -1,0 +1,81 @@
+"""The offset tracker never passes an unfinished offset and reaches the end once all are done."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from keyedconsumer.offsets import OffsetTracker
+
+
+class TrackerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = OffsetTracker()
+        self.received: list[int] = []
+        self.done: set[int] = set()
+        self.next = 0
+
+    @rule(gap=st.integers(min_value=0, max_value=3))
+    def receive(self, gap: int) -> None:
+        # gaps model transaction markers and compacted records: offsets that never arrive (C3)
+        off = self.next + gap
+        assert self.t.add(off)
+        self.received.append(off)
+        self.next = off + 1
+
+    @precondition(lambda self: len(self.done) < len(self.received))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        off = data.draw(st.sampled_from([o for o in self.received if o not in self.done]))
+        self.t.done(off)
+        self.done.add(off)
+
+    @precondition(lambda self: self.received)
+    @rule(data=st.data())
+    def redeliver(self, data: st.DataObject) -> None:
+        off = data.draw(st.sampled_from(self.received))
+        assert not self.t.add(off)  # a re-delivery is never tracked twice
+
+    @invariant()
+    def watermark_is_first_unfinished(self) -> None:
+        unfinished = [o for o in self.received if o not in self.done]
+        wm = self.t.watermark()
+        if not self.received:
+            assert wm is None
+        elif unfinished:
+            assert wm == min(unfinished)  # never past an unfinished offset
+        else:
+            assert wm == self.received[-1] + 1  # the end, whatever the gaps
+        assert self.t.pending == len(unfinished)
+
+
+TrackerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+test_tracker_machine = TrackerMachine.TestCase
+
+
+def test_transactional_gaps_case_c3() -> None:
+    # given data offsets 0, 2, 4, 6 (commit markers between them)
+    t = OffsetTracker()
+    for off in (0, 2, 4, 6):
+        t.add(off)
+    # when they complete 0, 2, 6, 4
+    for off, expected in ((0, 2), (2, 4), (6, 4), (4, 7)):
+        t.done(off)
+        # then the watermark follows the received offsets and reaches 7
+        assert t.watermark() == expected
+
+
+@given(st.permutations(list(range(50))))
+def test_any_completion_order_reaches_the_end(order: list[int]) -> None:
+    t = OffsetTracker()
+    for off in range(50):
+        t.add(off)
+    seen = 0
+    for off in order:
+        t.done(off)
+        wm = t.watermark()
+        assert wm is not None and wm >= seen  # never moves backwards
+        seen = wm
+    assert t.watermark() == 50
