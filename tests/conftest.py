@@ -80,3 +80,15 @@ def new_topic(kafka_bootstrap: str) -> Callable[..., str]:
         return name
 
     return make
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI=true a skipped test is a failure: a CI run must never skip a real-service test."""
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
+    if skipped and session.exitstatus == 0:
+        session.exitstatus = 1
+        if reporter is not None:
+            reporter.write_line(f"CI: {skipped} test(s) were skipped; under CI=true that is a failure", red=True)

@@ -1,0 +1,31 @@
+"""The public names are stable, and middleware ships only as keyedconsumer.middleware."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import keyedconsumer
+
+
+def test_public_names() -> None:
+    for name in ("KeyedConsumer", "Message", "Status", "ConsumerConfig", "MessageError"):
+        assert name in keyedconsumer.__all__ and hasattr(keyedconsumer, name)
+
+
+def test_middleware_is_a_subpackage_only() -> None:
+    assert importlib.import_module("keyedconsumer.middleware")
+    # a top-level `middleware` must not be importable from an installed environment (packaging note)
+    out = subprocess.run(
+        [sys.executable, "-c", "import middleware"], cwd="/", capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode != 0 and "No module named 'middleware'" in out.stderr
+
+
+def test_only_kafka_module_imports_confluent_kafka() -> None:
+    import pathlib
+
+    pkg = pathlib.Path(keyedconsumer.__file__).parent
+    importers = sorted(p.name for p in pkg.rglob("*.py") if "confluent_kafka" in p.read_text())
+    assert importers == ["kafka.py"]
