@@ -1,0 +1,25 @@
+"""Every example runs against the real services (a smaller data size than the README run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(240)
+def test_flights_example_keeps_order_and_reaches_lag_zero(kafka_bootstrap: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "examples/flights.py", "--brokers", kafka_bootstrap, "--limit", "30000",
+         "--sample", "300", "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=220,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "order violations    0" in out.stdout
+    assert "lag 0               True" in out.stdout
+    assert "RESULT              OK" in out.stdout
