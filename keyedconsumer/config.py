@@ -7,11 +7,10 @@ environment. A bad value raises :class:`pydantic.ValidationError` naming the fie
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 __all__ = ["ConsumerConfig", "Ordering", "SECRET_WORDS", "redact"]
 
@@ -98,6 +97,7 @@ class ConsumerConfig(BaseSettings):
         extra="forbid",
         allow_inf_nan=False,
         validate_default=True,
+        hide_input_in_errors=True,  # an input may hold a secret (sasl.password); errors name fields only
     )
 
     name: str = Field(min_length=1)
@@ -152,6 +152,18 @@ class ConsumerConfig(BaseSettings):
         if self.group_id is None:
             self.group_id = self.name
         return self
+
+    @field_validator("config", mode="after")
+    @classmethod
+    def _librdkafka_accepts(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # librdkafka itself knows its properties: an unknown name or a bad value fails here, at
+        # construction, instead of at run().
+        from .kafka import check_config
+
+        conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
+        conf.update(value)
+        check_config(conf)
+        return value
 
     @property
     def group(self) -> str:

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 from . import kafka
 from .config import ConsumerConfig
@@ -28,11 +28,11 @@ __all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler"]
 log = logging.getLogger("keyedconsumer")
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
-Handler = Union[Callable[[Message], None], Callable[[Message], Awaitable[None]]]
+Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 #: A middleware takes a handler and returns a handler of the same kind (sync or async).
 Middleware = Callable[[Any], Any]
 #: ``error_handler(error, message_or_None)``; returning normally marks the failure handled.
-ErrorHandler = Callable[[BaseException, Union[Message, None]], Any]
+ErrorHandler = Callable[[BaseException, Message | None], Any]
 
 
 def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:
@@ -48,7 +48,8 @@ def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    """True for ``async def`` functions and for objects whose ``__call__`` is ``async def``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 class KeyedConsumer:

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from .errors import CommitError, KafkaClientError
 from .message import Message
 
-__all__ = ["KafkaClient", "ClientFactory", "RebalanceListener", "connect", "TP"]
+__all__ = ["KafkaClient", "ClientFactory", "RebalanceListener", "check_config", "connect", "TP"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
@@ -101,8 +101,8 @@ class _ConfluentClient:
                     raw.topic(),  # type: ignore[arg-type]
                     raw.partition(),  # type: ignore[arg-type]
                     raw.offset(),  # type: ignore[arg-type]
-                    raw.key(),  # type: ignore[arg-type]
-                    raw.value(),  # type: ignore[arg-type]
+                    raw.key(),
+                    raw.value(),
                     raw.headers(),  # type: ignore[arg-type]
                     ts if ts_type else None,
                 )
@@ -126,10 +126,12 @@ class _ConfluentClient:
             if err.code() in _BENIGN_COMMIT:
                 return
             raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
-        failed = [tp for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT]
+        failed = [
+            (tp, tp.error) for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT
+        ]
         if failed:
-            desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {tp.error.name()}" for tp in failed)
-            raise CommitError(f"commit failed for {desc}", code=failed[0].error.name())
+            desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {e.name()}" for tp, e in failed)
+            raise CommitError(f"commit failed for {desc}", code=failed[0][1].name())
 
     def pause(self, partitions: Sequence[TP]) -> None:
         if partitions:
@@ -156,6 +158,21 @@ class _ConfluentClient:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def check_config(conf: dict[str, Any]) -> None:
+    """Check librdkafka properties by building (and at once closing) a consumer; no broker is contacted
+    for long and no group is joined.
+
+    Raises
+    ------
+    ValueError
+        librdkafka's own message for an unknown property or an invalid value.
+    """
+    try:
+        Consumer(conf).close()
+    except KafkaException as exc:
+        raise ValueError(exc.args[0].str()) from None
 
 
 def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:

@@ -80,3 +80,19 @@ def test_secrets_never_in_repr() -> None:
 def test_handler_must_be_callable() -> None:
     with pytest.raises(TypeError):
         KeyedConsumer(handler="nope", name="n", topics=["t"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "config,needle",
+    [({"no.such.property": 1}, "no.such.property"), ({"session.timeout.ms": "abc"}, "session.timeout.ms")],
+)
+def test_librdkafka_rejects_unknown_property_at_construction(config: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(name="n", topics=["t"], config=config)
+    assert "config" in fields(info.value) and needle in str(info.value)
+
+
+def test_secrets_never_in_validation_errors() -> None:
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(name="n", topics=["t"], config={"sasl.password": "hunter2", "no.such": 1})
+    assert "hunter2" not in str(info.value)
