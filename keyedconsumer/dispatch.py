@@ -23,8 +23,12 @@ __all__ = ["Dispatcher", "Partition", "ACTIVE", "REVOKING", "CLOSED"]
 
 ACTIVE, REVOKING, CLOSED = 0, 1, 2
 
-#: Upper bound of messages a worker takes at once; small so a slow handler delays few others.
-MAX_CHUNK = 16
+#: A worker takes at once as many ready messages as its handler runs in about this time (seconds,
+#: from a moving average of handler durations): fast handlers are taken in chunks, so the workers
+#: do not wake each other for every message; slow handlers are taken one by one.
+CHUNK_QUANTUM_S = 0.002
+#: Upper bound of a chunk, in messages.
+MAX_CHUNK = 256
 
 Lanes = dict[object, "deque[Message] | None"]
 
@@ -74,6 +78,8 @@ class Dispatcher:
         self.closed = False  # workers exit
         self.waiters = 0  # threads waiting in wait_* for running to drop
         self.wake: Callable[[int], None] = lambda n: None  # set by the executor; called under lock
+        self.avg_handler_s = 0.001  # moving average of handler durations, updated by finish()
+        self.chunk = 1  # messages one worker takes at once (from avg_handler_s)
         self._dirty: set[Partition] = set()
 
     # -- assignment -----------------------------------------------------------------------------
@@ -234,13 +240,12 @@ class Dispatcher:
     def take_locked(self) -> list[Message]:
         """Pop a chunk of ready messages for one worker (caller holds ``lock``; ready not empty)."""
         ready = self.ready
-        n = len(ready) // self.concurrency
+        n = min(len(ready), self.chunk)
         if n <= 1:
             msg = ready.popleft()
             msg._part.running += 1
             self.running += 1
             return [msg]
-        n = min(n, MAX_CHUNK)
         chunk = [ready.popleft() for _ in range(n)]
         for msg in chunk:
             msg._part.running += 1
@@ -251,34 +256,79 @@ class Dispatcher:
         """True unless the consumer halted or the message's partition was revoked or lost."""
         return not self.halted and msg._part.state == ACTIVE
 
-    def finish(self, msg: Message, done: bool) -> None:
-        """A taken message ended (``done``: its offset may be stored) or was not started."""
+    def wakes_for(self, added: int) -> int:
+        """How many idle workers ``added`` new ready messages need (caller holds ``lock``)."""
+        return -(-added // self.chunk)
+
+    def finish(self, msg: Message, done: bool, elapsed_s: float | None = None) -> Message | None:
+        """A taken message ended (``done``: its offset may be stored) or was not started;
+        ``elapsed_s`` is how long its handler ran (seconds), ``None`` when it did not run.
+
+        Returns
+        -------
+        The lane's next message, already taken, when the calling worker should run it itself (no
+        other message waits for a worker, so keeping the lane costs nobody anything and saves a
+        hand-off); else ``None`` (the next message, if any, went to the ready queue).
+        """
         with self.lock:
-            part = msg._part
-            lanes = msg._lanes
-            if lanes is not None:
-                lk = msg.key if self.ordering == "key" else 0
-                q = lanes.get(lk)
-                if q:
-                    nxt = q.popleft()
-                    if self.halted or nxt._part.state != ACTIVE:
-                        self._forget(nxt)
-                        for m in q:
-                            self._forget(m)
-                        del lanes[lk]
-                    else:
-                        self.ready.append(nxt)
-                        self.wake(1)
-                else:
-                    lanes.pop(lk, None)
-            if done and part.state != CLOSED:
-                part.tracker.done(msg.offset)
-                self._dirty.add(part)
-            part.running -= 1
-            self.running -= 1
-            self._forget(msg)
+            if elapsed_s is not None:
+                self._observe(elapsed_s)
+            nxt = self._finish_locked(msg, done)
             if self.waiters:
                 self.settled.notify_all()
+        return nxt
+
+    def finish_many(self, results: list[tuple[Message, bool]], elapsed_s: float) -> list[Message]:
+        """:meth:`finish` for a chunk that ran: ``results`` is ``[(message, done)]`` and
+        ``elapsed_s`` the chunk's total handler time. Returns the next messages to run."""
+        out = []
+        with self.lock:
+            if results:
+                self._observe(elapsed_s / len(results))
+            for msg, done in results:
+                nxt = self._finish_locked(msg, done)
+                if nxt is not None:
+                    out.append(nxt)
+            if self.waiters:
+                self.settled.notify_all()
+        return out
+
+    def _observe(self, per_message_s: float) -> None:
+        avg = self.avg_handler_s = self.avg_handler_s * 0.95 + per_message_s * 0.05
+        self.chunk = max(1, min(MAX_CHUNK, int(CHUNK_QUANTUM_S / avg) if avg > 0 else MAX_CHUNK))
+
+    def _finish_locked(self, msg: Message, done: bool) -> Message | None:
+        nxt = None
+        part = msg._part
+        lanes = msg._lanes
+        if lanes is not None:
+            lk = msg.key if self.ordering == "key" else 0
+            q = lanes.get(lk)
+            if q:
+                nxt = q.popleft()
+                if self.halted or nxt._part.state != ACTIVE:
+                    self._forget(nxt)
+                    for m in q:
+                        self._forget(m)
+                    del lanes[lk]
+                    nxt = None
+                elif self.ready:
+                    self.ready.append(nxt)
+                    self.wake(1)
+                    nxt = None
+                else:
+                    nxt._part.running += 1
+                    self.running += 1
+            else:
+                lanes.pop(lk, None)
+        if done and part.state != CLOSED:
+            part.tracker.done(msg.offset)
+            self._dirty.add(part)
+        part.running -= 1
+        self.running -= 1
+        self.buffered -= 1
+        self.buffered_bytes -= msg._size
+        return nxt
 
     def _forget(self, msg: Message) -> None:
         self.buffered -= 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = ["ThreadExecutor", "AsyncExecutor", "Executor"]
 
 #: ``resolve(msg) -> done``: decides a finished message's fate (error handler, fatal stop).
 Resolve = Callable[[Message], bool]
+clock = time.perf_counter
 
 
 class Executor:
@@ -45,7 +47,7 @@ class ThreadExecutor(Executor):
 
     def _wake(self, n: int) -> None:  # called with d.lock held
         if self._idle:
-            self._d.cond.notify(min(n, self._idle))
+            self._d.cond.notify(min(self._d.wakes_for(n), self._idle))
 
     def start(self) -> None:
         for t in self._threads:
@@ -60,7 +62,7 @@ class ThreadExecutor(Executor):
         cond = d.cond
         handler = self._handler
         resolve = self._resolve
-        finish = d.finish
+        finish_many = d.finish_many
         while True:
             with cond:
                 while not d.ready:
@@ -70,19 +72,25 @@ class ThreadExecutor(Executor):
                     cond.wait()
                     self._idle -= 1
                 chunk = d.take_locked()
-            for msg in chunk:
-                if not d.may_start(msg):
-                    finish(msg, False)
-                    continue
-                try:
-                    handler(msg)
-                except BaseException as exc:  # a handler's exception fails its message only
-                    msg.status = Status.FAIL
-                    msg.error = exc
-                else:
-                    if msg.status is Status.PENDING:
-                        msg.status = Status.SUCCESS
-                finish(msg, resolve(msg))
+            while chunk:
+                # Run the chunk, then report it under one lock acquisition; the lanes' next
+                # messages handed back to this worker form the next chunk.
+                results = []
+                t0 = clock()
+                for msg in chunk:
+                    if not d.may_start(msg):
+                        results.append((msg, False))
+                        continue
+                    try:
+                        handler(msg)
+                    except BaseException as exc:  # a handler's exception fails its message only
+                        msg.status = Status.FAIL
+                        msg.error = exc
+                    else:
+                        if msg.status is Status.PENDING:
+                            msg.status = Status.SUCCESS
+                    results.append((msg, resolve(msg)))
+                chunk = finish_many(results, clock() - t0)
 
 
 class AsyncExecutor(Executor):
@@ -149,7 +157,7 @@ class AsyncExecutor(Executor):
         if not self._waiters:
             return
         if threading.get_ident() == self._loop_thread_id:
-            self._release(n)
+            self._release(self._d.wakes_for(n))
         elif not self._wake_pending:
             self._wake_pending = True
             try:
@@ -160,7 +168,8 @@ class AsyncExecutor(Executor):
     def _wake_from_other_thread(self) -> None:
         with self._d.lock:
             self._wake_pending = False
-            self._release(len(self._d.ready) if not self._d.closed else len(self._waiters))
+            d = self._d
+            self._release(d.wakes_for(len(d.ready)) if not d.closed else len(self._waiters))
 
     def _release(self, n: int) -> None:
         waiters = self._waiters
@@ -176,7 +185,7 @@ class AsyncExecutor(Executor):
         d = self._d
         handler = self._handler
         resolve = self._resolve
-        finish = d.finish
+        finish_many = d.finish_many
         loop = self._loop
         ran = 0
         while True:
@@ -192,22 +201,31 @@ class AsyncExecutor(Executor):
             if chunk is None:
                 await fut
                 continue
-            for msg in chunk:
-                if not d.may_start(msg):
-                    finish(msg, False)
-                    continue
-                try:
-                    await handler(msg)
-                except asyncio.CancelledError:
-                    finish(msg, False)  # the loop is going away: not done, delivered again later
-                    raise
-                except BaseException as exc:  # a handler's exception fails its message only
-                    msg.status = Status.FAIL
-                    msg.error = exc
-                else:
-                    if msg.status is Status.PENDING:
-                        msg.status = Status.SUCCESS
-                finish(msg, resolve(msg))
-                ran += 1
-                if ran & 63 == 0:
+            while chunk:
+                results = []
+                t0 = clock()
+                for i, msg in enumerate(chunk):
+                    if not d.may_start(msg):
+                        results.append((msg, False))
+                        continue
+                    try:
+                        await handler(msg)
+                    except asyncio.CancelledError:
+                        # the loop is going away: not done, delivered again after a restart
+                        results.extend((m, False) for m in chunk[i:])
+                        rest = finish_many(results, clock() - t0)
+                        while rest:
+                            rest = finish_many([(m, False) for m in rest], 0.0)
+                        raise
+                    except BaseException as exc:  # a handler's exception fails its message only
+                        msg.status = Status.FAIL
+                        msg.error = exc
+                    else:
+                        if msg.status is Status.PENDING:
+                            msg.status = Status.SUCCESS
+                    results.append((msg, resolve(msg)))
+                chunk = finish_many(results, clock() - t0)
+                ran += len(results)
+                if ran >= 256:
+                    ran = 0
                     await asyncio.sleep(0)  # a handler that never awaits must not starve the loop

@@ -42,22 +42,32 @@ class DispatchMachine(RuleBasedStateMachine):
         with self.d.lock:
             chunk = self.d.take_locked()
         for msg in chunk:
-            if not self.d.may_start(msg):
-                self.d.finish(msg, False)
-                continue
-            lane = (msg.topic, msg.partition, msg.key)
-            assert all((m.topic, m.partition, m.key) != lane for m in self.running), "same key twice"
-            self.started.setdefault(lane, []).append(msg.offset)
-            self.running.append(msg)
+            self.start(msg)
+
+    def start(self, msg: Message) -> None:
+        """A worker starts a taken message (or ends it at once when it may not start)."""
+        while not self.d.may_start(msg):
+            nxt = self.d.finish(msg, False)
+            if nxt is None:
+                return
+            msg = nxt
+        lane = (msg.topic, msg.partition, msg.key)
+        assert all((m.topic, m.partition, m.key) != lane for m in self.running), "same key twice"
+        self.started.setdefault(lane, []).append(msg.offset)
+        self.running.append(msg)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), ok=st.booleans())
     def finish(self, data: st.DataObject, ok: bool) -> None:
         msg = data.draw(st.sampled_from(self.running))
         self.running.remove(msg)
-        self.d.finish(msg, ok)
-        if ok and msg._part.state == ACTIVE:
+        active = msg._part.state == ACTIVE
+        nxt = self.d.finish(msg, ok)
+        if ok and active:
             self.finished[(msg.topic, msg.partition)].add(msg.offset)
+        if nxt is not None:  # the worker keeps the lane and runs its next message itself
+            assert nxt.key == msg.key and nxt.partition == msg.partition and nxt.offset > msg.offset
+            self.start(nxt)
 
     @rule(tp=st.sampled_from(TPS))
     def revoke_and_reassign(self, tp: tuple[str, int]) -> None:
@@ -105,7 +115,7 @@ def test_halt_starts_nothing_new() -> None:
     d.halt()
     assert not d.ready and all(not d.may_start(m) for m in first)
     for m in first:
-        d.finish(m, True)
+        assert d.finish(m, True) is None  # halted: no next message is handed out
     assert d.buffered == 0 and not d.ready
 
 
