@@ -4,9 +4,11 @@ Public names are listed in ``__all__``; everything else is internal.
 """
 
 from .config import ConsumerConfig
-from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware
-from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError
+from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
+from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError, PublishError
+from .kafka import Publisher
 from .message import Message, Status
+from .outcomes import PermanentError, RetryLater, SkipMessage
 
 __all__ = [
     "KeyedConsumer",
@@ -20,6 +22,12 @@ __all__ = [
     "MessageError",
     "KafkaClientError",
     "CommitError",
+    "RetryLater",
+    "SkipMessage",
+    "PermanentError",
+    "Publisher",
+    "PartitionStatus",
+    "PublishError",
 ]
 
 __version__ = "0.1.0"

@@ -8,10 +8,12 @@ commits) the offsets the workers finished, pauses and resumes fetching, and hand
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,8 +24,9 @@ from .errors import KafkaClientError, KeyedConsumerError, MessageError
 from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
+from .outcomes import RetryLater, SkipMessage
 
-__all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler"]
+__all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler", "PartitionStatus"]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -104,7 +107,7 @@ class KeyedConsumer:
         self._closing = False
         self._paused: set[TP] = set()
         self._client: KafkaClient | None = None
-        self._d = Dispatcher(self.config.ordering, self.config.concurrency)
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group)
         self.peak_in_flight = 0  # highest number of buffered + running messages seen
 
     # -- public ---------------------------------------------------------------------------------
@@ -128,9 +131,9 @@ class KeyedConsumer:
             self._reset()
             executor: Executor
             if self._async:
-                executor = AsyncExecutor(self._d, self._handler, self._resolve, self.config.concurrency)  # type: ignore[arg-type]
+                executor = AsyncExecutor(self._d, self._handler, self._settle, self.config.concurrency)  # type: ignore[arg-type]
             else:
-                executor = ThreadExecutor(self._d, self._handler, self._resolve, self.config.concurrency)
+                executor = ThreadExecutor(self._d, self._handler, self._settle, self.config.concurrency)
             self._serve(executor)
         finally:
             restore()
@@ -144,9 +147,9 @@ class KeyedConsumer:
         self._reset()
         executor: Executor
         if self._async:
-            executor = AsyncExecutor(self._d, self._handler, self._resolve, self.config.concurrency, loop)  # type: ignore[arg-type]
+            executor = AsyncExecutor(self._d, self._handler, self._settle, self.config.concurrency, loop)  # type: ignore[arg-type]
         else:
-            executor = ThreadExecutor(self._d, self._handler, self._resolve, self.config.concurrency)
+            executor = ThreadExecutor(self._d, self._handler, self._settle, self.config.concurrency)
         fut = loop.run_in_executor(None, self._serve, executor)
         try:
             await asyncio.shield(fut)
@@ -162,7 +165,7 @@ class KeyedConsumer:
         self._error = None
         self._closing = False
         self._paused.clear()
-        self._d = Dispatcher(self.config.ordering, self.config.concurrency)
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group)
 
     def stop(self) -> None:
         """Stop gracefully: start nothing new, let running handlers finish (up to
@@ -175,6 +178,33 @@ class KeyedConsumer:
         """Messages buffered or running now."""
         return self._d.buffered
 
+    def partition_status(self) -> list[PartitionStatus]:
+        """One :class:`PartitionStatus` per assigned partition (for metrics, health, inspection).
+
+        Safe from any thread. ``end_offset`` is refreshed about once a second from librdkafka's
+        cached fetch state.
+        """
+        d = self._d
+        now = time.monotonic()
+        out = []
+        with d.lock:
+            for part in d.parts.values():
+                wm = part.tracker.watermark()
+                since = part.tracker.oldest_received_s()
+                out.append(
+                    PartitionStatus(
+                        topic=part.topic,
+                        partition=part.partition,
+                        first_unfinished_offset=wm,
+                        stored_offset=part.stored,
+                        unfinished=part.tracker.pending,
+                        oldest_unfinished_age_s=(now - since) if since is not None else 0.0,
+                        end_offset=part.high,
+                        lag=(part.high - (part.stored or 0)) if part.high is not None else None,
+                    )
+                )
+        return out
+
     @property
     def assignment(self) -> list[TP]:
         """The partitions assigned now, as ``(topic, partition)``."""
@@ -182,21 +212,39 @@ class KeyedConsumer:
 
     # -- outcome of a message (worker threads / event loop) --------------------------------------
 
-    def _resolve(self, msg: Message) -> bool:
-        if msg.status is Status.SUCCESS or msg.status is Status.SKIP:
+    def _settle(self, msg: Message, exc: BaseException | None) -> bool | float:
+        """Decide a message's outcome after its handler ended (raised ``exc``, or ``None``).
+
+        Returns ``True`` (done), ``False`` (not done: the consumer stops) or a ``float`` delay in
+        seconds (run it again then).
+        """
+        if exc is None:
+            if msg.status is Status.PENDING:
+                msg.status = Status.SUCCESS
+                return True
+            if msg.status is not Status.FAIL:
+                return True
+            exc = msg.error if msg.error is not None else RuntimeError("ack_fail() without an error")
+        elif isinstance(exc, RetryLater):
+            msg.status = Status.PENDING
+            msg.last_error = exc.__cause__ if exc.__cause__ is not None else exc
+            return exc.delay_s
+        elif isinstance(exc, SkipMessage):
+            msg.status = Status.SKIP
             return True
-        err = msg.error if msg.error is not None else RuntimeError("ack_fail() without an error")
+        msg.status = Status.FAIL
+        msg.error = exc
         if self._error_handler is not None:
             try:
-                self._error_handler(err, msg)
+                self._error_handler(exc, msg)
                 return True
-            except BaseException as exc:
-                failure = MessageError(msg.topic, msg.partition, msg.offset, exc)
-                failure.__cause__ = exc
+            except BaseException as handler_exc:
+                failure = MessageError(msg.topic, msg.partition, msg.offset, handler_exc)
+                failure.__cause__ = handler_exc
                 self._fail(failure)
                 return False
-        failure = MessageError(msg.topic, msg.partition, msg.offset, err)
-        failure.__cause__ = err
+        failure = MessageError(msg.topic, msg.partition, msg.offset, exc)
+        failure.__cause__ = exc
         self._fail(failure)
         return False
 
@@ -234,20 +282,38 @@ class KeyedConsumer:
             executor.start()
             started = True
             max_in_flight, batch = cfg.max_in_flight, cfg.batch_size
+            poll_timeout_s = cfg.poll_timeout_s
+            next_status = 0.0
             while not self._stop.is_set():
+                timeout_s = poll_timeout_s
+                if d.delayed:
+                    next_due_s = d.release_due(time.monotonic())
+                    if next_due_s is not None and next_due_s < timeout_s:
+                        timeout_s = next_due_s
                 room = max_in_flight - d.buffered
-                msgs = client.poll_batch(batch if room >= batch else max(1, room), cfg.poll_timeout_s)
+                msgs = client.poll_batch(batch if room >= batch else max(1, room), timeout_s)
                 if msgs:
                     d.admit(msgs)
                     if d.buffered > self.peak_in_flight:
                         self.peak_in_flight = d.buffered
                 self._store(client)
                 self._backpressure(client)
+                now = time.monotonic()
+                if now >= next_status:
+                    next_status = now + 1.0
+                    self._refresh_high_watermarks(client)
         finally:
             self._shutdown(client, executor, started)
             self._active = False
         if self._error is not None:
             raise self._error
+
+    def _refresh_high_watermarks(self, client: KafkaClient) -> None:
+        parts = list(self._d.parts.values())
+        if parts:
+            highs = client.high_watermarks([p.tp for p in parts])
+            for p in parts:
+                p.high = highs.get(p.tp)
 
     def _store(self, client: KafkaClient) -> None:
         advances = self._d.advances()
@@ -329,6 +395,27 @@ class KeyedConsumer:
                 signal.signal(sig, handler)
 
         return restore
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionStatus:
+    """The state of one assigned partition.
+
+    ``first_unfinished_offset``: the offset the engine would store now (``None`` before any
+    message); ``stored_offset``: the last offset stored (or committed, with manual commit);
+    ``unfinished``: received messages not done; ``oldest_unfinished_age_s``: seconds since the
+    oldest of them was received (0 when none); ``end_offset``: the partition's high watermark as
+    last seen; ``lag``: ``end_offset - stored_offset`` (``None`` while the end offset is unknown).
+    """
+
+    topic: str
+    partition: int
+    first_unfinished_offset: int | None
+    stored_offset: int | None
+    unfinished: int
+    oldest_unfinished_age_s: float
+    end_offset: int | None
+    lag: int | None
 
 
 class _Listener:

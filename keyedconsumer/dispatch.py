@@ -10,6 +10,8 @@ assigned back cannot start a second message of a key whose first is still runnin
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections import deque
@@ -31,20 +33,25 @@ CHUNK_QUANTUM_S = 0.002
 MAX_CHUNK = 256
 
 Lanes = dict[object, "deque[Message] | None"]
+#: What a worker reports for a message: ``True`` done, ``False`` not done, a ``float``: run it again
+#: after that many seconds (it stays its lane's head, and its offset stays unfinished).
+Outcome = bool | float
 
 
 class Partition:
     """One assignment of one partition: its offset tracker and what runs from it."""
 
-    __slots__ = ("topic", "partition", "tracker", "state", "running", "stored", "lanes")
+    __slots__ = ("topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high")
 
-    def __init__(self, tp: TP, lanes: Lanes) -> None:
+    def __init__(self, tp: TP, lanes: Lanes, group: str = "") -> None:
         self.topic, self.partition = tp
+        self.group = group
         self.tracker = OffsetTracker()
         self.state = ACTIVE
         self.running = 0  # taken by a worker and not finished
         self.stored: int | None = None  # last offset stored or committed for this assignment
         self.lanes = lanes
+        self.high: int | None = None  # the partition's end offset (high watermark), last seen
 
     @property
     def tp(self) -> TP:
@@ -62,7 +69,8 @@ class Dispatcher:
         Number of workers; sets how many ready messages one worker takes at once.
     """
 
-    def __init__(self, ordering: str, concurrency: int) -> None:
+    def __init__(self, ordering: str, concurrency: int, group: str = "") -> None:
+        self.group = group
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # workers: work is ready
         self.settled = threading.Condition(self.lock)  # wait_idle: something finished
@@ -81,6 +89,9 @@ class Dispatcher:
         self.avg_handler_s = 0.001  # moving average of handler durations, updated by finish()
         self.chunk = 1  # messages one worker takes at once (from avg_handler_s)
         self._dirty: set[Partition] = set()
+        self.delayed: list[tuple[float, int, Message]] = []  # heap of (due monotonic s, seq, msg)
+        self._seq = itertools.count()
+        self.retries = 0  # RetryLater outcomes so far
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -88,7 +99,7 @@ class Dispatcher:
         with self.lock:
             for tp in tps:
                 lanes = self._lanes_by_tp.setdefault(tp, {})
-                self.parts[tp] = Partition(tp, lanes)
+                self.parts[tp] = Partition(tp, lanes, self.group)
 
     def assigned(self) -> list[TP]:
         with self.lock:
@@ -126,6 +137,14 @@ class Dispatcher:
                 else:
                     keep.append(m)
             self.ready = keep
+        if self.delayed:
+            waiting = [e for e in self.delayed if e[2]._part is not part]
+            for _, _, m in self.delayed:
+                if m._part is part:
+                    self._forget(m)
+                    lanes.pop(self._lane_key(m), None)
+            heapq.heapify(waiting)
+            self.delayed = waiting
         self._dirty.discard(part)
 
     def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
@@ -168,11 +187,12 @@ class Dispatcher:
         by_key = self.ordering == "key"
         sequenced = self.ordering != "none"
         added = 0
+        now = time.monotonic()
         with self.lock:
             parts = self.parts
             for msg in msgs:
                 part = parts.get((msg.topic, msg.partition))
-                if part is None or not part.tracker.add(msg.offset):
+                if part is None or not part.tracker.add(msg.offset, now):
                     continue  # not assigned (any more), or a re-delivery of a tracked offset
                 msg._part = part
                 self.buffered += 1
@@ -212,13 +232,32 @@ class Dispatcher:
         with self.lock:
             self._dirty.update(p for p in parts if p.state == ACTIVE)
 
+    def release_due(self, now: float) -> float | None:
+        """Move the delayed messages due at ``now`` (monotonic seconds) to the ready queue.
+
+        Returns the seconds until the next one is due, or ``None`` when none waits.
+        """
+        with self.lock:
+            delayed = self.delayed
+            added = 0
+            while delayed and delayed[0][0] <= now:
+                msg = heapq.heappop(delayed)[2]
+                self.ready.append(msg)  # a revoked partition's are dropped in begin_revoke
+                added += 1
+            if added:
+                self.wake(added)
+            return (delayed[0][0] - now) if delayed else None
+
     def halt(self) -> None:
-        """Start nothing new: drop every ready and queued message (they stay not done)."""
+        """Start nothing new: drop every ready, delayed and queued message (they stay not done)."""
         with self.lock:
             self.halted = True
             for m in self.ready:
                 self._forget(m)
             self.ready.clear()
+            for _, _, m in self.delayed:
+                self._forget(m)
+            self.delayed.clear()
             for lanes in self._lanes_by_tp.values():
                 for q in lanes.values():
                     if q:
@@ -260,7 +299,7 @@ class Dispatcher:
         """How many idle workers ``added`` new ready messages need (caller holds ``lock``)."""
         return -(-added // self.chunk)
 
-    def finish(self, msg: Message, done: bool, elapsed_s: float | None = None) -> Message | None:
+    def finish(self, msg: Message, done: Outcome, elapsed_s: float | None = None) -> Message | None:
         """A taken message ended (``done``: its offset may be stored) or was not started;
         ``elapsed_s`` is how long its handler ran (seconds), ``None`` when it did not run.
 
@@ -278,7 +317,7 @@ class Dispatcher:
                 self.settled.notify_all()
         return nxt
 
-    def finish_many(self, results: list[tuple[Message, bool]], elapsed_s: float) -> list[Message]:
+    def finish_many(self, results: list[tuple[Message, Outcome]], elapsed_s: float) -> list[Message]:
         """:meth:`finish` for a chunk that ran: ``results`` is ``[(message, done)]`` and
         ``elapsed_s`` the chunk's total handler time. Returns the next messages to run."""
         out = []
@@ -297,9 +336,21 @@ class Dispatcher:
         avg = self.avg_handler_s = self.avg_handler_s * 0.95 + per_message_s * 0.05
         self.chunk = max(1, min(MAX_CHUNK, int(CHUNK_QUANTUM_S / avg) if avg > 0 else MAX_CHUNK))
 
-    def _finish_locked(self, msg: Message, done: bool) -> Message | None:
+    def _finish_locked(self, msg: Message, done: Outcome) -> Message | None:
         nxt = None
         part = msg._part
+        if type(done) is float:
+            if self.halted or part.state != ACTIVE:
+                done = False  # nobody will run it again here: it ends not done
+            else:
+                # Run again later: it stays the head of its lane (its key waits, others go on) and
+                # its offset stays unfinished. The attempt number grows before the next attempt.
+                part.running -= 1
+                self.running -= 1
+                msg.attempt += 1
+                self.retries += 1
+                heapq.heappush(self.delayed, (time.monotonic() + done, next(self._seq), msg))
+                return None
         lanes = msg._lanes
         if lanes is not None:
             lk = msg.key if self.ordering == "key" else 0

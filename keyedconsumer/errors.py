@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["KeyedConsumerError", "MessageError", "KafkaClientError", "CommitError"]
+__all__ = ["KeyedConsumerError", "MessageError", "KafkaClientError", "CommitError", "PublishError"]
 
 
 class KeyedConsumerError(Exception):
@@ -41,3 +41,7 @@ class KafkaClientError(KeyedConsumerError):
 
 class CommitError(KafkaClientError):
     """A synchronous offset commit failed for at least one partition (named in the message)."""
+
+
+class PublishError(KeyedConsumerError):
+    """A record could not be published (refused by the broker, or not acknowledged in time)."""

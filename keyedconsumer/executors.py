@@ -14,13 +14,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .dispatch import Dispatcher
-from .message import Message, Status
+from .dispatch import Dispatcher, Outcome
+from .message import Message
 
 __all__ = ["ThreadExecutor", "AsyncExecutor", "Executor"]
 
-#: ``resolve(msg) -> done``: decides a finished message's fate (error handler, fatal stop).
-Resolve = Callable[[Message], bool]
+#: ``settle(msg, exception_or_None) -> outcome``: ``True`` done, ``False`` not done, a ``float``:
+#: run again after that many seconds (see :class:`~keyedconsumer.outcomes.RetryLater`).
+Settle = Callable[[Message, "BaseException | None"], "bool | float"]
 clock = time.perf_counter
 
 
@@ -33,11 +34,11 @@ class ThreadExecutor(Executor):
     """Run a plain-function handler on ``concurrency`` threads."""
 
     def __init__(
-        self, d: Dispatcher, handler: Callable[[Message], Any], resolve: Resolve, concurrency: int
+        self, d: Dispatcher, handler: Callable[[Message], Any], settle: Settle, concurrency: int
     ) -> None:
         self._d = d
         self._handler = handler
-        self._resolve = resolve
+        self._settle = settle
         self._idle = 0
         self._threads = [
             threading.Thread(target=self._work, name=f"keyedconsumer-worker-{i}", daemon=True)
@@ -61,7 +62,7 @@ class ThreadExecutor(Executor):
         d = self._d
         cond = d.cond
         handler = self._handler
-        resolve = self._resolve
+        settle = self._settle
         finish_many = d.finish_many
         while True:
             with cond:
@@ -75,7 +76,7 @@ class ThreadExecutor(Executor):
             while chunk:
                 # Run the chunk, then report it under one lock acquisition; the lanes' next
                 # messages handed back to this worker form the next chunk.
-                results = []
+                results: list[tuple[Message, Outcome]] = []
                 t0 = clock()
                 for msg in chunk:
                     if not d.may_start(msg):
@@ -83,13 +84,10 @@ class ThreadExecutor(Executor):
                         continue
                     try:
                         handler(msg)
-                    except BaseException as exc:  # a handler's exception fails its message only
-                        msg.status = Status.FAIL
-                        msg.error = exc
+                    except BaseException as exc:  # a handler's exception concerns its message only
+                        results.append((msg, settle(msg, exc)))
                     else:
-                        if msg.status is Status.PENDING:
-                            msg.status = Status.SUCCESS
-                    results.append((msg, resolve(msg)))
+                        results.append((msg, settle(msg, None)))
                 chunk = finish_many(results, clock() - t0)
 
 
@@ -107,13 +105,13 @@ class AsyncExecutor(Executor):
         self,
         d: Dispatcher,
         handler: Callable[[Message], Awaitable[Any]],
-        resolve: Resolve,
+        settle: Settle,
         concurrency: int,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._d = d
         self._handler = handler
-        self._resolve = resolve
+        self._settle = settle
         self._concurrency = concurrency
         self._own_loop = loop is None
         self._loop = loop or asyncio.new_event_loop()
@@ -184,7 +182,7 @@ class AsyncExecutor(Executor):
     async def _work(self) -> None:
         d = self._d
         handler = self._handler
-        resolve = self._resolve
+        settle = self._settle
         finish_many = d.finish_many
         loop = self._loop
         ran = 0
@@ -202,7 +200,7 @@ class AsyncExecutor(Executor):
                 await fut
                 continue
             while chunk:
-                results = []
+                results: list[tuple[Message, Outcome]] = []
                 t0 = clock()
                 for i, msg in enumerate(chunk):
                     if not d.may_start(msg):
@@ -217,13 +215,10 @@ class AsyncExecutor(Executor):
                         while rest:
                             rest = finish_many([(m, False) for m in rest], 0.0)
                         raise
-                    except BaseException as exc:  # a handler's exception fails its message only
-                        msg.status = Status.FAIL
-                        msg.error = exc
+                    except BaseException as exc:  # a handler's exception concerns its message only
+                        results.append((msg, settle(msg, exc)))
                     else:
-                        if msg.status is Status.PENDING:
-                            msg.status = Status.SUCCESS
-                    results.append((msg, resolve(msg)))
+                        results.append((msg, settle(msg, None)))
                 chunk = finish_many(results, clock() - t0)
                 ran += len(results)
                 if ran >= 256:

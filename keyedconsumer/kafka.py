@@ -7,15 +7,17 @@ librdkafka. Tests and :mod:`keyedconsumer.testing` can pass another factory to t
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from .errors import CommitError, KafkaClientError
+from .errors import CommitError, KafkaClientError, PublishError
 from .message import Message
 
-__all__ = ["KafkaClient", "ClientFactory", "RebalanceListener", "check_config", "connect", "TP"]
+__all__ = ["KafkaClient", "ClientFactory", "RebalanceListener", "Publisher", "check_config", "connect", "TP"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
@@ -40,7 +42,7 @@ class KafkaClient(Protocol):
     def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None: ...
     def pause(self, partitions: Sequence[TP]) -> None: ...
     def resume(self, partitions: Sequence[TP]) -> None: ...
-    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, int | None]: ...
+    def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]: ...
     def check_brokers(self, timeout_s: float) -> None: ...
     def close(self) -> None: ...
 
@@ -141,9 +143,16 @@ class _ConfluentClient:
         if partitions:
             self._consumer.resume([TopicPartition(t, p) for t, p in partitions])
 
-    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, int | None]:
-        res = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
-        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
+    def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]:
+        # cached=True: the end offsets librdkafka learnt from its last fetch responses; no request
+        out: dict[TP, int | None] = {}
+        for t, p in partitions:
+            try:
+                high = self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            except KafkaException:
+                high = None
+            out[(t, p)] = high[1] if high and high[1] >= 0 else None
+        return out
 
     def check_brokers(self, timeout_s: float) -> None:
         try:
@@ -178,3 +187,76 @@ def check_config(conf: dict[str, Any]) -> None:
 def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:
     """Build the real client. Raises :class:`KafkaClientError` on an invalid librdkafka property."""
     return _ConfluentClient(conf, on_error)
+
+
+class Publisher:
+    """A producer that waits for the broker's acknowledgement of each record.
+
+    Records are written with ``acks=all`` and ``enable.idempotence=true`` (librdkafka), so an
+    acknowledged record is on every in-sync replica and a retried send is not duplicated. Safe to
+    call from several threads at once. Used by the dead-letter middleware.
+
+    Parameters
+    ----------
+    brokers:
+        Bootstrap servers, ``host:port`` strings.
+    config:
+        Other librdkafka producer properties (``acks`` and ``enable.idempotence`` may not be
+        weakened: they are set after these).
+    """
+
+    def __init__(self, brokers: Sequence[str], config: dict[str, Any] | None = None) -> None:
+        conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
+        conf.update(config or {})
+        conf.update({"acks": "all", "enable.idempotence": True})
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
+
+    def publish(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timeout_s: float = 30.0,
+    ) -> tuple[int, int]:
+        """Write one record and wait until the broker acknowledged it.
+
+        Returns
+        -------
+        ``(partition, offset)`` of the acknowledged record.
+
+        Raises
+        ------
+        PublishError
+            The broker refused the record (e.g. too large, not authorised), it could not be queued,
+            or no acknowledgement came within ``timeout_s`` seconds.
+        """
+        done = threading.Event()
+        result: list[Any] = []
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            result.append((err, msg))
+            done.set()
+
+        try:
+            wire: Any = list(headers) if headers else None
+            self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=on_delivery)
+        except (KafkaException, BufferError) as exc:
+            raise PublishError(f"cannot publish to {topic}: {exc}") from None
+        deadline = time.monotonic() + timeout_s
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PublishError(f"no acknowledgement from the broker for {topic} within {timeout_s:g} s")
+            self._producer.poll(min(left, 0.1))
+        err, msg = result[0]
+        if err is not None:
+            raise PublishError(f"the broker refused the record for {topic}: {err.name()}: {err.str()}")
+        return msg.partition(), msg.offset()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` seconds for queued records."""
+        self._producer.flush(timeout_s)

@@ -45,7 +45,10 @@ class Message:
     error:
         The exception that failed the message, or ``None``.
     attempt:
-        The attempt number of the current run, 1 for the first. Retry middleware raises it.
+        The attempt number of the current run: 1 for the first; the engine increases it before each
+        new attempt (after a :class:`~keyedconsumer.RetryLater`).
+    last_error:
+        The error that caused the last retry (``RetryLater``'s ``__cause__``), or ``None``.
     state:
         A free ``dict`` for middleware (retry state, decoded payloads, timings).
     """
@@ -61,6 +64,7 @@ class Message:
         "status",
         "error",
         "attempt",
+        "last_error",
         "state",
         "payload",
         "fencing_token",
@@ -89,12 +93,19 @@ class Message:
         self.status = Status.PENDING
         self.error: BaseException | None = None
         self.attempt = 1
+        self.last_error: BaseException | None = None
         self.state: dict[str, Any] = {}
         self.payload: Any = None
         self.fencing_token: int | None = None
         self._size = (len(key) if key else 0) + (len(value) if value else 0)
         self._part: Any = None  # the engine's per-partition record (internal)
         self._lanes: Any = None  # the engine's per-key queues of this partition (internal)
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group that consumed this message (``""`` when not consumed by the engine)."""
+        part = self._part
+        return part.group if part is not None else ""
 
     @property
     def timestamp(self) -> datetime | None:

@@ -20,15 +20,16 @@ class OffsetTracker:
     ``watermark`` is amortised O(1).
     """
 
-    __slots__ = ("_pending", "_done", "_next")
+    __slots__ = ("_pending", "_since", "_done", "_next")
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()
+        self._since: deque[float] = deque()  # when each pending offset was received (monotonic s)
         self._done: set[int] = set()
         self._next: int | None = None  # last received offset + 1
 
-    def add(self, offset: int) -> bool:
-        """Record a received offset.
+    def add(self, offset: int, received_s: float = 0.0) -> bool:
+        """Record a received offset (``received_s``: when, in ``time.monotonic()`` seconds).
 
         Returns
         -------
@@ -38,6 +39,7 @@ class OffsetTracker:
         nxt = self._next
         if nxt is None or offset >= nxt:
             self._pending.append(offset)
+            self._since.append(received_s)
             self._next = offset + 1
             return True
         return False
@@ -47,9 +49,12 @@ class OffsetTracker:
         pending = self._pending
         if pending and pending[0] == offset:
             pending.popleft()
+            since = self._since
+            since.popleft()
             done = self._done
             while pending and pending[0] in done:
                 done.remove(pending.popleft())
+                since.popleft()
         elif pending and pending[0] < offset < (self._next or 0):
             self._done.add(offset)
 
@@ -58,6 +63,10 @@ class OffsetTracker:
         if self._pending:
             return self._pending[0]
         return self._next
+
+    def oldest_received_s(self) -> float | None:
+        """When the first unfinished offset was received (``time.monotonic()`` s), or ``None``."""
+        return self._since[0] if self._since else None
 
     @property
     def pending(self) -> int:

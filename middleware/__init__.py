@@ -1,7 +1,33 @@
 """Middleware built only on the public handler API of :mod:`keyedconsumer`.
 
-Installed as ``keyedconsumer.middleware``. A middleware takes a handler and returns a handler of the
-same kind (sync or async); the first one given to ``KeyedConsumer`` is the outermost.
+Installed as ``keyedconsumer.middleware``. A middleware takes a handler and returns a handler of
+the same kind (sync or async); the first one given to ``KeyedConsumer(middlewares=[...])`` is the
+outermost. A typical stack, outermost first::
+
+    [Recover(), Logging(), Metrics(), DeadLetter(brokers=...), Retry(), Typed(Order)]
+
+Retry state travels on the :class:`~keyedconsumer.Message` (``attempt``, ``last_error``), and
+control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,
+:class:`~keyedconsumer.PermanentError`, :class:`~keyedconsumer.SkipMessage`), not flags.
 """
 
-__all__: list[str] = []
+from .dead_letter import HEADERS as DEAD_LETTER_HEADERS
+from .dead_letter import DeadLetter, DeadLetterError
+from .logging import Logging
+from .metrics import Metrics
+from .recover import Recover
+from .retry import Retry, backoff_delay_s
+from .typed import DecodeError, Typed
+
+__all__ = [
+    "Retry",
+    "backoff_delay_s",
+    "DeadLetter",
+    "DeadLetterError",
+    "DEAD_LETTER_HEADERS",
+    "Typed",
+    "DecodeError",
+    "Logging",
+    "Metrics",
+    "Recover",
+]

@@ -55,3 +55,24 @@ def wait_until(pred, timeout_s: float, interval_s: float = 0.05) -> bool:  # typ
             return True
         time.sleep(interval_s)
     return bool(pred())
+
+
+def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    """Read ``topic`` from the beginning until ``expect`` records arrived or ``timeout_s`` passed."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    out = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            for m in c.consume(100, 0.5):
+                if m.error() is None:
+                    out.append(m)
+        # a short extra read shows there is nothing more
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            out.extend(m for m in c.consume(100, 0.2) if m.error() is None)
+    finally:
+        c.close()
+    return out

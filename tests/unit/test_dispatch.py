@@ -24,6 +24,7 @@ class DispatchMachine(RuleBasedStateMachine):
         self.started: dict[tuple[str, int, object], list[int]] = {}
         self.finished: dict[tuple[str, int], set[int]] = {tp: set() for tp in TPS}
         self.received: dict[tuple[str, int], list[int]] = {tp: [] for tp in TPS}
+        self.retried: list[Message] = []
 
     @rule(tp=st.sampled_from(TPS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=5))
     def poll(self, tp: tuple[str, int], keys: list[bytes | None]) -> None:
@@ -57,17 +58,24 @@ class DispatchMachine(RuleBasedStateMachine):
         self.running.append(msg)
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), ok=st.booleans())
-    def finish(self, data: st.DataObject, ok: bool) -> None:
+    @rule(data=st.data(), ok=st.sampled_from([True, False, 0.0]))
+    def finish(self, data: st.DataObject, ok: bool | float) -> None:
+        # True: done; False: not done (failed, unhandled); 0.0: RetryLater(0) -> delayed
         msg = data.draw(st.sampled_from(self.running))
         self.running.remove(msg)
         active = msg._part.state == ACTIVE
         nxt = self.d.finish(msg, ok)
-        if ok and active:
+        if ok is True and active:
             self.finished[(msg.topic, msg.partition)].add(msg.offset)
+        if type(ok) is float and active:
+            self.retried.append(msg)
         if nxt is not None:  # the worker keeps the lane and runs its next message itself
             assert nxt.key == msg.key and nxt.partition == msg.partition and nxt.offset > msg.offset
             self.start(nxt)
+
+    @rule()
+    def release_due(self) -> None:
+        self.d.release_due(float("inf"))
 
     @rule(tp=st.sampled_from(TPS))
     def revoke_and_reassign(self, tp: tuple[str, int]) -> None:
@@ -80,8 +88,14 @@ class DispatchMachine(RuleBasedStateMachine):
     @invariant()
     def each_lane_starts_in_offset_order(self) -> None:
         for offsets in self.started.values():
-            # a lane's offsets only grow, except after a re-assignment re-delivers (not modelled here)
+            # a lane's offsets never go back; a retried message starts again at the same offset
             assert offsets == sorted(offsets)
+
+    @invariant()
+    def a_delayed_message_holds_its_lane(self) -> None:
+        for _, _, m in self.d.delayed:
+            assert m._lanes is not None and m.key in m._lanes  # its key waits behind it
+            assert all((r.partition, r.key) != (m.partition, m.key) for r in self.running)
 
     @invariant()
     def watermark_never_passes_unfinished(self) -> None:
@@ -128,3 +142,28 @@ def test_ordering_none_and_partition() -> None:
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"k%d" % i, b"") for i in range(4)])
     assert len(d.ready) == 1  # one at a time per partition
+
+
+def test_retry_later_keeps_the_lane_and_the_offset() -> None:
+    # given two messages of key a and one of key b
+    d = Dispatcher("key", 2)
+    d.assign([("t", 0)])
+    a0, a1, b2 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a"), Message("t", 0, 2, b"b")
+    d.admit([a0, a1, b2])
+    with d.lock:
+        taken = d.take_locked() + d.take_locked()
+    assert taken == [a0, b2]
+    # when a0 asks to be retried later while b2 succeeds
+    assert d.finish(a0, 5.0) is None
+    d.finish(b2, True)
+    # then a1 waits behind a0, the offset stays at a0, and a0's attempt grew
+    assert not d.ready and a0.attempt == 2 and d.parts[("t", 0)].tracker.watermark() == 0
+    assert d.release_due(0.0) is not None and not d.ready  # not due yet
+    d.release_due(float("inf"))
+    assert list(d.ready) == [a0]
+    with d.lock:
+        again = d.take_locked()
+    d.finish(again[0], 5.0)
+    parts = d.begin_revoke([("t", 0)])
+    d.close_parts(parts)
+    assert not d.delayed and d.buffered == 0 and d.running == 0

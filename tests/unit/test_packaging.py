@@ -29,3 +29,18 @@ def test_only_kafka_module_imports_confluent_kafka() -> None:
     pkg = pathlib.Path(keyedconsumer.__file__).parent
     importers = sorted(p.name for p in pkg.rglob("*.py") if "confluent_kafka" in p.read_text())
     assert importers == ["kafka.py"]
+
+
+def test_middleware_uses_only_the_public_api() -> None:
+    import pathlib
+    import re
+
+    root = pathlib.Path(keyedconsumer.__file__).parent.parent / "middleware"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        # only `from keyedconsumer import <public names>`, never engine modules
+        assert not re.search(r"from keyedconsumer\.(?!middleware)\w+ import|import keyedconsumer\.\w+", text), path
+        for names in re.findall(r"from keyedconsumer import ([\w, ]+)", text):
+            for name in (n.strip() for n in names.split(",")):
+                assert name in keyedconsumer.__all__, f"{path.name} imports non-public {name}"
+        assert "confluent_kafka" not in text, path

@@ -1,0 +1,223 @@
+"""Dead-letter topic: publish a finally failed message, unchanged, with failure headers.
+
+The original key, value and headers are published as bytes. The failure headers below are added,
+and **replace** any headers of the same names already on the record, so a record dead-lettered
+again and again does not grow (case C4). Names follow Spring Kafka's ``DeadLetterPublishingRecoverer``
+(``KafkaHeaders.DLT_*``); Spring writes partition/offset/timestamp as big-endian binary numbers,
+keyedconsumer writes every value as UTF-8 text. The last three are keyedconsumer's own.
+
+=====================================  =============================================================
+header                                 value
+=====================================  =============================================================
+``kafka_dlt-original-topic``           topic the message was consumed from
+``kafka_dlt-original-partition``       its partition (decimal)
+``kafka_dlt-original-offset``          its offset (decimal)
+``kafka_dlt-original-timestamp``       its timestamp, milliseconds since the epoch (absent if none)
+``kafka_dlt-original-consumer-group``  the consumer group
+``kafka_dlt-exception-fqcn``           the failure's class, ``module.QualName``
+``kafka_dlt-exception-cause-fqcn``     the class of its root ``__cause__`` (absent if none)
+``kafka_dlt-exception-message``        ``str(error)``, at most 4 KiB
+``kafka_dlt-exception-stacktrace``     the formatted traceback, at most ``max_stacktrace_bytes``
+``kafka_dlt-attempts``                 attempts made (``Message.attempt``)
+``kafka_dlt-failed-at``                time of the failure, milliseconds since the epoch
+``kafka_dlt-validation-errors``        JSON list of validation errors (decode failures only)
+=====================================  =============================================================
+
+The message counts as done only after the broker acknowledged the dead-letter record (``acks=all``,
+idempotent producer). If the publish fails, the middleware raises :class:`DeadLetterError`: nothing is
+marked done, and the engine's error path (``error_handler`` or stop) takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from keyedconsumer import Message, Publisher, PublishError, RetryLater, SkipMessage, Status
+
+from ._kind import is_async
+
+__all__ = ["DeadLetter", "DeadLetterError", "HEADERS"]
+
+PREFIX = "kafka_dlt-"
+H_TOPIC = "kafka_dlt-original-topic"
+H_PARTITION = "kafka_dlt-original-partition"
+H_OFFSET = "kafka_dlt-original-offset"
+H_TIMESTAMP = "kafka_dlt-original-timestamp"
+H_GROUP = "kafka_dlt-original-consumer-group"
+H_FQCN = "kafka_dlt-exception-fqcn"
+H_CAUSE_FQCN = "kafka_dlt-exception-cause-fqcn"
+H_MESSAGE = "kafka_dlt-exception-message"
+H_STACKTRACE = "kafka_dlt-exception-stacktrace"
+H_ATTEMPTS = "kafka_dlt-attempts"
+H_FAILED_AT = "kafka_dlt-failed-at"
+H_VALIDATION = "kafka_dlt-validation-errors"
+#: Every header this middleware writes (and so removes from a record before writing).
+HEADERS = (H_TOPIC, H_PARTITION, H_OFFSET, H_TIMESTAMP, H_GROUP, H_FQCN, H_CAUSE_FQCN, H_MESSAGE,
+           H_STACKTRACE, H_ATTEMPTS, H_FAILED_AT, H_VALIDATION)
+_MAX_MESSAGE_BYTES = 4096
+
+
+class DeadLetterError(Exception):
+    """Publishing to the dead-letter topic failed; the message is not done."""
+
+
+def _fqcn(exc: BaseException) -> str:
+    cls = type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _root_cause(exc: BaseException) -> BaseException | None:
+    seen = {id(exc)}
+    cause = exc.__cause__
+    root = None
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        root = cause
+        cause = cause.__cause__
+    return root
+
+
+def _clip(text: str, max_bytes: int) -> bytes:
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= max_bytes:
+        return data
+    return data[: max(0, max_bytes - 16)].decode("utf-8", "ignore").encode() + b"...[truncated]"
+
+
+class DeadLetter:
+    """Publish a message whose handler finally failed to a dead-letter topic, then count it done.
+
+    Place it outside :class:`~keyedconsumer.middleware.Retry` (``middlewares=[DeadLetter(...),
+    Retry(...)]``): retries run first, and only the final failure is dead-lettered. A
+    :class:`~keyedconsumer.PermanentError` (for example an undecodable payload from
+    :class:`~keyedconsumer.middleware.Typed`) is not retried and is dead-lettered at once.
+
+    Parameters
+    ----------
+    brokers:
+        Bootstrap servers of the cluster holding the dead-letter topic; or pass ``publisher``.
+    topic:
+        Dead-letter topic; ``{topic}`` is replaced by the message's topic (default ``{topic}.dlq``).
+    publisher:
+        A :class:`~keyedconsumer.Publisher` to use instead of building one from ``brokers``.
+    producer_config:
+        Extra librdkafka producer properties for the built publisher.
+    timeout_s:
+        Seconds to wait for the broker's acknowledgement before the publish counts as failed.
+    max_stacktrace_bytes:
+        Bound of the stack trace header.
+
+    Raises
+    ------
+    ValueError
+        Neither ``brokers`` nor ``publisher`` given, or a bad bound.
+    """
+
+    def __init__(
+        self,
+        *,
+        brokers: Sequence[str] | None = None,
+        topic: str = "{topic}.dlq",
+        publisher: Publisher | None = None,
+        producer_config: dict[str, Any] | None = None,
+        timeout_s: float = 30.0,
+        max_stacktrace_bytes: int = 8192,
+    ) -> None:
+        if publisher is None and not brokers:
+            raise ValueError("DeadLetter needs brokers=[...] or publisher=Publisher(...)")
+        if not (timeout_s > 0) or max_stacktrace_bytes < 256:
+            raise ValueError("DeadLetter timeout_s must be > 0 and max_stacktrace_bytes >= 256")
+        self.topic = topic
+        self.timeout_s = float(timeout_s)
+        self.max_stacktrace_bytes = int(max_stacktrace_bytes)
+        self._publisher = publisher or Publisher(list(brokers or []), producer_config)
+        self.published = 0  # dead-letter records acknowledged so far
+
+    def topic_for(self, msg: Message) -> str:
+        """The dead-letter topic of ``msg``."""
+        return self.topic.replace("{topic}", msg.topic)
+
+    def headers_for(self, msg: Message, error: BaseException) -> list[tuple[str, bytes | None]]:
+        """The record's own headers without earlier failure headers, plus this failure's."""
+        own = [(k, v) for k, v in msg.headers if k not in HEADERS]
+        add: list[tuple[str, bytes | None]] = [
+            (H_TOPIC, msg.topic.encode()),
+            (H_PARTITION, str(msg.partition).encode()),
+            (H_OFFSET, str(msg.offset).encode()),
+        ]
+        if msg.timestamp_ms is not None:
+            add.append((H_TIMESTAMP, str(msg.timestamp_ms).encode()))
+        add.append((H_GROUP, msg.group_id.encode()))
+        add.append((H_FQCN, _fqcn(error).encode()))
+        root = _root_cause(error)
+        if root is not None:
+            add.append((H_CAUSE_FQCN, _fqcn(root).encode()))
+        add.append((H_MESSAGE, _clip(str(error), _MAX_MESSAGE_BYTES)))
+        trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        add.append((H_STACKTRACE, _clip(trace, self.max_stacktrace_bytes)))
+        add.append((H_ATTEMPTS, str(msg.attempt).encode()))
+        add.append((H_FAILED_AT, str(int(time.time() * 1000)).encode()))
+        errors = getattr(error, "validation_errors", None)
+        if errors is not None:
+            add.append((H_VALIDATION, _clip(json.dumps(errors, default=str), 16384)))
+        return own + add
+
+    def publish(self, msg: Message, error: BaseException) -> None:
+        """Publish ``msg`` to its dead-letter topic and wait for the acknowledgement.
+
+        Raises
+        ------
+        DeadLetterError
+            The broker refused the record or did not acknowledge it in ``timeout_s``.
+        """
+        topic = self.topic_for(msg)
+        try:
+            self._publisher.publish(topic, msg.key, msg.value, self.headers_for(msg, error), self.timeout_s)
+        except PublishError as exc:
+            raise DeadLetterError(
+                f"dead-letter publish to {topic} failed for topic={msg.topic} partition={msg.partition} "
+                f"offset={msg.offset}: {exc}"
+            ) from error
+        self.published += 1
+        msg.state["dead_lettered"] = topic
+
+    @staticmethod
+    def _failure(msg: Message, exc: BaseException | None) -> BaseException | None:
+        """The error to dead-letter, or ``None``; control flow and ``BaseException`` pass through."""
+        if exc is None:
+            return msg.error if (msg.status is Status.FAIL and msg.error is not None) else None
+        if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
+            raise exc
+        return exc
+
+    def __call__(self, handler: Any) -> Any:
+        if is_async(handler):
+
+            async def dead_letter_async(msg: Message) -> None:
+                try:
+                    await handler(msg)
+                    error = self._failure(msg, None)
+                except BaseException as exc:
+                    error = self._failure(msg, exc)
+                if error is not None:
+                    await asyncio.to_thread(self.publish, msg, error)
+                    msg.ack_skip()
+
+            return dead_letter_async
+
+        def dead_letter(msg: Message) -> None:
+            try:
+                handler(msg)
+                error = self._failure(msg, None)
+            except BaseException as exc:
+                error = self._failure(msg, exc)
+            if error is not None:
+                self.publish(msg, error)
+                msg.ack_skip()
+
+        return dead_letter

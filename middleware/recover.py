@@ -1,0 +1,49 @@
+"""Recover: an unexpected exception from a middleware fails its message, never the worker."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from keyedconsumer import Message, RetryLater, SkipMessage
+
+from ._kind import is_async
+
+__all__ = ["Recover"]
+
+log = logging.getLogger("keyedconsumer.middleware")
+
+
+class Recover:
+    """Turn any ``Exception`` escaping the handlers inside it into ``msg.ack_fail(error)``.
+
+    Place it first (outermost). The message then ends ``FAIL`` and follows the engine's error path
+    (``error_handler``, or stop naming the message); the worker goes on either way. Control-flow
+    exceptions (``RetryLater``, ``SkipMessage``) and ``BaseException``s that are not ``Exception``
+    (``KeyboardInterrupt``, ``SystemExit``) pass through.
+    """
+
+    def __call__(self, handler: Any) -> Any:
+        if is_async(handler):
+
+            async def recover_async(msg: Message) -> None:
+                try:
+                    await handler(msg)
+                except (RetryLater, SkipMessage):
+                    raise
+                except Exception as exc:
+                    log.warning("recovered %s from %r", type(exc).__name__, msg)
+                    msg.ack_fail(exc)
+
+            return recover_async
+
+        def recover(msg: Message) -> None:
+            try:
+                handler(msg)
+            except (RetryLater, SkipMessage):
+                raise
+            except Exception as exc:
+                log.warning("recovered %s from %r", type(exc).__name__, msg)
+                msg.ack_fail(exc)
+
+        return recover
