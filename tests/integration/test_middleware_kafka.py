@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from keyedconsumer.middleware import DeadLetter, DeadLetterError, Retry, Typed
 from pydantic import BaseModel
 
 from keyedconsumer import KeyedConsumer, Message, MessageError
-from keyedconsumer.middleware import DeadLetter, DeadLetterError, Retry, Typed
 
 from .kafkautil import committed, end_offsets, produce, read_all, wait_until
 

@@ -9,10 +9,19 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from keyedconsumer.middleware import (
+    DEAD_LETTER_HEADERS,
+    DeadLetter,
+    DecodeError,
+    Logging,
+    Recover,
+    Retry,
+    Typed,
+    backoff_delay_s,
+)
 from pydantic import BaseModel
 
 from keyedconsumer import Message, PermanentError, RetryLater, SkipMessage
-from keyedconsumer.middleware import DEAD_LETTER_HEADERS, DeadLetter, DecodeError, Logging, Recover, Retry, Typed, backoff_delay_s
 
 
 def msg(value: bytes | None = b"{}", key: bytes | None = b"k", attempt: int = 1) -> Message:
