@@ -71,7 +71,10 @@ class Logging:
             "outcome": outcome,
         }
         if exc is not None and outcome != "SKIP":
-            fields["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            cause = exc.__cause__ if isinstance(exc, RetryLater) and exc.__cause__ is not None else exc
+            fields["error"] = f"{type(cause).__name__}: {cause}"[:500]
+            if isinstance(exc, RetryLater):
+                fields["retry_in_s"] = round(exc.delay_s, 3)
         text = " ".join(f"{k}={v}" for k, v in fields.items())
         self.logger.log(level, "message %s", text, extra={"keyedconsumer": fields})
 

@@ -23,3 +23,14 @@ def test_flights_example_keeps_order_and_reaches_lag_zero(kafka_bootstrap: str) 
     assert "order violations    0" in out.stdout
     assert "lag 0               True" in out.stdout
     assert "RESULT              OK" in out.stdout
+
+
+@pytest.mark.timeout(180)
+def test_retry_and_dead_letter_example(kafka_bootstrap: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "examples/retry_and_dead_letter.py", "--brokers", kafka_bootstrap, "--events", "1000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "order violations    0" in out.stdout and "RESULT              OK" in out.stdout
+    assert "kafka_dlt-exception-fqcn" in out.stdout
