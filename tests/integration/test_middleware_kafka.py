@@ -225,3 +225,43 @@ def test_retry_waiting_messages_are_held_once_and_memory_stays_bounded_case_c2(k
     assert consumer.peak_in_flight <= max_in_flight
     assert consumer._d.retries >= 2 * max_in_flight  # every held message was retried several times
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.timeout(60)
+def test_metrics_count_outcomes_and_serve_partition_gauges(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
+    import socket
+    import urllib.request
+
+    from keyedconsumer.middleware import Metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    topic = new_topic(2)
+    produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"v", i % 2) for i in range(100)])
+    metrics = Metrics(http_port=port)
+    seen: list[int] = []
+
+    def handle(msg: Message) -> None:
+        seen.append(msg.offset)
+        if msg.key == b"k7":
+            msg.ack_skip()
+
+    consumer = metrics.bind(KeyedConsumer(name=f"m-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
+                                          topics=[topic], concurrency=4, middlewares=[metrics]))
+    scraped: list[str] = []
+
+    def scrape_when_done() -> bool:
+        if len(seen) < 100:
+            return False
+        time.sleep(1.2)  # the end offsets are refreshed about once a second
+        scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+        return True
+
+    run_until(consumer, scrape_when_done, 40)
+    text = scraped[0]
+    assert f'messaging_client_consumed_messages_total{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",outcome="SUCCESS"}} 99.0' in text
+    assert 'outcome="SKIP"} 1.0' in text
+    assert "messaging_process_duration_seconds_bucket" in text
+    assert f'keyedconsumer_partition_lag{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",messaging_destination_partition_id="0"}} 0.0' in text
+    assert "keyedconsumer_oldest_unfinished_age_seconds" in text
