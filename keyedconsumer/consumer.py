@@ -441,6 +441,14 @@ class _Listener:
             log.warning("revoke: handlers of %s still running after %g s", partitions, timeout)
         final = d.close_parts(parts)
         if final:
+            # Store as well as commit: with auto commit librdkafka commits the *stored* offsets of
+            # the partitions it unassigns after this callback, which must not be older ones.
+            if not c.config.manual_commit:
+                for topic, partition, offset in final:
+                    try:
+                        self._client.store(topic, partition, offset)
+                    except KafkaClientError as exc:
+                        log.debug("store on revoke failed: %s", exc)
             try:
                 self._client.commit(final)
             except KafkaClientError as exc:
