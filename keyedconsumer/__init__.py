@@ -9,6 +9,7 @@ from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageEr
 from .kafka import Publisher
 from .message import Message, Status
 from .outcomes import PermanentError, RetryLater, SkipMessage
+from .sequencing import RedisSequencer, RedisSequencerConfig
 
 __all__ = [
     "KeyedConsumer",
@@ -27,6 +28,8 @@ __all__ = [
     "PermanentError",
     "Publisher",
     "PartitionStatus",
+    "RedisSequencer",
+    "RedisSequencerConfig",
     "PublishError",
 ]
 

@@ -25,6 +25,7 @@ from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
 from .outcomes import RetryLater, SkipMessage
+from .sequencing import RedisSequencer
 
 __all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler", "PartitionStatus"]
 
@@ -93,9 +94,13 @@ class KeyedConsumer:
         error_handler: ErrorHandler | None = None,
         client_factory: ClientFactory | None = None,
         settings: ConsumerConfig | None = None,
+        sequencer: RedisSequencer | None = None,
         **options: Any,
     ) -> None:
         self.config = settings if settings is not None else ConsumerConfig(**options)
+        if sequencer is not None and self.config.ordering == "none":
+            raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
+        self._sequencer = sequencer
         self._handler = compose(handler, middlewares)
         self._async = _is_async(self._handler)
         self._error_handler = error_handler
@@ -276,8 +281,11 @@ class KeyedConsumer:
         client = self._factory(cfg.librdkafka(), self._on_client_error)
         self._client = client
         started = False
+        seq = self._sequencer
         try:
             client.check_brokers(cfg.startup_timeout_s)
+            if seq is not None:
+                seq.attach(d, self._fail)
             client.subscribe(cfg.topics, _Listener(self, client))
             executor.start()
             started = True
@@ -286,6 +294,10 @@ class KeyedConsumer:
             next_status = 0.0
             while not self._stop.is_set():
                 timeout_s = poll_timeout_s
+                if seq is not None:
+                    hint_s = seq.tick()
+                    if hint_s is not None and hint_s < timeout_s:
+                        timeout_s = hint_s
                 if d.delayed:
                     next_due_s = d.release_due(time.monotonic())
                     if next_due_s is not None and next_due_s < timeout_s:
@@ -382,6 +394,8 @@ class KeyedConsumer:
         d.close()
         if started:
             executor.join(min(cfg.shutdown_timeout_s, 5.0))
+        if self._sequencer is not None and d.leases is not None:
+            self._sequencer.detach()
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

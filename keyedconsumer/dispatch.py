@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from .kafka import TP
 from .message import Message
 from .offsets import OffsetTracker
+from .sequencing.keys import lease_id
+from .sequencing.leases import LeaseTable
 
 __all__ = ["Dispatcher", "Partition", "ACTIVE", "REVOKING", "CLOSED"]
 
@@ -92,6 +94,7 @@ class Dispatcher:
         self.delayed: list[tuple[float, int, Message]] = []  # heap of (due monotonic s, seq, msg)
         self._seq = itertools.count()
         self.retries = 0  # RetryLater outcomes so far
+        self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -128,23 +131,25 @@ class Dispatcher:
                 for m in q:
                     self._forget(m)
                 q.clear()
+        heads: list[Message] = []  # lane heads of the partition that did not start
         if self.ready:
             keep: deque[Message] = deque()
             for m in self.ready:
-                if m._part is part:
-                    self._forget(m)
-                    lanes.pop(self._lane_key(m), None)
-                else:
-                    keep.append(m)
+                (heads if m._part is part else keep).append(m)
             self.ready = keep
         if self.delayed:
             waiting = [e for e in self.delayed if e[2]._part is not part]
-            for _, _, m in self.delayed:
-                if m._part is part:
-                    self._forget(m)
-                    lanes.pop(self._lane_key(m), None)
+            heads.extend(e[2] for e in self.delayed if e[2]._part is part)
             heapq.heapify(waiting)
             self.delayed = waiting
+        leases = self.leases
+        if leases is not None:
+            heads.extend(m for m in leases.waiting_heads() if m._part is part)
+        for m in heads:
+            self._forget(m)
+            lanes.pop(self._lane_key(m), None)
+            if leases is not None:
+                self._lease_drop(m)
         self._dirty.discard(part)
 
     def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
@@ -181,11 +186,16 @@ class Dispatcher:
     def _lane_key(self, msg: Message) -> object:
         return msg.key if self.ordering == "key" else 0
 
+    def lid(self, msg: Message) -> str:
+        """The lease id of the message's lane (its key; its partition for null keys)."""
+        return lease_id(msg.key if self.ordering == "key" else None, msg.topic, msg.partition)
+
     def admit(self, msgs: list[Message]) -> None:
         """Take freshly polled messages: track their offsets and queue them on their lanes."""
         ready = self.ready
         by_key = self.ordering == "key"
         sequenced = self.ordering != "none"
+        leases = self.leases if sequenced else None
         added = 0
         now = time.monotonic()
         with self.lock:
@@ -208,6 +218,8 @@ class Dispatcher:
                         q.append(msg)
                         continue
                     lanes[lk] = None
+                    if leases is not None and not leases.admit_head(msg, self.lid(msg)):
+                        continue  # waits for its key's lease
                 ready.append(msg)
                 added += 1
             if added:
@@ -258,6 +270,10 @@ class Dispatcher:
             for _, _, m in self.delayed:
                 self._forget(m)
             self.delayed.clear()
+            if self.leases is not None:
+                for m in self.leases.waiting_heads():
+                    self._forget(m)
+                    self.leases.drop(m, self.lid(m))
             for lanes in self._lanes_by_tp.values():
                 for q in lanes.values():
                     if q:
@@ -292,8 +308,12 @@ class Dispatcher:
         return chunk
 
     def may_start(self, msg: Message) -> bool:
-        """True unless the consumer halted or the message's partition was revoked or lost."""
-        return not self.halted and msg._part.state == ACTIVE
+        """True unless the consumer halted, the message's partition was revoked or lost, or the
+        lease of its key (with a Redis sequencer) is no longer this instance's."""
+        if self.halted or msg._part.state != ACTIVE:
+            return False
+        leases = self.leases
+        return leases is None or msg._lanes is None or leases.still_valid(msg, self.lid(msg))
 
     def wakes_for(self, added: int) -> int:
         """How many idle workers ``added`` new ready messages need (caller holds ``lock``)."""
@@ -336,9 +356,23 @@ class Dispatcher:
         avg = self.avg_handler_s = self.avg_handler_s * 0.95 + per_message_s * 0.05
         self.chunk = max(1, min(MAX_CHUNK, int(CHUNK_QUANTUM_S / avg) if avg > 0 else MAX_CHUNK))
 
+    def _lease_drop(self, msg: Message) -> None:
+        assert self.leases is not None
+        self.leases.drop(msg, self.lid(msg))
+
     def _finish_locked(self, msg: Message, done: Outcome) -> Message | None:
         nxt = None
         part = msg._part
+        leases = self.leases if msg._lanes is not None else None
+        if leases is not None and part.state == ACTIVE and not self.halted:
+            lid = self.lid(msg)
+            if not leases.still_valid(msg, lid):
+                # It ran under a lease this instance lost (expired, taken over, Redis down): its
+                # result does not count. It waits, first of its lane, to run again under a new lease.
+                part.running -= 1
+                self.running -= 1
+                leases.requeue(msg, lid)
+                return None
         if type(done) is float:
             if self.halted or part.state != ACTIVE:
                 done = False  # nobody will run it again here: it ends not done
@@ -363,15 +397,25 @@ class Dispatcher:
                         self._forget(m)
                     del lanes[lk]
                     nxt = None
-                elif self.ready:
-                    self.ready.append(nxt)
-                    self.wake(1)
-                    nxt = None
+                    if leases is not None:
+                        leases.drop(msg, self.lid(msg))
                 else:
-                    nxt._part.running += 1
-                    self.running += 1
+                    if leases is not None:
+                        leases.handover(msg, nxt, self.lid(msg))
+                    if self.ready:
+                        self.ready.append(nxt)
+                        self.wake(1)
+                        nxt = None
+                    else:
+                        nxt._part.running += 1
+                        self.running += 1
             else:
                 lanes.pop(lk, None)
+                if leases is not None:
+                    other = leases.lane_dry(msg, self.lid(msg))
+                    if other is not None:  # the same key's lane of another partition goes on
+                        self.ready.append(other)
+                        self.wake(1)
         if done and part.state != CLOSED:
             part.tracker.done(msg.offset)
             self._dirty.add(part)

@@ -1,0 +1,223 @@
+"""The instance's view of its per-key leases (no Redis here: the caller talks to the store).
+
+A lane's head may run only while this instance holds the lease of the lane's *lease id* (its Kafka
+key, or its partition for null keys). One lease serves, one after the other, every local lane with
+that id (the same key on several partitions), and the lane's later messages run under it without a
+Redis round trip. A lease is released when no local lane needs it.
+
+All methods run under the dispatcher's lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections import deque
+
+from ..message import Message
+
+__all__ = ["Lease", "LeaseTable"]
+
+#: The shortest wait before asking again for a lease another instance holds (seconds).
+RETRY_MIN_S = 0.02
+#: The longest such wait (seconds).
+RETRY_MAX_S = 0.25
+
+
+class Lease:
+    __slots__ = ("lid", "owner", "fence", "held", "renewed_s", "active", "waiting", "retry_s")
+
+    def __init__(self, lid: str) -> None:
+        self.lid = lid
+        self.owner = ""
+        self.fence = 0
+        self.held = False
+        self.renewed_s = 0.0  # when Redis last confirmed it (monotonic seconds)
+        self.active: Message | None = None  # the lane head running (or ready, or delayed) under it
+        self.waiting: deque[Message] = deque()  # lane heads waiting for it
+        self.retry_s = 0.0  # not asked again before this time
+
+
+class LeaseTable:
+    """Leases wanted, held and idle. ``ttl_s``: the lease TTL in seconds."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.by_id: dict[str, Lease] = {}
+        self.want: set[str] = set()
+        self.idle: set[str] = set()
+        self._instance = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._n = itertools.count()
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    def admit_head(self, msg: Message, lid: str) -> bool:
+        """A lane got a head. ``True``: it may be made ready now (the lease is held and free)."""
+        lease = self.by_id.get(lid)
+        if lease is None:
+            lease = self.by_id[lid] = Lease(lid)
+        if lease.active is None and self.valid(lease, time.monotonic()):
+            lease.active = msg
+            msg.fencing_token = lease.fence
+            self.idle.discard(lid)
+            return True
+        lease.waiting.append(msg)
+        if not lease.held:
+            self.want.add(lid)
+        return False
+
+    def handover(self, msg: Message, nxt: Message, lid: str) -> None:
+        """The lane's next message runs under the same lease."""
+        nxt.fencing_token = msg.fencing_token
+        lease = self.by_id.get(lid)
+        if lease is not None:
+            lease.active = nxt
+
+    def lane_dry(self, msg: Message, lid: str) -> Message | None:
+        """The lane of ``msg`` ran dry. Returns another local lane head that takes the lease over."""
+        lease = self.by_id.get(lid)
+        if lease is None:
+            return None
+        if lease.active is msg:
+            lease.active = None
+        if lease.waiting and lease.active is None and self.valid(lease, time.monotonic()):
+            head = lease.waiting.popleft()
+            lease.active = head
+            head.fencing_token = lease.fence
+            return head
+        if not lease.waiting and lease.active is None:
+            if lease.held:
+                self.idle.add(lid)
+            else:
+                self._forget(lease)
+        return None
+
+    def still_valid(self, msg: Message, lid: str) -> bool:
+        """True if ``msg`` ran under a lease this instance still holds (its result may count)."""
+        lease = self.by_id.get(lid)
+        return (
+            lease is not None
+            and lease.active is msg
+            and msg.fencing_token == lease.fence
+            and self.valid(lease, time.monotonic())
+        )
+
+    def requeue(self, msg: Message, lid: str) -> None:
+        """``msg`` ran under a lost lease: it waits, first in line, to run again once re-acquired."""
+        lease = self.by_id.get(lid)
+        if lease is None:
+            lease = self.by_id[lid] = Lease(lid)
+        if lease.active is msg:
+            lease.active = None
+        lease.held = False
+        lease.waiting.appendleft(msg)
+        self.want.add(lid)
+        self.idle.discard(lid)
+
+    def drop(self, msg: Message, lid: str) -> None:
+        """Forget a lane head that will never run here (revoked partition, halt)."""
+        lease = self.by_id.get(lid)
+        if lease is None:
+            return
+        if lease.active is msg:
+            lease.active = None
+        try:
+            lease.waiting.remove(msg)
+        except ValueError:
+            pass
+        if lease.active is None and not lease.waiting:
+            if lease.held:
+                self.idle.add(lid)
+            else:
+                self._forget(lease)
+
+    def waiting_heads(self) -> list[Message]:
+        return [m for lease in self.by_id.values() for m in lease.waiting]
+
+    # -- Redis round trips (the caller calls the store between these) ---------------------------
+
+    def valid(self, lease: Lease, now: float) -> bool:
+        return lease.held and now - lease.renewed_s < self.ttl_s
+
+    def to_acquire(self, now: float) -> list[tuple[str, str]]:
+        out = []
+        for lid in self.want:
+            lease = self.by_id.get(lid)
+            if lease is None or lease.retry_s > now:
+                continue
+            lease.owner = f"{self._instance}-{next(self._n)}"
+            out.append((lid, lease.owner))
+        return out
+
+    def acquired(self, lid: str, owner: str, token: int, asked_s: float, now: float) -> Message | None:
+        """Redis answered an acquire sent at ``asked_s``: ``token`` > 0 granted, else
+        ``-(ms left on the holder's lease)``. Returns a lane head to make ready."""
+        lease = self.by_id.get(lid)
+        if lease is None or lease.owner != owner:
+            return None
+        if token <= 0:
+            lease.retry_s = now + min(RETRY_MAX_S, max(RETRY_MIN_S, -token / 1000.0))
+            return None
+        self.want.discard(lid)
+        lease.held = True
+        lease.fence = token
+        lease.renewed_s = asked_s  # the TTL started no earlier than the request was sent
+        if lease.active is None and lease.waiting:
+            head = lease.waiting.popleft()
+            lease.active = head
+            head.fencing_token = token
+            return head
+        if lease.active is None:
+            self.idle.add(lid)
+        return None
+
+    def to_renew(self) -> list[tuple[str, str]]:
+        return [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held]
+
+    def renewed(self, lid: str, owner: str, ok: bool, asked_s: float) -> None:
+        lease = self.by_id.get(lid)
+        if lease is None or lease.owner != owner or not lease.held:
+            return
+        if ok:
+            lease.renewed_s = asked_s
+        else:
+            self.lose(lease)
+
+    def expire_unconfirmed(self, now: float) -> None:
+        """Leases Redis did not confirm within the TTL (Redis down, a long pause) are lost."""
+        for lease in list(self.by_id.values()):
+            if lease.held and now - lease.renewed_s >= self.ttl_s:
+                self.lose(lease)
+
+    def lose(self, lease: Lease) -> None:
+        lease.held = False
+        self.idle.discard(lease.lid)
+        if lease.waiting or lease.active is not None:
+            self.want.add(lease.lid)
+        else:
+            self._forget(lease)
+
+    def to_release(self) -> list[tuple[str, str]]:
+        out = []
+        for lid in self.idle:
+            lease = self.by_id.pop(lid, None)
+            if lease is not None and lease.held and lease.active is None and not lease.waiting:
+                out.append((lid, lease.owner))
+            elif lease is not None:
+                self.by_id[lid] = lease
+        self.idle.clear()
+        return out
+
+    def release_all(self) -> list[tuple[str, str]]:
+        out = [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held]
+        self.by_id.clear()
+        self.want.clear()
+        self.idle.clear()
+        return out
+
+    def _forget(self, lease: Lease) -> None:
+        self.by_id.pop(lease.lid, None)
+        self.want.discard(lease.lid)
+        self.idle.discard(lease.lid)
