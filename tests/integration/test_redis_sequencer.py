@@ -1,0 +1,190 @@
+"""The Redis sequencer across processes: one key never runs on two instances at once, a paused
+(zombie) instance loses its key and its late writes are refused, and leases are cleaned up."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import redis
+from pydantic import ValidationError
+
+from keyedconsumer import KeyedConsumer, RedisSequencer
+
+from .kafkautil import committed, end_offsets, produce, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(bootstrap: str, topic: str, group: str, log: Path, redis_url: str, ns: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.procs.redis_consumer", bootstrap, topic, group, str(log), redis_url, ns, *extra],
+        cwd=ROOT,
+    )
+
+
+def events(log: Path) -> list[list[str]]:
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def intervals(log: Path) -> dict[str, list[tuple[int, int, int, int, int]]]:
+    """Per key: (start_ns, end_ns, pid, partition, offset) of every completed run."""
+    starts: dict[tuple[str, str, str], int] = {}
+    out: dict[str, list[tuple[int, int, int, int, int]]] = defaultdict(list)
+    for e in events(log):
+        kind, pid, part, off, key = e[0], e[1], e[2], e[3], e[4]
+        if kind == "S":
+            starts[(pid, part, off)] = int(e[-1])
+        elif kind == "E":
+            out[key].append((starts.pop((pid, part, off)), int(e[-1]), int(pid), int(part), int(off)))
+    return out
+
+
+def overlaps(runs: dict[str, list[tuple[int, int, int, int, int]]]) -> list[tuple[str, tuple, tuple]]:  # type: ignore[type-arg]
+    bad = []
+    for key, rs in runs.items():
+        rs = sorted(rs)
+        for a, b in zip(rs, rs[1:]):
+            if b[0] < a[1]:
+                bad.append((key, a, b))
+    return bad
+
+
+def stop_all(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def leftover_leases(redis_url: str, ns: str) -> list[bytes]:
+    r = redis.Redis.from_url(redis_url)
+    return list(r.scan_iter(f"kc:{ns}:*:lease"))
+
+
+@pytest.mark.timeout(150)
+def test_two_instances_same_key_on_two_partitions_never_overlap(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # given 20 keys whose messages are spread over both partitions of a topic
+    topic = new_topic(2)
+    n = 3000
+    acked = produce(kafka_bootstrap, topic, [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)])
+    group, ns = f"rs-{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "events.log"
+    # when two instances of one group (one partition each) consume them with the Redis sequencer
+    a = start(kafka_bootstrap, topic, group, log, redis_url, ns)
+    b = start(kafka_bootstrap, topic, group, log, redis_url, ns)
+    try:
+        done = lambda: {(int(e[2]), int(e[3])) for e in events(log) if e[0] == "E"} >= set(acked)  # noqa: E731
+        assert wait_until(done, 100), "not everything was processed"
+    finally:
+        stop_all(a, b)
+    runs = intervals(log)
+    pids = {r[2] for rs in runs.values() for r in rs}
+    # then both instances worked, and no key ever ran on both at the same time
+    assert len(pids) == 2
+    assert overlaps(runs) == []
+    # and within a partition each key's messages were first run in offset order (a partition that
+    # moved is re-run from its committed offset: at-least-once)
+    for rs in runs.values():
+        by_part: dict[int, list[int]] = defaultdict(list)
+        seen: set[tuple[int, int]] = set()
+        for _s, _e, _pid, part, off in sorted(rs):
+            if (part, off) not in seen:
+                seen.add((part, off))
+                by_part[part].append(off)
+        assert all(offs == sorted(offs) for offs in by_part.values())
+    assert committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2)
+    # and no lease is left behind
+    assert wait_until(lambda: leftover_leases(redis_url, ns) == [], 10)
+
+
+@pytest.mark.timeout(150)
+def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # given key "hot" on both partitions; instance A (p0 or p1) runs a slow "hot" message
+    topic = new_topic(2)
+    ttl = 2.0
+    recs = [(b"hot", f"h{i}".encode(), i % 2) for i in range(40)] + [(f"k{i}".encode(), b"x", i % 2) for i in range(200)]
+    produce(kafka_bootstrap, topic, recs)
+    group, ns = f"zombie-{uuid.uuid4().hex[:8]}", f"z{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "events.log"
+    common = ("--ttl", str(ttl), "--slow-key", "hot", "--slow-s", "0.3")
+    a = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common)
+    b = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common)
+    procs = {a.pid: a, b.pid: b}
+    try:
+        # wait until both instances have run "hot" (so each owns one partition) and one runs it now
+        def running_hot() -> tuple[int, int] | None:
+            evs = events(log)
+            pids = {int(e[1]) for e in evs if e[4] == "hot"}
+            if len(pids) < 2:
+                return None
+            open_runs: dict[tuple[str, str, str], list[str]] = {}
+            for e in evs:
+                if e[4] != "hot":
+                    continue
+                if e[0] == "S":
+                    open_runs[(e[1], e[2], e[3])] = e
+                elif e[0] == "E":
+                    open_runs.pop((e[1], e[2], e[3]), None)
+            for e in open_runs.values():
+                return int(e[1]), int(e[5]), int(e[2])
+            return None
+
+        assert wait_until(lambda: running_hot() is not None, 60)
+        zombie_pid, zombie_token, zombie_partition = running_hot()  # type: ignore[misc]
+        zombie = procs[zombie_pid]
+        other = a if zombie is b else b
+        # when the instance holding "hot" is paused for longer than the lease TTL, while more "hot"
+        # messages arrive on the other instance's partition
+        zombie.send_signal(signal.SIGSTOP)
+        stopped_ns = time.monotonic_ns()
+        produce(kafka_bootstrap, topic, [(b"hot", f"late{i}".encode(), 1 - zombie_partition) for i in range(5)])
+        time.sleep(ttl * 2.5)
+        # then the other instance took the key over, with a higher fencing token
+        taken = [e for e in events(log) if e[0] == "S" and e[4] == "hot" and int(e[1]) == other.pid and int(e[-1]) > stopped_ns]
+        assert taken, "the other instance did not take the key over"
+        assert min(int(e[5]) for e in taken) > zombie_token
+        # when the zombie resumes
+        resumed_ns = time.monotonic_ns()
+        zombie.send_signal(signal.SIGCONT)
+        time.sleep(ttl * 1.5)
+    finally:
+        stop_all(a, b)
+    evs = events(log)
+    # then its late write (with the old token) was refused
+    late = [e for e in evs if e[0] == "W" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[5]) == zombie_token]
+    assert late and late[0][6] == "refused"
+    # and it started no new "hot" work under its old lease after resuming
+    after = [e for e in evs if e[0] == "S" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[-1]) > resumed_ns]
+    assert all(int(e[5]) > zombie_token for e in after)
+    # and no two runs of "hot" overlapped except the zombie's stale one (which carries the lowest token)
+    runs = intervals(log)
+    bad = overlaps(runs)
+    assert all(key == "hot" and zombie_pid in (x[2], y[2]) for key, x, y in bad)
+
+
+@pytest.mark.timeout(30)
+def test_sequencer_settings_are_validated() -> None:
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=3.0, renew_interval_s=1.0)
+    assert "lease_ttl_s" in str(info.value) or "renew_interval_s" in str(info.value)
+    with pytest.raises(ValidationError):
+        RedisSequencer("redis://127.0.0.1:6379/0", "bad{ns}")
+    with pytest.raises(ValidationError):
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=float("nan"))
+    s = RedisSequencer("redis://user:s3cret@127.0.0.1:6379/0", "ns")
+    assert "s3cret" not in repr(s) and "s3cret" not in repr(s.config)
+    with pytest.raises(ValueError):
+        KeyedConsumer(name="n", topics=["t"], handler=lambda m: None, ordering="none", sequencer=s)
