@@ -51,7 +51,7 @@ def overlaps(runs: dict[str, list[tuple[int, int, int, int, int]]]) -> list[tupl
     bad = []
     for key, rs in runs.items():
         rs = sorted(rs)
-        for a, b in zip(rs, rs[1:]):
+        for a, b in zip(rs, rs[1:], strict=False):
             if b[0] < a[1]:
                 bad.append((key, a, b))
     return bad
