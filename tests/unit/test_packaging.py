@@ -23,12 +23,21 @@ def test_middleware_is_a_subpackage_only() -> None:
     assert out.returncode != 0 and "No module named 'middleware'" in out.stderr
 
 
-def test_only_kafka_module_imports_confluent_kafka() -> None:
+def test_one_module_per_outside_system() -> None:
     import pathlib
+    import re
 
     pkg = pathlib.Path(keyedconsumer.__file__).parent
-    importers = sorted(p.name for p in pkg.rglob("*.py") if "confluent_kafka" in p.read_text())
-    assert importers == ["kafka.py"]
+    kafka = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "confluent_kafka" in p.read_text())
+    assert kafka == ["kafka.py"]
+    redis = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if re.search(r"^\s*import redis|^\s*from redis", p.read_text(), re.M))
+    assert redis == ["sequencing/store.py"]
+
+
+def test_the_engine_imports_without_redis_installed() -> None:
+    code = "import sys; sys.modules['redis'] = None; import keyedconsumer; print(keyedconsumer.RedisSequencer)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
 
 
 def test_middleware_uses_only_the_public_api() -> None:
