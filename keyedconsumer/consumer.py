@@ -308,6 +308,7 @@ class KeyedConsumer:
                     d.admit(msgs)
                     if d.buffered > self.peak_in_flight:
                         self.peak_in_flight = d.buffered
+                d.rescue()
                 self._store(client)
                 self._backpressure(client)
                 now = time.monotonic()

@@ -31,13 +31,59 @@ ACTIVE, REVOKING, CLOSED = 0, 1, 2
 #: from a moving average of handler durations): fast handlers are taken in chunks, so the workers
 #: do not wake each other for every message; slow handlers are taken one by one.
 CHUNK_QUANTUM_S = 0.002
-#: Upper bound of a chunk, in messages.
-MAX_CHUNK = 256
-
 Lanes = dict[object, "deque[Message] | None"]
 #: What a worker reports for a message: ``True`` done, ``False`` not done, a ``float``: run it again
 #: after that many seconds (it stays its lane's head, and its offset stays unfinished).
 Outcome = bool | float
+
+#: Upper bound of a chunk, in messages.
+MAX_CHUNK = 256
+#: A worker in one handler for longer than this (seconds) gets its chunk's unstarted messages
+#: taken back and its finished ones reported by the poll thread (:meth:`Dispatcher.rescue`).
+RESCUE_AFTER_S = 0.01
+
+
+class Slot:
+    """What one worker holds: its chunk, the next position in it, results not yet reported."""
+
+    __slots__ = ("lock", "chunk", "pos", "results", "started_s")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.chunk: list[Message] | None = None
+        self.pos = 0
+        self.results: list[tuple[Message, Outcome]] = []
+        self.started_s = 0.0  # when the running handler started (monotonic seconds)
+
+    def load(self, chunk: list[Message]) -> None:
+        with self.lock:
+            self.chunk = chunk
+            self.pos = 0
+            self.results = []
+
+    def next(self, done: tuple[Message, Outcome] | None) -> Message | None:
+        """Record the last message's result (if any) and take the next one, or ``None`` at the end
+        of the chunk (or when the poll thread took the rest back)."""
+        with self.lock:
+            if done is not None:
+                self.results.append(done)
+            chunk = self.chunk
+            i = self.pos
+            if chunk is None or i >= len(chunk):
+                return None
+            self.pos = i + 1
+            self.started_s = time.monotonic()
+            return chunk[i]
+
+    def unload(self) -> list[tuple[Message, Outcome]]:
+        """End the chunk: return the results not reported yet."""
+        with self.lock:
+            results = self.results
+            self.results = []
+            self.chunk = None
+            return results
+
+
 
 
 class Partition:
@@ -95,6 +141,7 @@ class Dispatcher:
         self._seq = itertools.count()
         self.retries = 0  # RetryLater outcomes so far
         self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
+        self.slots: list[Slot] = []  # one per worker (registered by the executor)
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -153,21 +200,70 @@ class Dispatcher:
         self._dirty.discard(part)
 
     def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
-        """Wait until nothing of ``parts`` (all partitions when ``None``) runs. Returns success."""
+        """Wait until nothing of ``parts`` (all partitions when ``None``) runs. Returns success.
+
+        Messages a worker took but has not started are handed back meanwhile, and results it has
+        not reported yet are reported (:meth:`rescue`), so only handlers really running are waited for.
+        """
         deadline = time.monotonic() + timeout_s
-        with self.lock:
-            self.waiters += 1
-            try:
-                while True:
-                    busy = self.running if parts is None else sum(p.running for p in parts)
-                    if busy == 0:
-                        return True
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    self.settled.wait(left)
-            finally:
-                self.waiters -= 1
+        while True:
+            self.rescue(force=True)
+            with self.lock:
+                busy = self.running if parts is None else sum(p.running for p in parts)
+                if busy == 0:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.waiters += 1
+                try:
+                    self.settled.wait(min(left, 0.05))
+                finally:
+                    self.waiters -= 1
+
+    def rescue(self, force: bool = False) -> None:
+        """Take back from a worker stuck in one handler for more than ``RESCUE_AFTER_S`` (or from
+        every worker with ``force``) the messages of its chunk it has not started, and report the
+        results it has not reported yet: a slow handler never holds other keys' messages or
+        finished offsets hostage. Called by the poll thread."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.chunk is None:
+                continue
+            with slot.lock:
+                chunk = slot.chunk
+                if chunk is None or not (force or now - slot.started_s > RESCUE_AFTER_S):
+                    continue
+                rest = chunk[slot.pos :]
+                slot.pos = len(chunk)
+                results = slot.results
+                slot.results = []
+            if not rest and not results:
+                continue
+            with self.lock:
+                for msg, done in results:
+                    nxt = self._finish_locked(msg, done)
+                    if nxt is not None:  # handed to this thread: back to the queue instead
+                        self._give_back(nxt)
+                for msg in reversed(rest):
+                    self._give_back(msg)
+                if self.ready:
+                    self.wake(len(self.ready))
+                if self.waiters:
+                    self.settled.notify_all()
+
+    def _give_back(self, msg: Message) -> None:
+        """A taken, not started message returns to the front of the ready queue (lock held)."""
+        msg._part.running -= 1
+        self.running -= 1
+        if self.halted or msg._part.state != ACTIVE:
+            msg._part.running += 1
+            self.running += 1
+            nxt = self._finish_locked(msg, False)
+            if nxt is not None:
+                self._give_back(nxt)
+        else:
+            self.ready.appendleft(msg)
 
     def close_parts(self, parts: list[Partition]) -> list[tuple[str, int, int]]:
         """Close revoked partitions; return ``(topic, partition, offset)`` still to commit."""

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .dispatch import Dispatcher, Outcome
+from .dispatch import Dispatcher, Outcome, Slot
 from .message import Message
 
 __all__ = ["ThreadExecutor", "AsyncExecutor", "Executor"]
@@ -64,6 +64,9 @@ class ThreadExecutor(Executor):
         handler = self._handler
         settle = self._settle
         finish_many = d.finish_many
+        slot = Slot()
+        with d.lock:
+            d.slots.append(slot)
         while True:
             with cond:
                 while not d.ready:
@@ -74,21 +77,26 @@ class ThreadExecutor(Executor):
                     self._idle -= 1
                 chunk = d.take_locked()
             while chunk:
-                # Run the chunk, then report it under one lock acquisition; the lanes' next
-                # messages handed back to this worker form the next chunk.
-                results: list[tuple[Message, Outcome]] = []
+                # Run the chunk one message at a time; report it under one dispatcher lock at the
+                # end. The slot lets the poll thread take back what this worker has not started
+                # and report what it finished if one handler runs long (Dispatcher.rescue).
+                slot.load(chunk)
                 t0 = clock()
-                for msg in chunk:
+                done: tuple[Message, Outcome] | None = None
+                while True:
+                    msg = slot.next(done)
+                    if msg is None:
+                        break
                     if not d.may_start(msg):
-                        results.append((msg, False))
+                        done = (msg, False)
                         continue
                     try:
                         handler(msg)
                     except BaseException as exc:  # a handler's exception concerns its message only
-                        results.append((msg, settle(msg, exc)))
+                        done = (msg, settle(msg, exc))
                     else:
-                        results.append((msg, settle(msg, None)))
-                chunk = finish_many(results, clock() - t0)
+                        done = (msg, settle(msg, None))
+                chunk = finish_many(slot.unload(), clock() - t0)
 
 
 class AsyncExecutor(Executor):
@@ -186,6 +194,9 @@ class AsyncExecutor(Executor):
         finish_many = d.finish_many
         loop = self._loop
         ran = 0
+        slot = Slot()
+        with d.lock:
+            d.slots.append(slot)
         while True:
             with d.lock:
                 if d.ready:
@@ -200,25 +211,30 @@ class AsyncExecutor(Executor):
                 await fut
                 continue
             while chunk:
-                results: list[tuple[Message, Outcome]] = []
+                slot.load(chunk)
                 t0 = clock()
-                for i, msg in enumerate(chunk):
+                done: tuple[Message, Outcome] | None = None
+                while True:
+                    msg = slot.next(done)
+                    if msg is None:
+                        break
                     if not d.may_start(msg):
-                        results.append((msg, False))
+                        done = (msg, False)
                         continue
                     try:
                         await handler(msg)
                     except asyncio.CancelledError:
                         # the loop is going away: not done, delivered again after a restart
-                        results.extend((m, False) for m in chunk[i:])
-                        rest = finish_many(results, clock() - t0)
+                        slot.next((msg, False))
+                        rest = finish_many(slot.unload(), clock() - t0)
                         while rest:
                             rest = finish_many([(m, False) for m in rest], 0.0)
                         raise
                     except BaseException as exc:  # a handler's exception concerns its message only
-                        results.append((msg, settle(msg, exc)))
+                        done = (msg, settle(msg, exc))
                     else:
-                        results.append((msg, settle(msg, None)))
+                        done = (msg, settle(msg, None))
+                results = slot.unload()
                 chunk = finish_many(results, clock() - t0)
                 ran += len(results)
                 if ran >= 256:
