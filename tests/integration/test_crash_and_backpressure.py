@@ -91,10 +91,13 @@ def test_backpressure_bounds_in_flight_while_one_key_blocks(kafka_bootstrap: str
     consumer = KeyedConsumer(name=f"bp-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
                              topics=[topic], concurrency=8, max_in_flight=max_in_flight, batch_size=100)
     samples: list[int] = []
+    filled: list[bool] = []
 
     def drive() -> None:
         # while the stuck key blocks, in-flight messages stay bounded and polling goes on
-        wait_until(lambda: consumer.in_flight >= max_in_flight, 30)
+        # (fetching pauses at max_in_flight and resumes below half of it; the stuck key's queue
+        # keeps it above half, so it stays paused)
+        filled.append(wait_until(lambda: consumer.peak_in_flight >= max_in_flight, 30))
         t_end = time.monotonic() + 3
         while time.monotonic() < t_end:
             samples.append(consumer.in_flight)
@@ -107,6 +110,7 @@ def test_backpressure_bounds_in_flight_while_one_key_blocks(kafka_bootstrap: str
     t.start()
     consumer.run()
     t.join()
+    assert filled == [True]  # the buffer did fill up
     assert samples and max(samples) <= max_in_flight
     assert consumer.peak_in_flight <= max_in_flight
     assert len(done) == n  # after the release everything ran
