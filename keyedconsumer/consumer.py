@@ -136,9 +136,9 @@ class KeyedConsumer:
             self._reset()
             executor: Executor
             if self._async:
-                executor = AsyncExecutor(self._d, self._handler, self._settle, self.config.concurrency)  # type: ignore[arg-type]
+                executor = AsyncExecutor(self._d, self._handler, self._settler(), self.config.concurrency)  # type: ignore[arg-type]
             else:
-                executor = ThreadExecutor(self._d, self._handler, self._settle, self.config.concurrency)
+                executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
             self._serve(executor)
         finally:
             restore()
@@ -146,36 +146,51 @@ class KeyedConsumer:
     async def run_async(self) -> None:
         """Like :meth:`run`, awaited. ``async def`` handlers run on the caller's event loop.
 
-        Cancelling the awaiting task stops the consumer gracefully, then re-raises the cancellation.
+        SIGTERM stops it gracefully (a handler is installed on the loop when it runs in the main
+        thread). Cancelling the awaiting task (asyncio turns SIGINT into that) stops the consumer
+        gracefully, then re-raises the cancellation.
         """
         loop = asyncio.get_running_loop()
         self._reset()
         executor: Executor
         if self._async:
-            executor = AsyncExecutor(self._d, self._handler, self._settle, self.config.concurrency, loop)  # type: ignore[arg-type]
+            executor = AsyncExecutor(self._d, self._handler, self._settler(), self.config.concurrency, loop)  # type: ignore[arg-type]
         else:
-            executor = ThreadExecutor(self._d, self._handler, self._settle, self.config.concurrency)
+            executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
         fut = loop.run_in_executor(None, self._serve, executor)
+        sigterm = False
+        if threading.current_thread() is threading.main_thread():
+            try:
+                loop.add_signal_handler(signal.SIGTERM, self.stop)
+                sigterm = True
+            except (NotImplementedError, RuntimeError):  # not the main thread's loop, or Windows
+                pass
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
             self.stop()
             await fut
             raise
+        finally:
+            if sigterm:
+                loop.remove_signal_handler(signal.SIGTERM)
 
     def _reset(self) -> None:
         if self._active:
             raise KeyedConsumerError("this consumer is already running")
-        self._stop.clear()
+        # _stop is not cleared here: a stop() that came before this run started must stop it.
+        # It is cleared when a run ends.
         self._error = None
         self._closing = False
         self._paused.clear()
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group)
 
     def stop(self) -> None:
-        """Stop gracefully: start nothing new, let running handlers finish (up to
-        ``shutdown_timeout_s``), commit the finished offsets, close the client (leaving the group).
-        Safe from any thread and from signal handlers; returns at once."""
+        """Stop gracefully: start nothing new (from this call on), let running handlers finish (up
+        to ``shutdown_timeout_s``), commit the finished offsets, close the client (leaving the
+        group). Safe from any thread, from a handler and from a signal handler; returns at once.
+        A ``stop()`` before ``run()`` makes that run stop at once."""
+        self._d.halted = True  # lock-free: workers check it before starting each message
         self._stop.set()
 
     @property
@@ -216,6 +231,18 @@ class KeyedConsumer:
         return self._d.assigned()
 
     # -- outcome of a message (worker threads / event loop) --------------------------------------
+
+    def _settler(self) -> Callable[[Message, BaseException | None], bool | float]:
+        """``_settle`` bound to this run: a handler of an earlier run that ends late (after its
+        run's shutdown timeout) changes nothing in a later run."""
+        d = self._d
+
+        def settle(msg: Message, exc: BaseException | None) -> bool | float:
+            if d is not self._d or d.closed:
+                return False  # the run is over: nothing of it counts any more
+            return self._settle(msg, exc)
+
+        return settle
 
     def _settle(self, msg: Message, exc: BaseException | None) -> bool | float:
         """Decide a message's outcome after its handler ended (raised ``exc``, or ``None``).
@@ -286,10 +313,11 @@ class KeyedConsumer:
             client.check_brokers(cfg.startup_timeout_s)
             if seq is not None:
                 seq.attach(d, self._fail)
-            client.subscribe(cfg.topics, _Listener(self, client))
+            if not self._stop.is_set():  # stopped before it started: never join the group
+                client.subscribe(cfg.topics, _Listener(self, client))
             executor.start()
             started = True
-            max_in_flight, batch = cfg.max_in_flight, cfg.batch_size
+            max_in_flight, batch, max_bytes = cfg.max_in_flight, cfg.batch_size, cfg.max_in_flight_bytes
             poll_timeout_s = cfg.poll_timeout_s
             next_status = 0.0
             while not self._stop.is_set():
@@ -303,7 +331,14 @@ class KeyedConsumer:
                     if next_due_s is not None and next_due_s < timeout_s:
                         timeout_s = next_due_s
                 room = max_in_flight - d.buffered
-                msgs = client.poll_batch(batch if room >= batch else max(1, room), timeout_s)
+                n = batch if room >= batch else max(1, room)
+                room_bytes = max_bytes - d.buffered_bytes
+                avg_size = d.avg_size
+                if avg_size is None:  # sizes unknown yet: one message first
+                    n = 1
+                elif room_bytes < n * avg_size:  # the byte bound limits the batch too
+                    n = max(1, int(room_bytes // avg_size))
+                msgs = client.poll_batch(n, timeout_s)
                 if msgs:
                     d.admit(msgs)
                     if d.buffered > self.peak_in_flight:
@@ -317,6 +352,7 @@ class KeyedConsumer:
                     self._refresh_high_watermarks(client)
         finally:
             self._shutdown(client, executor, started)
+            self._stop.clear()
             self._active = False
         if self._error is not None:
             raise self._error

@@ -75,6 +75,15 @@ class Slot:
             self.started_s = time.monotonic()
             return chunk[i]
 
+    def abandon(self, done: tuple[Message, Outcome]) -> list[tuple[Message, Outcome]]:
+        """End the chunk early: the results so far, ``done``, and every unstarted message as not done."""
+        with self.lock:
+            chunk = self.chunk or []
+            results = self.results + [done] + [(m, False) for m in chunk[self.pos :]]
+            self.results = []
+            self.chunk = None
+            return results
+
     def unload(self) -> list[tuple[Message, Outcome]]:
         """End the chunk: return the results not reported yet."""
         with self.lock:
@@ -142,6 +151,7 @@ class Dispatcher:
         self.retries = 0  # RetryLater outcomes so far
         self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
         self.slots: list[Slot] = []  # one per worker (registered by the executor)
+        self.avg_size: float | None = None  # key + value bytes per message (None: none seen yet)
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -280,11 +290,12 @@ class Dispatcher:
     # -- the poll thread ------------------------------------------------------------------------
 
     def _lane_key(self, msg: Message) -> object:
-        return msg.key if self.ordering == "key" else 0
+        return msg._lk
 
     def lid(self, msg: Message) -> str:
         """The lease id of the message's lane (its key; its partition for null keys)."""
-        return lease_id(msg.key if self.ordering == "key" else None, msg.topic, msg.partition)
+        part = msg._part
+        return lease_id(msg._lk if self.ordering == "key" else None, part.topic, part.partition)
 
     def admit(self, msgs: list[Message]) -> None:
         """Take freshly polled messages: track their offsets and queue them on their lanes."""
@@ -296,6 +307,7 @@ class Dispatcher:
         now = time.monotonic()
         with self.lock:
             parts = self.parts
+            before = self.buffered_bytes
             for msg in msgs:
                 part = parts.get((msg.topic, msg.partition))
                 if part is None or not part.tracker.add(msg.offset, now):
@@ -306,7 +318,7 @@ class Dispatcher:
                 if sequenced:
                     lanes = part.lanes
                     msg._lanes = lanes
-                    lk = msg.key if by_key else 0
+                    lk = msg._lk = msg.key if by_key else 0
                     if lk in lanes:
                         q = lanes[lk]
                         if q is None:
@@ -318,6 +330,11 @@ class Dispatcher:
                         continue  # waits for its key's lease
                 ready.append(msg)
                 added += 1
+            if msgs:
+                # grows at once with bigger messages, shrinks slowly: the byte bound errs on the safe side
+                batch_avg = max(1.0, (self.buffered_bytes - before) / len(msgs))
+                avg = self.avg_size
+                self.avg_size = batch_avg if avg is None else max(batch_avg, avg * 0.8 + batch_avg * 0.2)
             if added:
                 self.wake(added)
 
@@ -483,7 +500,7 @@ class Dispatcher:
                 return None
         lanes = msg._lanes
         if lanes is not None:
-            lk = msg.key if self.ordering == "key" else 0
+            lk = msg._lk
             q = lanes.get(lk)
             if q:
                 nxt = q.popleft()
@@ -513,7 +530,7 @@ class Dispatcher:
                         self.ready.append(other)
                         self.wake(1)
         if done and part.state != CLOSED:
-            part.tracker.done(msg.offset)
+            part.tracker.done(msg._off)
             self._dirty.add(part)
         part.running -= 1
         self.running -= 1

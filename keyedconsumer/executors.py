@@ -25,6 +25,13 @@ Settle = Callable[[Message, "BaseException | None"], "bool | float"]
 clock = time.perf_counter
 
 
+def _cancelling() -> bool:
+    """True when the current task itself is being cancelled (Python 3.11+ knows; before, assume so)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return True if cancelling is None else bool(cancelling())
+
+
 class Executor:
     def start(self) -> None: ...
     def join(self, timeout_s: float) -> None: ...
@@ -55,8 +62,10 @@ class ThreadExecutor(Executor):
             t.start()
 
     def join(self, timeout_s: float) -> None:
+        """Wait for the threads up to ``timeout_s`` in all (hung handlers' threads are daemons)."""
+        deadline = time.monotonic() + timeout_s
         for t in self._threads:
-            t.join(timeout_s)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self) -> None:
         d = self._d
@@ -193,7 +202,6 @@ class AsyncExecutor(Executor):
         settle = self._settle
         finish_many = d.finish_many
         loop = self._loop
-        ran = 0
         slot = Slot()
         with d.lock:
             d.slots.append(slot)
@@ -223,10 +231,16 @@ class AsyncExecutor(Executor):
                         continue
                     try:
                         await handler(msg)
-                    except asyncio.CancelledError:
-                        # the loop is going away: not done, delivered again after a restart
-                        slot.next((msg, False))
-                        rest = finish_many(slot.unload(), clock() - t0)
+                    except asyncio.CancelledError as exc:
+                        if not _cancelling():
+                            # the handler raised CancelledError itself (e.g. it awaited something
+                            # that was cancelled): a failure of its message like any other
+                            done = (msg, settle(msg, exc))
+                            continue
+                        # this worker is being cancelled (the loop is going away): the message and
+                        # the rest of the chunk are not done; they are delivered again later
+                        results = slot.abandon((msg, False))
+                        rest = finish_many(results, clock() - t0)
                         while rest:
                             rest = finish_many([(m, False) for m in rest], 0.0)
                         raise
@@ -236,7 +250,6 @@ class AsyncExecutor(Executor):
                         done = (msg, settle(msg, None))
                 results = slot.unload()
                 chunk = finish_many(results, clock() - t0)
-                ran += len(results)
-                if ran >= 256:
-                    ran = 0
-                    await asyncio.sleep(0)  # a handler that never awaits must not starve the loop
+                # A chunk is about CHUNK_QUANTUM_S of handler time: yield after each, so handlers
+                # that never await cannot starve the loop (the poll wake-ups, the caller's tasks).
+                await asyncio.sleep(0)

@@ -71,6 +71,8 @@ class Message:
         "_size",
         "_part",
         "_lanes",
+        "_lk",
+        "_off",
     )
 
     def __init__(
@@ -100,6 +102,8 @@ class Message:
         self._size = (len(key) if key else 0) + (len(value) if value else 0)
         self._part: Any = None  # the engine's per-partition record (internal)
         self._lanes: Any = None  # the engine's per-key queues of this partition (internal)
+        self._lk: Any = None  # its lane key, fixed when admitted (a handler may change .key)
+        self._off = offset  # its offset, fixed when admitted (a handler may change .offset)
 
     @property
     def group_id(self) -> str:
