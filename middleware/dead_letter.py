@@ -30,7 +30,6 @@ marked done, and the engine's error path (``error_handler`` or stop) takes over.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import traceback
@@ -39,7 +38,7 @@ from typing import Any
 
 from keyedconsumer import Message, Publisher, PublishError, RetryLater, SkipMessage, Status
 
-from ._kind import is_async
+from ._kind import around
 
 __all__ = ["DeadLetter", "DeadLetterError", "HEADERS"]
 
@@ -186,38 +185,16 @@ class DeadLetter:
         self.published += 1
         msg.state["dead_lettered"] = topic
 
-    @staticmethod
-    def _failure(msg: Message, exc: BaseException | None) -> BaseException | None:
-        """The error to dead-letter, or ``None``; control flow and ``BaseException`` pass through."""
+    def _after(self, msg: Message, exc: BaseException | None, _state: Any) -> None:
         if exc is None:
-            return msg.error if (msg.status is Status.FAIL and msg.error is not None) else None
+            if msg.status is not Status.FAIL or msg.error is None:
+                return
+            exc = msg.error  # ack_fail(error)
         if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
-            raise exc
-        return exc
+            raise exc  # control flow, and BaseException (SystemExit ...), pass through untouched
+        self.publish(msg, exc)
+        msg.ack_skip()
 
     def __call__(self, handler: Any) -> Any:
-        if is_async(handler):
-
-            async def dead_letter_async(msg: Message) -> None:
-                try:
-                    await handler(msg)
-                    error = self._failure(msg, None)
-                except BaseException as exc:
-                    error = self._failure(msg, exc)
-                if error is not None:
-                    await asyncio.to_thread(self.publish, msg, error)
-                    msg.ack_skip()
-
-            return dead_letter_async
-
-        def dead_letter(msg: Message) -> None:
-            try:
-                handler(msg)
-                error = self._failure(msg, None)
-            except BaseException as exc:
-                error = self._failure(msg, exc)
-            if error is not None:
-                self.publish(msg, error)
-                msg.ack_skip()
-
-        return dead_letter
+        # publishing waits for the broker: for async handlers it runs in a worker thread
+        return around(handler, None, self._after, blocking_after=True)

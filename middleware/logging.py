@@ -8,7 +8,7 @@ from typing import Any
 
 from keyedconsumer import Message, RetryLater, SkipMessage
 
-from ._kind import is_async
+from ._kind import around
 
 __all__ = ["Logging", "outcome_of"]
 
@@ -79,26 +79,9 @@ class Logging:
         self.logger.log(level, "message %s", text, extra={"keyedconsumer": fields})
 
     def __call__(self, handler: Any) -> Any:
-        if is_async(handler):
+        return around(handler, lambda _msg: time.perf_counter(), self._after)
 
-            async def logging_async(msg: Message) -> None:
-                t0 = time.perf_counter()
-                try:
-                    await handler(msg)
-                except BaseException as exc:
-                    self._log(msg, exc, t0)
-                    raise
-                self._log(msg, None, t0)
-
-            return logging_async
-
-        def logging_sync(msg: Message) -> None:
-            t0 = time.perf_counter()
-            try:
-                handler(msg)
-            except BaseException as exc:
-                self._log(msg, exc, t0)
-                raise
-            self._log(msg, None, t0)
-
-        return logging_sync
+    def _after(self, msg: Message, exc: BaseException | None, t0: float) -> None:
+        self._log(msg, exc, t0)
+        if exc is not None:
+            raise exc

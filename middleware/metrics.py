@@ -30,7 +30,7 @@ from typing import Any
 
 from keyedconsumer import KeyedConsumer, Message
 
-from ._kind import is_async
+from ._kind import around
 from .logging import outcome_of
 
 __all__ = ["Metrics"]
@@ -135,34 +135,16 @@ class Metrics:
             self.dead_lettered.labels(msg.topic, msg.group_id).inc()
 
     def __call__(self, handler: Any) -> Any:
-        if is_async(handler):
+        return around(handler, self._before, self._after)
 
-            async def metrics_async(msg: Message) -> None:
-                gauge = self.in_flight.labels(msg.topic, msg.group_id)
-                gauge.inc()
-                t0 = time.perf_counter()
-                try:
-                    await handler(msg)
-                except BaseException as exc:
-                    self._record(msg, exc, t0)
-                    raise
-                finally:
-                    gauge.dec()
-                self._record(msg, None, t0)
+    def _before(self, msg: Message) -> tuple[Any, float]:
+        gauge = self.in_flight.labels(msg.topic, msg.group_id)
+        gauge.inc()
+        return gauge, time.perf_counter()
 
-            return metrics_async
-
-        def metrics(msg: Message) -> None:
-            gauge = self.in_flight.labels(msg.topic, msg.group_id)
-            gauge.inc()
-            t0 = time.perf_counter()
-            try:
-                handler(msg)
-            except BaseException as exc:
-                self._record(msg, exc, t0)
-                raise
-            finally:
-                gauge.dec()
-            self._record(msg, None, t0)
-
-        return metrics
+    def _after(self, msg: Message, exc: BaseException | None, state: tuple[Any, float]) -> None:
+        gauge, t0 = state
+        gauge.dec()
+        self._record(msg, exc, t0)
+        if exc is not None:
+            raise exc

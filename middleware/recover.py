@@ -7,7 +7,7 @@ from typing import Any
 
 from keyedconsumer import Message, RetryLater, SkipMessage
 
-from ._kind import is_async
+from ._kind import around
 
 __all__ = ["Recover"]
 
@@ -24,26 +24,13 @@ class Recover:
     """
 
     def __call__(self, handler: Any) -> Any:
-        if is_async(handler):
+        return around(handler, None, self._after)
 
-            async def recover_async(msg: Message) -> None:
-                try:
-                    await handler(msg)
-                except (RetryLater, SkipMessage):
-                    raise
-                except Exception as exc:
-                    log.warning("recovered %s from %r", type(exc).__name__, msg)
-                    msg.ack_fail(exc)
-
-            return recover_async
-
-        def recover(msg: Message) -> None:
-            try:
-                handler(msg)
-            except (RetryLater, SkipMessage):
-                raise
-            except Exception as exc:
-                log.warning("recovered %s from %r", type(exc).__name__, msg)
-                msg.ack_fail(exc)
-
-        return recover
+    @staticmethod
+    def _after(msg: Message, exc: BaseException | None, _state: Any) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
+            raise exc
+        log.warning("recovered %s from %r", type(exc).__name__, msg)
+        msg.ack_fail(exc)

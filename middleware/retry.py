@@ -22,7 +22,7 @@ from typing import Any
 
 from keyedconsumer import Message, PermanentError, RetryLater, SkipMessage, Status
 
-from ._kind import is_async
+from ._kind import around
 
 __all__ = ["Retry", "backoff_delay_s"]
 
@@ -135,27 +135,7 @@ class Retry:
         raise RetryLater(self.delay_s(msg.attempt)) from exc
 
     def __call__(self, handler: Any) -> Any:
-        if is_async(handler):
-
-            async def retry_async(msg: Message) -> None:
-                try:
-                    await handler(msg)
-                except BaseException as exc:
-                    self._after(msg, exc)
-                else:
-                    self._after(msg, None)
-
-            return retry_async
-
-        def retry(msg: Message) -> None:
-            try:
-                handler(msg)
-            except BaseException as exc:
-                self._after(msg, exc)
-            else:
-                self._after(msg, None)
-
-        return retry
+        return around(handler, None, lambda msg, exc, _state: self._after(msg, exc))
 
     def __repr__(self) -> str:
         return (
