@@ -11,9 +11,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from keyedconsumer import Message
+from keyedconsumer import Message, RetryLater, SkipMessage, Status
 
-__all__ = ["is_async", "around"]
+__all__ = ["is_async", "around", "failure_of"]
 
 #: ``before(msg) -> state``, called before the handler.
 Before = Callable[[Message], Any]
@@ -61,3 +61,16 @@ def around(handler: Any, before: Before | None, after: After, *, blocking_after:
         after(msg, error, state)
 
     return wrapped
+
+
+def failure_of(msg: Message, exc: BaseException | None) -> Exception | None:
+    """The failure a handler ended with: ``exc``, or the error given to ``msg.ack_fail``; ``None``
+    when it did not fail. Control flow (``RetryLater``, ``SkipMessage``) and ``BaseException``s
+    that are not ``Exception`` (``SystemExit``, ``KeyboardInterrupt``) are re-raised untouched."""
+    if exc is None:
+        if msg.status is not Status.FAIL or msg.error is None:
+            return None
+        exc = msg.error
+    if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
+        raise exc
+    return exc

@@ -36,9 +36,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import Message, Publisher, PublishError, RetryLater, SkipMessage, Status
+from keyedconsumer import Message, Publisher, PublishError
 
-from ._kind import around
+from ._kind import around, failure_of
 
 __all__ = ["DeadLetter", "DeadLetterError", "HEADERS"]
 
@@ -186,14 +186,10 @@ class DeadLetter:
         msg.state["dead_lettered"] = topic
 
     def _after(self, msg: Message, exc: BaseException | None, _state: Any) -> None:
-        if exc is None:
-            if msg.status is not Status.FAIL or msg.error is None:
-                return
-            exc = msg.error  # ack_fail(error)
-        if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
-            raise exc  # control flow, and BaseException (SystemExit ...), pass through untouched
-        self.publish(msg, exc)
-        msg.ack_skip()
+        failure = failure_of(msg, exc)
+        if failure is not None:
+            self.publish(msg, failure)
+            msg.ack_skip()
 
     def __call__(self, handler: Any) -> Any:
         # publishing waits for the broker: for async handlers it runs in a worker thread

@@ -20,9 +20,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from keyedconsumer import Message, PermanentError, RetryLater, SkipMessage, Status
+from keyedconsumer import Message, PermanentError, RetryLater
 
-from ._kind import around
+from ._kind import around, failure_of
 
 __all__ = ["Retry", "backoff_delay_s"]
 
@@ -122,12 +122,9 @@ class Retry:
 
     def _after(self, msg: Message, exc: BaseException | None) -> None:
         """Turn a failure into ``RetryLater`` when the policy allows; otherwise let it through."""
+        exc = failure_of(msg, exc)
         if exc is None:
-            if msg.status is not Status.FAIL or msg.error is None:
-                return
-            exc = msg.error  # ack_fail(error)
-        if isinstance(exc, (RetryLater, SkipMessage)) or not isinstance(exc, Exception):
-            raise exc  # control flow, and BaseException (SystemExit ...), pass through untouched
+            return
         if isinstance(exc, self.give_up_on) or not isinstance(exc, self.retry_on):
             raise exc
         if self.max_attempts is not None and msg.attempt >= self.max_attempts:

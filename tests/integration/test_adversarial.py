@@ -16,7 +16,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,49 +42,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def gid(prefix: str) -> str:
     return f"adv-{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-class Running:
-    """``consumer.run()`` in a thread; keeps the error it raised and when it returned."""
-
-    def __init__(self, consumer: KeyedConsumer) -> None:
-        self.consumer = consumer
-        self.error: BaseException | None = None
-        self.ended_at: float | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.consumer.run()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.ended_at = time.monotonic()
-
-    def join(self, timeout_s: float) -> bool:
-        self.thread.join(timeout_s)
-        return not self.thread.is_alive()
-
-    def stop(self, timeout_s: float = 20.0) -> bool:
-        self.consumer.stop()
-        return self.join(timeout_s)
-
-
-@pytest.fixture
-def start() -> Iterator[Callable[[KeyedConsumer], Running]]:
-    started: list[Running] = []
-
-    def go(consumer: KeyedConsumer) -> Running:
-        r = Running(consumer)
-        started.append(r)
-        return r
-
-    yield go
-    for r in started:
-        r.consumer.stop()
-    for r in started:
-        r.thread.join(15)
 
 
 def group_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:

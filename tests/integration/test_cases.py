@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,44 +32,6 @@ FAST_CLASSIC = {"heartbeat.interval.ms": 500}
 
 def new_group(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-class Running:
-    """``consumer.run()`` in a thread; the error it raised, if any, is kept in ``error``."""
-
-    def __init__(self, consumer: KeyedConsumer) -> None:
-        self.consumer = consumer
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.consumer.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.consumer.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the consumer did not stop"
-
-
-@pytest.fixture
-def start() -> Iterator[Callable[[KeyedConsumer], Running]]:
-    """``start(consumer) -> Running``; every consumer still running at teardown is stopped."""
-    started: list[Running] = []
-
-    def go(consumer: KeyedConsumer) -> Running:
-        r = Running(consumer)
-        started.append(r)
-        return r
-
-    yield go
-    for r in started:
-        r.consumer.stop()
-    for r in started:
-        r.thread.join(30)
 
 
 class Intervals:
@@ -183,7 +145,7 @@ def test_c1_stop_mid_run_commits_first_unfinished_offset(kafka_bootstrap: str, n
     # when the consumer is stopped mid-run (its partition revoked on close) with messages polled
     # but never started
     polled_not_finished = first.in_flight
-    run1.stop()
+    assert run1.stop(), "the consumer did not stop"
     assert run1.error is None
 
     # then the committed offset is the first offset that did not finish, not the last polled one
@@ -206,7 +168,7 @@ def test_c1_stop_mid_run_commits_first_unfinished_offset(kafka_bootstrap: str, n
     second = KeyedConsumer(name=group, handler=fast, brokers=[kafka_bootstrap], topics=[topic], concurrency=4)
     run2 = start(second)
     assert all_done.wait(20), "the second run did not cover the rest"
-    run2.stop()
+    assert run2.stop(), "the consumer did not stop"
     assert run2.error is None
 
     # then it starts exactly at the first unfinished offset and, together, every message ran
@@ -245,7 +207,7 @@ def test_c1_stop_while_a_handler_still_runs_commits_first_unfinished_offset(kafk
     with lock:
         waited = sorted(others - finished)
     # and the consumer is stopped while the slow one still runs (longer than shutdown_timeout_s)
-    run.stop()
+    assert run.stop(), "the consumer did not stop"
     assert run.error is None
     with lock:
         done = set(finished)
@@ -311,8 +273,8 @@ def join_mid_run(kafka_bootstrap: str, topic: str, group: str, config: dict[str,
         moved = b.assignment[0][1]
         assert a.assignment == [(topic, 1 - moved)]
         assert all_done.wait(25), f"not everything ran: missing {sorted(everything - rec.seen())[:10]}"
-        run_b.stop()
-        run_a.stop()
+        assert run_b.stop(), "the consumer did not stop"
+        assert run_a.stop(), "the consumer did not stop"
         assert run_a.error is None and run_b.error is None
 
     # then nothing is lost
@@ -377,7 +339,7 @@ def test_c3_transactional_offsets_commit_past_last_data_offset(kafka_bootstrap: 
                              concurrency=4, ordering="none", config={})
     run = start(consumer)
     assert all_done.wait(20)
-    run.stop()
+    assert run.stop(), "the consumer did not stop"
     assert run.error is None
 
     # then the data offsets skip the markers, the third finished last, and the committed offset is
@@ -441,7 +403,7 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(kafka_bootstr
         assert wait_until(lambda: sampler.now()[moved] == per_partition, 10)
         if returns_first:
             # and B leaves, the partition returns to A, and only then A's old slow message finishes
-            run_b.stop()
+            assert run_b.stop(), "the consumer did not stop"
             assert wait_until(lambda: len(a.assignment) == 2, 20)
             assert slow_at not in rec.offsets("A", moved), "the slow message ended too early for this case"
             assert wait_until(lambda: slow_at in rec.offsets("A", moved) and rec.seen() >= everything, 15)
@@ -452,10 +414,10 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(kafka_bootstr
             assert wait_until(lambda: slow_at in rec.offsets("A", moved) and rec.seen() >= everything, 15)
             assert b.assignment == [(topic, moved)]
             time.sleep(0.5)  # room for a late store of A to show up
-            run_b.stop()
+            assert run_b.stop(), "the consumer did not stop"
             assert wait_until(lambda: len(a.assignment) == 2, 20)
             time.sleep(0.5)
-        run_a.stop()
+        assert run_a.stop(), "the consumer did not stop"
         assert run_a.error is None and run_b.error is None
 
     # then the slow message of the moved partition really finished after B had taken it over
@@ -509,7 +471,7 @@ def test_c6_handler_longer_than_max_poll_interval_keeps_membership(kafka_bootstr
     time.sleep(1.0)  # a late eviction would show here
     assignments.append(consumer.assignment)
     before_stop = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "keyedconsumer"]
-    run.stop()
+    assert run.stop(), "the consumer did not stop"
     assert run.error is None
 
     # then the member kept its partition the whole time, nothing ran twice, and all is committed
@@ -575,7 +537,7 @@ def test_c7_failed_message_holds_offset_and_is_redelivered(kafka_bootstrap: str,
     # then m1 is delivered again
     assert got_m1.wait(20)
     assert wait_until(lambda: len(seen) >= 2, 5)
-    run2.stop()
+    assert run2.stop(), "the consumer did not stop"
     assert run2.error is None
     assert sorted(seen) == [m1, m2]
     assert committed(kafka_bootstrap, group, topic, 1) == {0: 2}
@@ -614,7 +576,7 @@ def test_c8_manual_commit_with_nothing_new_is_benign(kafka_bootstrap: str, new_t
     run1 = start(first)
     assert wait_until(lambda: len(seen) == n and first.assignment, 20)
     assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: n}, 10)
-    run1.stop()
+    assert run1.stop(), "the consumer did not stop"
     assert run1.error is None
 
     # when a manual-commit consumer of the group runs on the topic with nothing new, then stops
@@ -622,7 +584,7 @@ def test_c8_manual_commit_with_nothing_new_is_benign(kafka_bootstrap: str, new_t
     run2 = start(second)
     assert wait_until(lambda: second.assignment == [(topic, 0)], 20)
     time.sleep(1.0)
-    run2.stop()
+    assert run2.stop(), "the consumer did not stop"
 
     # then nothing failed, nothing ran again, nothing was logged as a failure
     assert run2.error is None

@@ -1,0 +1,78 @@
+"""The benchmark suite still runs: `bench/run.py --size ci` on the real broker (~30-40 s).
+
+Asserts that it exits 0 and writes results.json / results.md with the expected structure and no
+per-key order violation. It asserts no speed. The peers (bench/.venv-peers, made by scripts/bench)
+are used when present and reported as not run otherwise, so this needs only the project venv.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka]
+ROOT = Path(__file__).resolve().parents[2]
+PEERS_PY = ROOT / "bench" / ".venv-peers" / "bin" / "python"
+
+RUN_FIELDS = {
+    "id", "contender", "ordering", "concurrency", "mode", "handled", "target", "complete", "seconds",
+    "msg_per_s", "lat_p50_ms", "lat_p99_ms", "aligned_p50_ms", "aligned_p99_ms", "order_violations",
+    "peak_rss_mb", "rss_samples", "wall_s", "settings",
+}
+
+
+def _has_matplotlib() -> bool:
+    if not PEERS_PY.exists():
+        return False
+    return subprocess.run([str(PEERS_PY), "-c", "import matplotlib"], capture_output=True).returncode == 0
+
+
+@pytest.mark.timeout(180)
+def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "bench/run.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["size"] == "ci"
+    for field in ("nproc", "memory_gb", "cpu", "python", "librdkafka", "confluent_kafka"):
+        assert res["machine"].get(field), field
+    assert res["started"] and res["wall_s"] > 0
+    assert set(res["workloads"]) == {"w1", "w2", "w3", "w4"}
+
+    for wl, data in res["workloads"].items():
+        assert data["messages"] > 0 and data["topic"].startswith("bench-"), wl
+        runs = data["runs"]
+        assert runs[0]["id"] == "raw", wl
+        assert any(r["contender"] == "keyedconsumer" for r in runs), wl
+        for r in runs:
+            missing = RUN_FIELDS - set(r)
+            assert not missing, (wl, r["id"], missing)
+            assert not r.get("error"), (wl, r["id"], r["error"])
+            assert r["handled"] > 0 and r["msg_per_s"] > 0, (wl, r["id"])
+            assert r["peak_rss_mb"] > 0, (wl, r["id"])
+            assert "ratio_to_raw" in r, (wl, r["id"])
+            if data["sleep_ms"]:
+                assert r["ideal"]["ideal_msg_per_s"] > 0 and "efficiency" in r, (wl, r["id"])
+            if r["contender"] == "keyedconsumer" or r["contender"] == "raw":
+                assert r["complete"], (wl, r["id"], r["handled"], r["target"])
+            if r["ordering"] in ("key", "partition") and r["contender"] in ("keyedconsumer", "raw"):
+                assert r["order_violations"] == 0, (wl, r["id"], r["order_violations"])
+    w4 = res["workloads"]["w4"]
+    assert all(r.get("block") for r in w4["runs"]), "workload 4 must release its blocked key"
+
+    peers = {r["contender"] for d in res["workloads"].values() for r in d["runs"] if r["peer"]}
+    skipped = {s["id"].split(":")[1].split("/")[0] for s in res["skipped"]}
+    assert {"pyrallel-consumer", "faststream"} <= peers | skipped
+
+    md = (tmp_path / "results.md").read_text()
+    assert "| contender | workload | ordering | concurrency | sync/async |" in md
+    assert "order violations" in md and "ratio to raw" in md and "peak RSS MB" in md
+    if _has_matplotlib():
+        assert (tmp_path / "throughput.png").stat().st_size > 10_000
