@@ -12,6 +12,9 @@ from collections import deque
 
 __all__ = ["OffsetTracker"]
 
+#: Done offsets kept behind an unfinished head before they are compacted away.
+COMPACT_MIN = 4096
+
 
 class OffsetTracker:
     """Track received and done offsets of one partition. Not thread-safe: the caller locks.
@@ -56,7 +59,19 @@ class OffsetTracker:
                 done.remove(pending.popleft())
                 since.popleft()
         elif pending and pending[0] < offset < (self._next or 0):
-            self._done.add(offset)
+            done = self._done
+            done.add(offset)
+            if len(done) > COMPACT_MIN and len(done) > 2 * (len(pending) - len(done)):
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop done offsets behind an unfinished head, so memory follows the unfinished offsets
+        (bounded by ``max_in_flight``), not every offset finished while one message is stuck."""
+        done = self._done
+        keep = [(o, t) for o, t in zip(self._pending, self._since, strict=True) if o not in done]
+        self._pending = deque(o for o, _ in keep)
+        self._since = deque(t for _, t in keep)
+        done.clear()
 
     def watermark(self) -> int | None:
         """The offset to store: first offset not done, else last received + 1; ``None`` if empty."""

@@ -79,3 +79,36 @@ def test_any_completion_order_reaches_the_end(order: list[int]) -> None:
         assert wm is not None and wm >= seen  # never moves backwards
         seen = wm
     assert t.watermark() == 50
+
+
+class CompactingTrackerMachine(TrackerMachine):
+    """The same properties while done offsets behind a stuck head are compacted away often."""
+
+    def __init__(self) -> None:
+        import keyedconsumer.offsets as offsets
+
+        offsets.COMPACT_MIN = 2
+        super().__init__()
+
+    def teardown(self) -> None:
+        import keyedconsumer.offsets as offsets
+
+        offsets.COMPACT_MIN = 4096
+
+
+CompactingTrackerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=80, deadline=None)
+test_compacting_tracker_machine = CompactingTrackerMachine.TestCase
+
+
+def test_memory_follows_unfinished_offsets_not_finished_ones() -> None:
+    # given a stuck head and 100,000 later offsets that all finish
+    t = OffsetTracker()
+    for off in range(100_001):
+        t.add(off)
+    for off in range(1, 100_001):
+        t.done(off)
+    # then the tracker keeps about the unfinished one, not 100,000 done offsets
+    assert t.watermark() == 0 and t.pending == 1
+    assert len(t._pending) + len(t._done) < 10_000
+    t.done(0)
+    assert t.watermark() == 100_001 and t.pending == 0
