@@ -59,15 +59,15 @@ class Message:
         "offset",
         "key",
         "value",
-        "headers",
-        "timestamp_ms",
         "status",
         "error",
         "attempt",
         "last_error",
-        "state",
         "payload",
         "fencing_token",
+        "_headers",
+        "_ts",
+        "_state",
         "_size",
         "_part",
         "_lanes",
@@ -90,20 +90,52 @@ class Message:
         self.offset = offset
         self.key = key
         self.value = value
-        self.headers: list[tuple[str, bytes | None]] = headers if headers is not None else []
-        self.timestamp_ms = timestamp_ms
         self.status = Status.PENDING
         self.error: BaseException | None = None
         self.attempt = 1
         self.last_error: BaseException | None = None
-        self.state: dict[str, Any] = {}
         self.payload: Any = None
         self.fencing_token: int | None = None
+        # The headers list (when the record has none) and the state dict are made on first use:
+        # most handlers never touch them, and not allocating containers per message keeps the
+        # garbage collector out of the hot path.
+        self._headers = headers
+        self._ts = timestamp_ms
+        self._state: dict[str, Any] | None = None
         self._size = (len(key) if key else 0) + (len(value) if value else 0)
         self._part: Any = None  # the engine's per-partition record (internal)
         self._lanes: Any = None  # the engine's per-key queues of this partition (internal)
         self._lk: Any = None  # its lane key, fixed when admitted (a handler may change .key)
         self._off = offset  # its offset, fixed when admitted (a handler may change .offset)
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        """``list[tuple[str, bytes | None]]`` in broker order; duplicates are kept."""
+        h = self._headers
+        if h is None:
+            h = self._headers = []
+        return h
+
+    @headers.setter
+    def headers(self, value: list[tuple[str, bytes | None]]) -> None:
+        self._headers = value
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        """The record's timestamp in milliseconds since the epoch, or ``None`` when there is none."""
+        return self._ts
+
+    @timestamp_ms.setter
+    def timestamp_ms(self, value: int | None) -> None:
+        self._ts = value
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A free ``dict`` for middleware (retry state, decoded payloads, timings)."""
+        st = self._state
+        if st is None:
+            st = self._state = {}
+        return st
 
     @property
     def group_id(self) -> str:
