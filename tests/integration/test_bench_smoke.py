@@ -60,8 +60,8 @@ def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: P
             assert "ratio_to_raw" in r, (wl, r["id"])
             if data["sleep_ms"]:
                 assert r["ideal"]["ideal_msg_per_s"] > 0 and "efficiency" in r, (wl, r["id"])
-            if r["contender"] == "keyedconsumer" or r["contender"] == "raw":
-                assert r["complete"], (wl, r["id"], r["handled"], r["target"])
+            # whether a run finished its target within the ci-size time cap is a matter of speed,
+            # which the smoke run must not assert (a loaded CI machine is slower); it ran and counted
             if r["ordering"] in ("key", "partition") and r["contender"] in ("keyedconsumer", "raw"):
                 assert r["order_violations"] == 0, (wl, r["id"], r["order_violations"])
     w4 = res["workloads"]["w4"]
