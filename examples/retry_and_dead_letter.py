@@ -25,10 +25,10 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from keyedconsumer.middleware import DeadLetter, Logging, Retry, Typed
 from pydantic import BaseModel
 
 from keyedconsumer import KeyedConsumer, Message
-from keyedconsumer.middleware import DeadLetter, Logging, Retry, Typed
 
 
 class Payment(BaseModel):
