@@ -73,6 +73,11 @@ class KeyedConsumer:
         raising, or no handler at all, stops the consumer and ``run()`` raises.
     client_factory:
         Builds the Kafka client (default: librdkafka via confluent-kafka); tests may pass another.
+    sequencer:
+        ``RedisSequencer(...)`` for per-key leases across instances; default in-memory sequencing.
+    clock:
+        Monotonic clock in seconds that times ``RetryLater`` delays (default ``time.monotonic``;
+        :mod:`keyedconsumer.testing` passes a fake clock, so back-off runs without sleeping).
     settings:
         A ready :class:`ConsumerConfig`; otherwise ``**options`` are its fields (``name``,
         ``brokers``, ``topics``, ``concurrency``, ``ordering``, ``manual_commit``,
@@ -95,12 +100,14 @@ class KeyedConsumer:
         client_factory: ClientFactory | None = None,
         settings: ConsumerConfig | None = None,
         sequencer: RedisSequencer | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **options: Any,
     ) -> None:
         self.config = settings if settings is not None else ConsumerConfig(**options)
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
         self._sequencer = sequencer
+        self._clock = clock
         self._handler = compose(handler, middlewares)
         self._async = _is_async(self._handler)
         self._error_handler = error_handler
@@ -112,7 +119,7 @@ class KeyedConsumer:
         self._closing = False
         self._paused: set[TP] = set()
         self._client: KafkaClient | None = None
-        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group)
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
         self.peak_in_flight = 0  # highest number of buffered + running messages seen
 
     # -- public ---------------------------------------------------------------------------------
@@ -183,7 +190,7 @@ class KeyedConsumer:
         self._error = None
         self._closing = False
         self._paused.clear()
-        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group)
+        self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
 
     def stop(self) -> None:
         """Stop gracefully: start nothing new (from this call on), let running handlers finish (up
@@ -327,7 +334,7 @@ class KeyedConsumer:
                     if hint_s is not None and hint_s < timeout_s:
                         timeout_s = hint_s
                 if d.delayed:
-                    next_due_s = d.release_due(time.monotonic())
+                    next_due_s = d.release_due(self._clock())
                     if next_due_s is not None and next_due_s < timeout_s:
                         timeout_s = next_due_s
                 room = max_in_flight - d.buffered

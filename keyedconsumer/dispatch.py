@@ -124,10 +124,15 @@ class Dispatcher:
         ``"key"``, ``"partition"`` or ``"none"``.
     concurrency:
         Number of workers; sets how many ready messages one worker takes at once.
+    clock:
+        Monotonic clock in seconds for retry due times (:mod:`keyedconsumer.testing` passes a fake one).
     """
 
-    def __init__(self, ordering: str, concurrency: int, group: str = "") -> None:
+    def __init__(
+        self, ordering: str, concurrency: int, group: str = "", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.group = group
+        self.clock = clock  # monotonic seconds; due times of RetryLater delays use it
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # workers: work is ready
         self.settled = threading.Condition(self.lock)  # wait_idle: something finished
@@ -496,7 +501,7 @@ class Dispatcher:
                 self.running -= 1
                 msg.attempt += 1
                 self.retries += 1
-                heapq.heappush(self.delayed, (time.monotonic() + done, next(self._seq), msg))
+                heapq.heappush(self.delayed, (self.clock() + done, next(self._seq), msg))
                 return None
         lanes = msg._lanes
         if lanes is not None:
