@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import kafka
+from . import _testbugs, kafka
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher
 from .errors import KafkaClientError, KeyedConsumerError, MessageError
@@ -121,6 +121,9 @@ class KeyedConsumer:
         self._client: KafkaClient | None = None
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
         self.peak_in_flight = 0  # highest number of buffered + running messages seen
+        #: When the poll loop last returned from a poll (monotonic seconds; 0.0 before the first):
+        #: liveness for health checks.
+        self.polled_at_s = 0.0
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -346,8 +349,12 @@ class KeyedConsumer:
                 elif room_bytes < n * avg_size:  # the byte bound limits the batch too
                     n = max(1, int(room_bytes // avg_size))
                 msgs = client.poll_batch(n, timeout_s)
+                self.polled_at_s = time.monotonic()
                 if msgs:
                     d.admit(msgs)
+                    if _testbugs.COMMIT_ON_POLL:  # negative control of the fault harness only
+                        for m in msgs:
+                            client.store(m.topic, m.partition, m.offset + 1)
                     if d.buffered > self.peak_in_flight:
                         self.peak_in_flight = d.buffered
                 d.rescue()
