@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _testbugs, kafka
 from .config import ConsumerConfig
-from .dispatch import ACTIVE, Dispatcher
+from .dispatch import ACTIVE, Dispatcher, Park
 from .errors import KafkaClientError, KeyedConsumerError, MessageError
 from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
@@ -203,6 +203,36 @@ class KeyedConsumer:
         self._d.halted = True  # lock-free: workers check it before starting each message
         self._stop.set()
 
+    def schedule(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        *,
+        delay_s: float | None = None,
+        at: float | None = None,
+        topic: str | None = None,
+    ) -> str:
+        """Deliver a message to the handler at its due time, in its key's order (go-distr-ep's
+        ScheduleEvent, BigBen's delayed execution). Needs a :class:`RedisSequencer`.
+
+        ``delay_s``: seconds from now; or ``at``: seconds since the epoch. ``topic`` (default the
+        first subscribed topic) is what the handler sees; the message is not written to Kafka.
+        Returns the scheduled message's id. See :meth:`RedisSequencer.schedule`.
+
+        Raises
+        ------
+        KeyedConsumerError
+            No Redis sequencer.
+        ValueError
+            Neither or both of ``delay_s`` and ``at``, or a bad time.
+        """
+        if self._sequencer is None:
+            raise KeyedConsumerError("schedule() needs sequencer=RedisSequencer(...): scheduled messages live in Redis")
+        return self._sequencer.schedule(
+            topic or self.config.topics[0], key, value, headers, delay_s=delay_s, at=at
+        )
+
     @property
     def in_flight(self) -> int:
         """Messages buffered or running now."""
@@ -270,6 +300,8 @@ class KeyedConsumer:
         elif isinstance(exc, RetryLater):
             msg.status = Status.PENDING
             msg.last_error = exc.__cause__ if exc.__cause__ is not None else exc
+            if exc.park and self._d.parking:
+                return Park(exc.delay_s)
             return exc.delay_s
         elif isinstance(exc, SkipMessage):
             msg.status = Status.SKIP

@@ -23,7 +23,7 @@ from .offsets import OffsetTracker
 from .sequencing.keys import lease_id
 from .sequencing.leases import LeaseTable
 
-__all__ = ["Dispatcher", "Partition", "ACTIVE", "REVOKING", "CLOSED"]
+__all__ = ["Dispatcher", "Partition", "Park", "ACTIVE", "REVOKING", "CLOSED"]
 
 ACTIVE, REVOKING, CLOSED = 0, 1, 2
 
@@ -35,6 +35,12 @@ Lanes = dict[object, "deque[Message] | None"]
 #: What a worker reports for a message: ``True`` done, ``False`` not done, a ``float``: run it again
 #: after that many seconds (it stays its lane's head, and its offset stays unfinished).
 Outcome = bool | float
+
+
+
+class Park(float):
+    """Outcome: park the message's key in Redis, due again after this many seconds (a ``float``)."""
+
 
 #: Upper bound of a chunk, in messages.
 MAX_CHUNK = 256
@@ -98,9 +104,9 @@ class Slot:
 class Partition:
     """One assignment of one partition: its offset tracker and what runs from it."""
 
-    __slots__ = ("topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high")
+    __slots__ = ("topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked")
 
-    def __init__(self, tp: TP, lanes: Lanes, group: str = "") -> None:
+    def __init__(self, tp: TP, lanes: Lanes, group: str = "", parked: bool = False) -> None:
         self.topic, self.partition = tp
         self.group = group
         self.tracker = OffsetTracker()
@@ -109,6 +115,7 @@ class Partition:
         self.stored: int | None = None  # last offset stored or committed for this assignment
         self.lanes = lanes
         self.high: int | None = None  # the partition's end offset (high watermark), last seen
+        self.parked = parked  # the stand-in of messages run from Redis parked lists (no offsets)
 
     @property
     def tp(self) -> TP:
@@ -157,6 +164,14 @@ class Dispatcher:
         self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
         self.slots: list[Slot] = []  # one per worker (registered by the executor)
         self.avg_size: float | None = None  # key + value bytes per message (None: none seen yet)
+        # Parking (with a Redis sequencer that parks): lane heads whose key goes to Redis, with the
+        # delay of their next attempt (0.0 for messages that only follow a parked one); drain jobs
+        # that got their key's lease; results of messages run from parked lists.
+        self.parking = False
+        self.to_park: list[tuple[Message, float]] = []
+        self.drains: list[Message] = []
+        self.parked_results: list[tuple[Message, Outcome]] = []
+        self.parked_part = Partition(("", -1), {}, group, parked=True)
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -204,6 +219,11 @@ class Dispatcher:
             heads.extend(e[2] for e in self.delayed if e[2]._part is part)
             heapq.heapify(waiting)
             self.delayed = waiting
+        if self.to_park:
+            for m, _ in self.to_park:
+                if m._part is part:
+                    heads.append(m)
+            self.to_park = [e for e in self.to_park if e[0]._part is not part]
         leases = self.leases
         if leases is not None:
             heads.extend(m for m in leases.waiting_heads() if m._part is part)
@@ -300,7 +320,22 @@ class Dispatcher:
     def lid(self, msg: Message) -> str:
         """The lease id of the message's lane (its key; its partition for null keys)."""
         part = msg._part
+        if part.parked:
+            return msg._lk  # type: ignore[no-any-return]
         return lease_id(msg._lk if self.ordering == "key" else None, part.topic, part.partition)
+
+    def route(self, head: Message) -> None:
+        """A lane head (or drain job) that now holds its key's lease goes where it must: the ready
+        queue, the parking batch (its key is parked in Redis), or the drain jobs (lock held)."""
+        if head._part.parked:
+            self.drains.append(head)
+            return
+        leases = self.leases
+        if self.parking and leases is not None and leases.is_parked(self.lid(head)):
+            self.to_park.append((head, 0.0))
+            return
+        self.ready.append(head)
+        self.wake(1)
 
     def admit(self, msgs: list[Message]) -> None:
         """Take freshly polled messages: track their offsets and queue them on their lanes."""
@@ -331,8 +366,13 @@ class Dispatcher:
                         q.append(msg)
                         continue
                     lanes[lk] = None
-                    if leases is not None and not leases.admit_head(msg, self.lid(msg)):
-                        continue  # waits for its key's lease
+                    if leases is not None:
+                        lid = self.lid(msg)
+                        if not leases.admit_head(msg, lid):
+                            continue  # waits for its key's lease
+                        if self.parking and leases.is_parked(lid):
+                            self.to_park.append((msg, 0.0))
+                            continue
                 ready.append(msg)
                 added += 1
             if msgs:
@@ -388,6 +428,9 @@ class Dispatcher:
             for _, _, m in self.delayed:
                 self._forget(m)
             self.delayed.clear()
+            for m, _ in self.to_park:
+                self._forget(m)
+            self.to_park.clear()
             if self.leases is not None:
                 for m in self.leases.waiting_heads():
                     self._forget(m)
@@ -431,7 +474,9 @@ class Dispatcher:
         if self.halted or msg._part.state != ACTIVE:
             return False
         leases = self.leases
-        return leases is None or msg._lanes is None or leases.still_valid(msg, self.lid(msg))
+        if leases is None or (msg._lanes is None and not msg._part.parked):
+            return True
+        return leases.still_valid(msg, self.lid(msg))
 
     def wakes_for(self, added: int) -> int:
         """How many idle workers ``added`` new ready messages need (caller holds ``lock``)."""
@@ -481,6 +526,13 @@ class Dispatcher:
     def _finish_locked(self, msg: Message, done: Outcome) -> Message | None:
         nxt = None
         part = msg._part
+        if part.parked:  # run from a Redis parked list: the sequencer settles it with Redis
+            part.running -= 1
+            self.running -= 1
+            self.buffered -= 1
+            self.buffered_bytes -= msg._size
+            self.parked_results.append((msg, done))
+            return None
         leases = self.leases if msg._lanes is not None else None
         if leases is not None and part.state == ACTIVE and not self.halted:
             lid = self.lid(msg)
@@ -491,7 +543,18 @@ class Dispatcher:
                 self.running -= 1
                 leases.requeue(msg, lid)
                 return None
-        if type(done) is float:
+        if type(done) is Park and leases is not None and self.parking:
+            if not (self.halted or part.state != ACTIVE):
+                # Park the key: this message (due again after the delay) and every later message of
+                # its lane go to Redis; their offsets count done once Redis acknowledged them.
+                part.running -= 1
+                self.running -= 1
+                msg.attempt += 1
+                self.retries += 1
+                self.to_park.append((msg, float(done)))
+                return None
+            done = False
+        if isinstance(done, float):
             if self.halted or part.state != ACTIVE:
                 done = False  # nobody will run it again here: it ends not done
             else:
@@ -532,8 +595,7 @@ class Dispatcher:
                 if leases is not None:
                     other = leases.lane_dry(msg, self.lid(msg))
                     if other is not None:  # the same key's lane of another partition goes on
-                        self.ready.append(other)
-                        self.wake(1)
+                        self.route(other)
         if done and part.state != CLOSED:
             part.tracker.done(msg._off)
             self._dirty.add(part)
@@ -542,6 +604,37 @@ class Dispatcher:
         self.buffered -= 1
         self.buffered_bytes -= msg._size
         return nxt
+
+    # -- parking (the poll thread, lock held) ---------------------------------------------------
+
+    def done_parked(self, msg: Message) -> None:
+        """``msg`` is parked in Redis (acknowledged on disk): its offset counts done."""
+        part = msg._part
+        if part.state != CLOSED:
+            part.tracker.done(msg._off)
+            self._dirty.add(part)
+        self.buffered -= 1
+        self.buffered_bytes -= msg._size
+
+    def lane_end(self, head: Message, lid: str) -> None:
+        """The lane of ``head`` has nothing left: the lease goes to another lane head, or idles."""
+        if head._lanes is not None:
+            head._lanes.pop(head._lk, None)
+        assert self.leases is not None
+        other = self.leases.lane_dry(head, lid)
+        if other is not None:
+            self.route(other)
+
+    def lease_lost(self, msgs: list[Message], lid: str) -> None:
+        """Redis refused to park ``msgs`` (the lease is not ours): they wait for the lease again."""
+        head = msgs[0]
+        if len(msgs) > 1 and head._lanes is not None:
+            q = head._lanes.get(head._lk)
+            if q is None:
+                q = head._lanes[head._lk] = deque()
+            q.extendleft(reversed(msgs[1:]))
+        assert self.leases is not None
+        self.leases.requeue(head, lid)
 
     def _forget(self, msg: Message) -> None:
         self.buffered -= 1

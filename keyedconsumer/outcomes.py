@@ -23,17 +23,23 @@ class RetryLater(Exception):
     Raise it ``from`` the error that caused it (``raise RetryLater(2.0) from exc``); the engine keeps
     that error in ``Message.last_error``.
 
+    With ``park=True`` and a :class:`~keyedconsumer.RedisSequencer` the message's key is *parked*:
+    the message and every later message of its key go to the key's list in Redis, their offsets
+    count done once Redis acknowledged the write, and the partition moves on (issue 5; seed 002).
+    Without a Redis sequencer ``park`` is ignored and the message waits in memory.
+
     Raises
     ------
     ValueError
         ``delay_s`` is negative, NaN or infinite.
     """
 
-    def __init__(self, delay_s: float, reason: str = "") -> None:
+    def __init__(self, delay_s: float, reason: str = "", *, park: bool = False) -> None:
         delay_s = float(delay_s)
         if not math.isfinite(delay_s) or delay_s < 0:
             raise ValueError(f"RetryLater delay_s must be finite and >= 0, got {delay_s!r}")
         self.delay_s = delay_s
+        self.park = bool(park)
         super().__init__(reason or f"retry in {delay_s:g} s")
 
 

@@ -78,6 +78,10 @@ class Retry:
         (default: :class:`~keyedconsumer.PermanentError`).
     rand:
         The random source, ``() -> float`` in [0, 1) (pass a fixed one in tests).
+    park:
+        With a :class:`~keyedconsumer.RedisSequencer`, park the failing key in Redis while it waits
+        (``RetryLater(park=True)``): its partition's offset moves on and other keys flow; the key's
+        later messages wait behind it, in order, in Redis. Without one, the message waits in memory.
 
     Raises
     ------
@@ -97,6 +101,7 @@ class Retry:
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         give_up_on: tuple[type[BaseException], ...] = (PermanentError,),
         rand: Callable[[], float] = random.random,
+        park: bool = False,
     ) -> None:
         if max_attempts is not None and (isinstance(max_attempts, bool) or int(max_attempts) < 1):
             raise ValueError(f"Retry max_attempts must be >= 1 or None, got {max_attempts!r}")
@@ -108,6 +113,7 @@ class Retry:
         self.retry_on = tuple(retry_on)
         self.give_up_on = tuple(give_up_on)
         self._rand = rand
+        self.park = bool(park)
 
     def delay_s(self, attempt: int) -> float:
         """The back-off after failed attempt ``attempt``, in seconds."""
@@ -129,7 +135,7 @@ class Retry:
             raise exc
         if self.max_attempts is not None and msg.attempt >= self.max_attempts:
             raise exc
-        raise RetryLater(self.delay_s(msg.attempt)) from exc
+        raise RetryLater(self.delay_s(msg.attempt), park=self.park) from exc
 
     def __call__(self, handler: Any) -> Any:
         return around(handler, None, lambda msg, exc, _state: self._after(msg, exc))
@@ -137,5 +143,5 @@ class Retry:
     def __repr__(self) -> str:
         return (
             f"Retry(max_attempts={self.max_attempts}, initial_delay_s={self.initial_delay_s}, "
-            f"multiplier={self.multiplier}, max_delay_s={self.max_delay_s}, jitter={self.jitter})"
+            f"multiplier={self.multiplier}, max_delay_s={self.max_delay_s}, jitter={self.jitter}, park={self.park})"
         )

@@ -9,8 +9,10 @@ partitions or topics.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -22,7 +24,7 @@ from .leases import LeaseTable
 if TYPE_CHECKING:
     from ..dispatch import Dispatcher
 
-__all__ = ["RedisSequencer", "RedisSequencerConfig", "redact_url"]
+__all__ = ["RedisSequencer", "RedisSequencerConfig", "redact_url", "inspect_redis"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -40,6 +42,24 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> dict[str, Any]:
+    """What a namespace holds in Redis now: leases, parked keys and their depth, scheduled
+    messages, live instances, the scheduler and quarantined keys.
+
+    Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
+    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
+    "quarantined": [str]}`` (times in seconds since the epoch).
+
+    Raises
+    ------
+    keyedconsumer.sequencing.store.StoreUnavailable
+        Redis did not answer.
+    """
+    from .store import inspect_namespace
+
+    return inspect_namespace(url, namespace, socket_timeout_s)
+
+
 class RedisSequencerConfig(BaseModel):
     """Options of :class:`RedisSequencer` (a bad value raises ``pydantic.ValidationError``).
 
@@ -54,6 +74,15 @@ class RedisSequencerConfig(BaseModel):
     renew_interval_s: float | None = Field(default=None, gt=0)
     socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
     require_durable: bool = True
+    max_parked_per_key: int = Field(default=10_000, ge=1, strict=True)
+    max_parked_bytes_per_key: int = Field(default=64 * 1024 * 1024, ge=1, strict=True)
+    max_parked_total: int = Field(default=1_000_000, ge=1, strict=True)
+    max_parked_bytes_total: int = Field(default=1024 * 1024 * 1024, ge=1, strict=True)
+    seen_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    quarantine_on_dead_letter: bool = False
+    max_drains: int = Field(default=64, ge=1, strict=True)
+    instance_timeout_s: float | None = Field(default=None, gt=0)
+    scheduler: bool = True
 
     @model_validator(mode="after")
     def _ttl_above_three_renewals(self) -> RedisSequencerConfig:
@@ -64,6 +93,8 @@ class RedisSequencerConfig(BaseModel):
                 f"lease_ttl_s ({self.lease_ttl_s:g}) must be above three renew_interval_s "
                 f"({self.renew_interval_s:g})"
             )
+        if self.instance_timeout_s is None:
+            self.instance_timeout_s = 3 * self.lease_ttl_s
         return self
 
 
@@ -98,6 +129,31 @@ class RedisSequencer:
         Bound of one Redis call.
     require_durable:
         Refuse a Redis that does not fsync every write.
+    max_parked_per_key, max_parked_bytes_per_key, max_parked_total, max_parked_bytes_total:
+        Caps of parked messages (count; bytes of stored entries) per key and in the namespace. At a
+        cap nothing is dropped: the messages wait in memory, unfinished, and fetching pauses at
+        ``max_in_flight``.
+    seen_retention_s:
+        Seconds the "already parked" markers live after a key's last park (a re-delivered message
+        within it is not parked twice).
+    quarantine_on_dead_letter:
+        When a parked message is dead-lettered, keep its key parked (its later messages wait in
+        Redis) until :meth:`release_quarantine`; default ``False``: the key's next message goes on.
+    max_drains:
+        Parked keys this instance drains at once.
+    instance_timeout_s:
+        An instance silent this long (no check-in) is gone (default three lease TTLs).
+    scheduler:
+        Take part in the scheduler election (drain parked keys, deliver scheduled messages).
+
+    Parking, scheduled messages and recovery
+    ----------------------------------------
+    ``Retry(park=True)`` (or ``raise RetryLater(delay_s, park=True)``) parks a failing key: see
+    :mod:`keyedconsumer.sequencing.parking`. :meth:`schedule` stores a message delivered to the
+    handler at its due time, in its key's order. Each instance checks in to a sorted set every
+    ``renew_interval_s``; one instance at a time holds the scheduler lease. When an instance dies,
+    its leases expire after ``lease_ttl_s`` and the keys it was draining stay in the due set, so the
+    scheduler (another instance's, once the dead one's scheduler lease expired) takes them over.
 
     Raises
     ------
@@ -116,6 +172,11 @@ class RedisSequencer:
         self._backoff_s = 0.0
         self._next_try_s = 0.0
         self.acquire_calls = 0  # Redis acquire scripts sent (to measure lease reuse)
+        self.parker: Any = None  # the Parker while attached
+        self.instance_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.is_scheduler = False  # holds the scheduler lease now
+        self._sched_check_s = 0.0
+        self.gone_instances: list[str] = []  # instances this one saw time out
 
     def __repr__(self) -> str:
         c = self.config
@@ -132,8 +193,24 @@ class RedisSequencer:
         self._fatal = fatal
         self._stop.clear()
         self._checked = False
+        from .parking import Parker
+
         self._store = LeaseStore(c.url, c.namespace, c.socket_timeout_s)
         d.leases = LeaseTable(c.lease_ttl_s)
+        d.parking = True
+        self.parker = Parker(
+            d,
+            self._store,
+            max_parked_per_key=c.max_parked_per_key,
+            max_parked_bytes_per_key=c.max_parked_bytes_per_key,
+            max_parked_total=c.max_parked_total,
+            max_parked_bytes_total=c.max_parked_bytes_total,
+            seen_retention_s=c.seen_retention_s,
+            quarantine_on_dead_letter=c.quarantine_on_dead_letter,
+            max_drains=c.max_drains,
+        )
+        self.is_scheduler = False
+        self._sched_check_s = 0.0
         self._renewer = threading.Thread(target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True)
         self._renewer.start()
 
@@ -167,14 +244,11 @@ class RedisSequencer:
                 self.acquire_calls += len(asks)
                 now = time.monotonic()
                 with d.lock:
-                    added = 0
-                    for (lid, owner), token in zip(asks, tokens, strict=True):
-                        head = leases.acquired(lid, owner, token, asked_s, now)
+                    for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
+                        head = leases.acquired(lid, owner, token, asked_s, now, depth)
                         if head is not None:
-                            d.ready.append(head)
-                            added += 1
-                    if added:
-                        d.wake(added)
+                            d.route(head)
+            busy = self._parking_tick()
         except StoreUnavailable as exc:
             self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
             self._next_try_s = time.monotonic() + self._backoff_s
@@ -184,7 +258,32 @@ class RedisSequencer:
             self._fatal(exc)
             return None
         self._backoff_s = 0.0
-        return 0.01 if leases.want else None
+        if leases.want or busy:
+            return 0.01
+        return 0.05 if self.is_scheduler else None
+
+    def _parking_tick(self) -> bool:
+        """Park, drain and (as the scheduler) move due work; ``True`` while anything is under way."""
+        p, d = self.parker, self._d
+        assert p is not None and d is not None
+        now = time.monotonic()
+        if self.config.scheduler and now >= self._sched_check_s:
+            self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
+            ttl_ms = int(self.config.lease_ttl_s * 1000)
+            from . import keys
+
+            was = self.is_scheduler
+            self.is_scheduler = self._store.hold(keys.scheduler(self.config.namespace), self.instance_id, ttl_ms)
+            if self.is_scheduler and not was:
+                log.info("this instance (%s) is the scheduler", self.instance_id)
+        if d.to_park:
+            p.park_pending()
+        if self.is_scheduler and not d.halted:
+            p.move_scheduled()
+            p.take_due_keys()
+        if d.drains or d.parked_results:
+            p.drain()
+        return bool(d.to_park or d.drains or d.parked_results or p.draining)
 
     def detach(self) -> None:
         """Stop renewing and release every lease still held (best effort)."""
@@ -199,9 +298,100 @@ class RedisSequencer:
                 held = d.leases.release_all()
             try:
                 self._store.release(held)
+                from . import keys
+
+                if self.is_scheduler:
+                    self._store.release_plain(keys.scheduler(self.config.namespace), self.instance_id)
+                self._store.check_out(self.instance_id)
             except StoreUnavailable as exc:
                 log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
+            self.is_scheduler = False
             self._store.close()
+
+    # -- public -------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        *,
+        delay_s: float | None = None,
+        at: float | None = None,
+    ) -> str:
+        """Store a message delivered to the handler at its due time, in its key's order.
+
+        It is delivered at least once, by whichever instance is the scheduler then, even if this
+        one has died; a message due while no instance ran is delivered at start-up and counted as
+        a misfire. The handler sees it with ``partition == -1`` and ``offset == -1``.
+
+        Parameters
+        ----------
+        topic:
+            The topic the handler sees (scheduled messages are not written to Kafka).
+        key, value, headers:
+            As a Kafka record's. A null key is sequenced with the null keys of partition -1.
+        delay_s:
+            Due after this many seconds (>= 0); or give ``at``.
+        at:
+            Due at this time, seconds since the epoch.
+
+        Returns
+        -------
+        The scheduled message's id.
+
+        Raises
+        ------
+        ValueError
+            Neither or both of ``delay_s`` and ``at``, or a negative or non-finite time.
+        StoreUnavailable
+            Redis did not answer (nothing was stored).
+        """
+        import math
+
+        from ..message import Message
+        from .parking import encode_entry, new_schedule_id
+        from .store import LeaseStore
+
+        if (delay_s is None) == (at is None):
+            raise ValueError("schedule() needs exactly one of delay_s and at")
+        when = time.time() + float(delay_s) if delay_s is not None else float(at)  # type: ignore[arg-type]
+        if not math.isfinite(when) or (delay_s is not None and float(delay_s) < 0):
+            raise ValueError(f"schedule() due time must be finite and not in the past by a delay: {delay_s or at!r}")
+        due_ms = int(when * 1000)
+        sid = new_schedule_id()
+        msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(time.time() * 1000))
+        entry = encode_entry(msg, due_ms, sid)
+        store = self._store if self._store is not None else LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
+        try:
+            store.schedule(sid, due_ms, entry)
+        finally:
+            if store is not self._store:
+                store.close()
+        return sid
+
+    def release_quarantine(self, key: bytes) -> bool:
+        """Let a quarantined key go on: its dead-lettered head is removed and its next parked
+        message runs. Returns ``False`` if the key was not quarantined.
+
+        Raises
+        ------
+        StoreUnavailable
+            Redis did not answer.
+        """
+        from .keys import lease_id
+        from .store import LeaseStore
+
+        store = LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
+        try:
+            return store.release_quarantine(lease_id(key, "", 0), time.time() * 1000 + 0.5)
+        finally:
+            store.close()
+
+    def inspect(self) -> dict[str, Any]:
+        """What this namespace holds in Redis now (see :func:`inspect_redis`)."""
+        return inspect_redis(self.config.url, self.config.namespace, self.config.socket_timeout_s)
 
     def _renew_loop(self) -> None:
         from .store import StoreUnavailable
@@ -211,7 +401,17 @@ class RedisSequencer:
         leases = d.leases
         interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
         ttl_ms = int(self.config.lease_ttl_s * 1000)
-        while not self._stop.wait(interval):
+        timeout_ms = int(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s) * 1000)
+        first = True
+        while first or not self._stop.wait(interval):
+            first = False
+            try:
+                gone = self._store.check_in(self.instance_id, int(time.time() * 1000), timeout_ms)
+                for g in gone:
+                    log.warning("instance %s is gone (no check-in for %g s)", g, timeout_ms / 1000)
+                self.gone_instances.extend(gone)
+            except StoreUnavailable as exc:
+                log.warning("check-in failed: %s", exc)
             with d.lock:
                 asks = leases.to_renew()
             if not asks:

@@ -9,7 +9,22 @@ name                                        what
 ==========================================  ===========================================
 ``kc:<ns>:{<lease key>}:lease``             the lease: owner token, PX = lease TTL
 ``kc:<ns>:{<lease key>}:fence``             the fencing counter (INCR on each acquire)
+``kc:<ns>:{<lease key>}:park``              LIST of the key's parked messages, in order
+``kc:<ns>:{<lease key>}:pbytes``            bytes in that list (deleted with the list)
+``kc:<ns>:{<lease key>}:seen``              HASH ``<topic hex>.<partition>`` -> highest offset
+                                            parked, and ``s.<id>`` for scheduled messages
+                                            moved in: appends are idempotent (PX retention)
+``kc:<ns>:{_sched}:due``                    ZSET lease key -> when its list's head is due (ms)
+``kc:<ns>:{_sched}:sdue``                   ZSET scheduled id -> due time (ms since epoch)
+``kc:<ns>:{_sched}:entries``                HASH scheduled id -> the message (JSON)
+``kc:<ns>:{_sched}:totals``                 HASH ``n`` / ``bytes`` parked in the namespace
+``kc:<ns>:{_sched}:lease``                  the scheduler's lease (one instance at a time)
+``kc:<ns>:{_sched}:instances``              ZSET instance id -> last check-in (ms since epoch)
+``kc:<ns>:{_sched}:quarantine``             SET of quarantined lease keys
 ==========================================  ===========================================
+
+The namespace-wide keys share the ``{_sched}`` tag, so their scripts run in one slot too. A lease
+key never starts with ``_``, so it cannot collide with them.
 
 ``<lease key>`` is ``k.<hex of the Kafka key>`` for keyed messages, ``p.<hex of topic>.<partition>``
 for the null-key lane of a partition (and for ``ordering="partition"``).
@@ -17,7 +32,12 @@ for the null-key lane of a partition (and for ``ordering="partition"``).
 
 from __future__ import annotations
 
-__all__ = ["lease_id", "lease", "fence", "check_namespace"]
+__all__ = [
+    "lease_id", "lease", "fence", "park", "pbytes", "seen", "due", "sched_due", "sched_entries",
+    "totals", "scheduler", "instances", "quarantine", "lease_prefix", "key_of", "check_namespace",
+]
+
+SCHED = "_sched"
 
 
 def check_namespace(ns: str) -> str:
@@ -46,3 +66,53 @@ def lease(ns: str, lid: str) -> str:
 
 def fence(ns: str, lid: str) -> str:
     return f"kc:{ns}:{{{lid}}}:fence"
+
+
+def park(ns: str, lid: str) -> str:
+    return f"kc:{ns}:{{{lid}}}:park"
+
+
+def pbytes(ns: str, lid: str) -> str:
+    return f"kc:{ns}:{{{lid}}}:pbytes"
+
+
+def seen(ns: str, lid: str) -> str:
+    return f"kc:{ns}:{{{lid}}}:seen"
+
+
+def due(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:due"
+
+
+def sched_due(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:sdue"
+
+
+def sched_entries(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:entries"
+
+
+def totals(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:totals"
+
+
+def scheduler(ns: str) -> str:
+    return lease(ns, SCHED)
+
+
+def instances(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:instances"
+
+
+def quarantine(ns: str) -> str:
+    return f"kc:{ns}:{{{SCHED}}}:quarantine"
+
+
+def lease_prefix(ns: str) -> str:
+    """The prefix of every key of namespace ``ns`` (for ``SCAN MATCH <prefix>*``)."""
+    return f"kc:{ns}:"
+
+
+def key_of(lid: str) -> bytes | None:
+    """The Kafka key of a lease id (``None`` for a partition's lease id)."""
+    return bytes.fromhex(lid[2:]) if lid.startswith("k.") else None

@@ -28,7 +28,7 @@ RETRY_MAX_S = 0.25
 
 
 class Lease:
-    __slots__ = ("lid", "owner", "fence", "held", "renewed_s", "active", "waiting", "retry_s")
+    __slots__ = ("lid", "owner", "fence", "held", "renewed_s", "active", "waiting", "retry_s", "parked")
 
     def __init__(self, lid: str) -> None:
         self.lid = lid
@@ -39,6 +39,7 @@ class Lease:
         self.active: Message | None = None  # the lane head running (or ready, or delayed) under it
         self.waiting: deque[Message] = deque()  # lane heads waiting for it
         self.retry_s = 0.0  # not asked again before this time
+        self.parked = False  # the key has a parked list in Redis (known while the lease is held)
 
 
 class LeaseTable:
@@ -154,9 +155,22 @@ class LeaseTable:
             out.append((lid, lease.owner))
         return out
 
-    def acquired(self, lid: str, owner: str, token: int, asked_s: float, now: float) -> Message | None:
+    def is_parked(self, lid: str) -> bool:
+        """True if the key's lease is held here and its key has a parked list in Redis."""
+        lease = self.by_id.get(lid)
+        return lease is not None and lease.parked
+
+    def set_parked(self, lid: str, parked: bool) -> None:
+        lease = self.by_id.get(lid)
+        if lease is not None:
+            lease.parked = parked
+
+    def acquired(
+        self, lid: str, owner: str, token: int, asked_s: float, now: float, depth: int = 0
+    ) -> Message | None:
         """Redis answered an acquire sent at ``asked_s``: ``token`` > 0 granted, else
-        ``-(ms left on the holder's lease)``. Returns a lane head to make ready."""
+        ``-(ms left on the holder's lease)``; ``depth``: the key's parked messages. Returns a lane
+        head to route."""
         lease = self.by_id.get(lid)
         if lease is None or lease.owner != owner:
             return None
@@ -165,6 +179,7 @@ class LeaseTable:
             return None
         self.want.discard(lid)
         lease.held = True
+        lease.parked = depth > 0
         lease.fence = token
         lease.renewed_s = asked_s  # the TTL started no earlier than the request was sent
         if lease.active is None and lease.waiting:

@@ -17,25 +17,26 @@ import redis
 
 from . import keys
 
-__all__ = ["LeaseStore", "StoreUnavailable"]
+__all__ = ["LeaseStore", "StoreUnavailable", "inspect_namespace"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
-# KEYS[1] lease, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl ms -> fencing token, or -(pttl ms) when
-# another owner holds it (at least -1).
+# KEYS[1] lease, KEYS[2] fence, KEYS[3] park; ARGV[1] owner, ARGV[2] ttl ms -> {fencing token, or
+# -(pttl ms) when another owner holds it (at most -1); length of the key's parked list}.
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
+local depth = redis.call('LLEN', KEYS[3])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
+  return {tonumber(redis.call('GET', KEYS[2]) or '0'), depth}
 end
 if cur then
   local left = redis.call('PTTL', KEYS[1])
   if left < 1 then left = 1 end
-  return -left
+  return {-left, depth}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return redis.call('INCR', KEYS[2])
+return {redis.call('INCR', KEYS[2]), depth}
 """
 # KEYS[1] lease; ARGV[1] owner, ARGV[2] ttl ms -> 1 renewed, 0 not ours any more
 _RENEW = """
@@ -50,6 +51,96 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+
+# Parking (seed 002): every write checks that the caller still holds the key's lease.
+# KEYS[1] lease, [2] park, [3] pbytes, [4] seen; ARGV[1] owner, [2] seen retention ms, [3] max
+# messages, [4] max bytes, then (field, offset, entry) triples in order. Entries whose offset is not
+# above the field's highest parked offset are already parked (a re-delivery): skipped.
+# -> {1 parked | 0 not the owner | -1 over a cap, length before, entries added, bytes added}
+_PARK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0} end
+local before = redis.call('LLEN', KEYS[2])
+local nbytes = tonumber(redis.call('GET', KEYS[3]) or '0')
+local last, new, add = {}, {}, 0
+for i = 5, #ARGV, 3 do
+  local f, off = ARGV[i], tonumber(ARGV[i + 1])
+  if last[f] == nil then last[f] = tonumber(redis.call('HGET', KEYS[4], f) or '-1') end
+  if off > last[f] then
+    last[f] = off
+    new[#new + 1] = ARGV[i + 2]
+    add = add + #ARGV[i + 2]
+  end
+end
+if before > 0 and (before + #new > tonumber(ARGV[3]) or nbytes + add > tonumber(ARGV[4])) then
+  return {-1, before, 0, 0}
+end
+for _, e in ipairs(new) do redis.call('RPUSH', KEYS[2], e) end
+for f, off in pairs(last) do redis.call('HSET', KEYS[4], f, off) end
+redis.call('PEXPIRE', KEYS[4], ARGV[2])
+if add > 0 then redis.call('INCRBY', KEYS[3], add) end
+return {1, before, #new, add}
+"""
+# KEYS[1] lease, [2] park; ARGV[1] owner -> {1, head entry or false, length} | {0, false, 0}
+_FETCH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, false, 0} end
+return {1, redis.call('LINDEX', KEYS[2], 0), redis.call('LLEN', KEYS[2])}
+"""
+# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] the head entry expected
+# -> {1, length after, next head or false} | {0, 0, false}
+_POP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, false} end
+if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return {0, 0, false} end
+redis.call('LPOP', KEYS[2])
+local left = redis.call('LLEN', KEYS[2])
+if left == 0 then redis.call('DEL', KEYS[3]) else redis.call('DECRBY', KEYS[3], #ARGV[2]) end
+return {1, left, redis.call('LINDEX', KEYS[2], 0)}
+"""
+# KEYS[1] lease, [2] park; ARGV[1] owner, [2] head entry expected, [3] its replacement -> 1 | 0
+_REPLACE_HEAD = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return 0 end
+redis.call('LSET', KEYS[2], 0, ARGV[3])
+return 1
+"""
+# KEYS[1] due; ARGV[1] member, [2] the score it was seen with -> 1 removed | 0 changed meanwhile
+_ZREM_IF = """
+local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if cur and tonumber(cur) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+# KEYS[1] sdue, [2] entries; ARGV[1] id, [2] due ms, [3] entry -> 1
+_SCHEDULE = """
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+# A due scheduled message joins its key's list (no lease needed: an append never races a run,
+# which needs the lease; the due set was updated first). KEYS[1] park, [2] pbytes, [3] seen;
+# ARGV[1] seen field, [2] entry, [3] seen retention ms -> {1 appended | 0 already, length before}
+_MOVE_IN = """
+local before = redis.call('LLEN', KEYS[1])
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {0, before} end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], 1)
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+redis.call('INCRBY', KEYS[2], #ARGV[2])
+return {1, before}
+"""
+# KEYS[1] sdue, [2] entries; ARGV[1] id -> 1
+_UNSCHEDULE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+# KEYS[1] lease; ARGV[1] owner, [2] ttl ms -> 1 held (acquired or renewed) | 0 held by another
+_HOLD = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 
 
@@ -72,10 +163,19 @@ class LeaseStore:
 
     def __init__(self, url: str, namespace: str, socket_timeout_s: float = 2.0) -> None:
         self.namespace = keys.check_namespace(namespace)
-        self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+        self._r: Any = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
         self._acquire = self._r.register_script(_ACQUIRE)
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)
+        self._park = self._r.register_script(_PARK)
+        self._fetch = self._r.register_script(_FETCH)
+        self._pop = self._r.register_script(_POP)
+        self._replace_head = self._r.register_script(_REPLACE_HEAD)
+        self._zrem_if = self._r.register_script(_ZREM_IF)
+        self._schedule = self._r.register_script(_SCHEDULE)
+        self._move_in = self._r.register_script(_MOVE_IN)
+        self._unschedule = self._r.register_script(_UNSCHEDULE)
+        self._hold = self._r.register_script(_HOLD)
 
     def check_durable(self) -> None:
         """Raise ``RuntimeError`` unless Redis persists each write before it answers.
@@ -99,12 +199,13 @@ class LeaseStore:
                 f"appendfsync={fsync}): otherwise a fencing token can repeat after a restart"
             )
 
-    def acquire(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[int]:
+    def acquire(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[tuple[int, int]]:
         """Try to acquire ``[(lease id, owner token)]`` in one round trip.
 
-        Returns, per request, the fencing token (> 0) or ``-(ms until the holder's lease ends)``.
+        Returns, per request, ``(fencing token (> 0) or -(ms until the holder's lease ends), length of
+        the key's parked list)``.
         """
-        return [int(x) for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True)]
+        return [(int(x[0]), int(x[1])) for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True)]
 
     def renew(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
         """Extend ``[(lease id, owner token)]``; ``False`` where the lease is no longer ours."""
@@ -121,7 +222,7 @@ class LeaseStore:
         try:
             pipe = self._r.pipeline(transaction=False)
             for lid, owner in requests:
-                k = [keys.lease(ns, lid), keys.fence(ns, lid)] if fence else [keys.lease(ns, lid)]
+                k = [keys.lease(ns, lid), keys.fence(ns, lid), keys.park(ns, lid)] if fence else [keys.lease(ns, lid)]
                 args = [owner] if ttl_ms is None else [owner, ttl_ms]
                 script(keys=k, args=args, client=pipe)
             return list(pipe.execute())
@@ -135,8 +236,239 @@ class LeaseStore:
         except redis.RedisError as exc:
             raise StoreUnavailable(str(exc)) from None
 
+    # -- parking and scheduled messages (seed 002) ---------------------------------------------
+
+    def park(
+        self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]]]], seen_ttl_ms: int,
+        max_messages: int, max_bytes: int,
+    ) -> list[tuple[int, int, int, int]]:
+        """Append ``[(lease id, owner, [(seen field, offset, entry)])]`` to the keys' parked lists,
+        each batch atomically and only while ``owner`` holds the lease, in one round trip.
+
+        Redis answers after the write is on disk (``appendfsync always``, checked at start).
+
+        Returns, per batch, ``(status, length before, entries added, bytes added)``: status 1
+        parked, 0 the lease is not ``owner``'s, -1 the key's list is at ``max_messages`` or
+        ``max_bytes`` (nothing written).
+        """
+        ns = self.namespace
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for lid, owner, entries in batches:
+                args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes]
+                for field, off, entry in entries:
+                    args += [field, off, entry]
+                k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)]
+                self._park(keys=k, args=args, client=pipe)
+            out = pipe.execute()
+            added = [(int(x[2]), int(x[3])) for x in out if int(x[0]) == 1]
+            if added:
+                self._r.hincrby(keys.totals(ns), "n", sum(a for a, _ in added))
+                self._r.hincrby(keys.totals(ns), "bytes", sum(b for _, b in added))
+            return [(int(a), int(b), int(c), int(d)) for a, b, c, d in out]
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def fetch(self, lid: str, owner: str) -> tuple[bool, bytes | None, int]:
+        """The head of the key's parked list: ``(still the owner, head entry or None, length)``."""
+        ns = self.namespace
+        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid)], [owner])
+        return bool(r[0]), (r[1] or None), int(r[2])
+
+    def pop(self, lid: str, owner: str, head: bytes) -> tuple[bool, int, bytes | None]:
+        """Remove ``head`` from the key's parked list if it is still its head and ``owner`` holds the
+        lease. Returns ``(removed, length after, next head or None)``."""
+        ns = self.namespace
+        r = self._call(self._pop, [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)], [owner, head])
+        if int(r[0]) == 1:
+            try:
+                pipe = self._r.pipeline(transaction=False)
+                pipe.hincrby(keys.totals(ns), "n", -1)
+                pipe.hincrby(keys.totals(ns), "bytes", -len(head))
+                pipe.execute()
+            except redis.RedisError as exc:
+                log.debug("parked totals not updated: %s", exc)
+        return bool(r[0]), int(r[1]), (r[2] or None)
+
+    def replace_head(self, lid: str, owner: str, head: bytes, new: bytes) -> bool:
+        """Replace the head of the key's parked list (its attempt and due time) under the lease."""
+        ns = self.namespace
+        return bool(self._call(self._replace_head, [keys.lease(ns, lid), keys.park(ns, lid)], [owner, head, new]))
+
+    def set_due(self, lid: str, score_ms: float) -> None:
+        """``ZADD`` the key to the due set at ``score_ms`` (ms since the epoch, a unique float)."""
+        try:
+            self._r.zadd(keys.due(self.namespace), {lid: score_ms})
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def clear_due(self, lid: str, seen_score_ms: float) -> bool:
+        """Remove the key from the due set unless its score changed since ``seen_score_ms``."""
+        return bool(self._call(self._zrem_if, [keys.due(self.namespace)], [lid, repr(seen_score_ms)]))
+
+    def due_keys(self, now_ms: float, limit: int) -> list[tuple[str, float]]:
+        """Keys whose parked head is due at ``now_ms``: ``[(lease id, score)]``, earliest first."""
+        try:
+            rows = self._r.zrangebyscore(keys.due(self.namespace), "-inf", now_ms, start=0, num=limit, withscores=True)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        return [(m.decode() if isinstance(m, bytes) else m, float(sc)) for m, sc in rows]
+
+    def totals(self) -> tuple[int, int]:
+        """Messages and bytes parked in the namespace (kept beside the lists: approximate after a
+        crash between a park and its count)."""
+        try:
+            t = self._r.hgetall(keys.totals(self.namespace))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        return int(t.get(b"n", 0)), int(t.get(b"bytes", 0))
+
+    def schedule(self, sid: str, due_ms: int, entry: bytes) -> None:
+        """Store a scheduled message ``entry`` under id ``sid``, due at ``due_ms`` (ms since the epoch)."""
+        ns = self.namespace
+        self._call(self._schedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid, due_ms, entry])
+
+    def due_scheduled(self, now_ms: float, limit: int) -> list[tuple[str, float, bytes | None]]:
+        """Scheduled messages due at ``now_ms``: ``[(id, due ms, entry)]``."""
+        ns = self.namespace
+        try:
+            rows = self._r.zrangebyscore(keys.sched_due(ns), "-inf", now_ms, start=0, num=limit, withscores=True)
+            if not rows:
+                return []
+            ids = [m.decode() if isinstance(m, bytes) else m for m, _ in rows]
+            entries = self._r.hmget(keys.sched_entries(ns), ids)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        return [(sid, float(sc), e) for sid, (_, sc), e in zip(ids, rows, entries, strict=True)]
+
+    def move_in(self, lid: str, sid: str, entry: bytes, seen_ttl_ms: int) -> tuple[bool, int]:
+        """Append a due scheduled message to its key's parked list, once per id (idempotent).
+        Returns ``(appended, length before)``."""
+        ns = self.namespace
+        r = self._call(
+            self._move_in, [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], [f"s.{sid}", entry, seen_ttl_ms]
+        )
+        return bool(r[0]), int(r[1])
+
+    def unschedule(self, sid: str) -> None:
+        ns = self.namespace
+        self._call(self._unschedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid])
+
+    def quarantine(self, lid: str, seen_score_ms: float) -> None:
+        """Take the key out of the due set and list it as quarantined (its head was dead-lettered)."""
+        self.clear_due(lid, seen_score_ms)
+        try:
+            self._r.sadd(keys.quarantine(self.namespace), lid)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def release_quarantine(self, lid: str, score_ms: float) -> bool:
+        """Make a quarantined key due again; ``False`` if it was not quarantined."""
+        try:
+            if not self._r.srem(keys.quarantine(self.namespace), lid):
+                return False
+            self._r.zadd(keys.due(self.namespace), {lid: score_ms})
+            return True
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def hold(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """Acquire or renew a plain lease (the scheduler's) for ``owner``; ``False`` when held by another."""
+        return bool(self._call(self._hold, [key], [owner, ttl_ms]))
+
+    def release_plain(self, key: str, owner: str) -> None:
+        self._call(self._release, [key], [owner])
+
+    def check_in(self, instance: str, now_ms: int, timeout_ms: int) -> list[str]:
+        """Record this instance's heartbeat; remove and return instances silent for ``timeout_ms``."""
+        k = keys.instances(self.namespace)
+        try:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.zadd(k, {instance: now_ms})
+            pipe.zrangebyscore(k, "-inf", now_ms - timeout_ms)
+            pipe.zremrangebyscore(k, "-inf", now_ms - timeout_ms)
+            _, gone, _ = pipe.execute()
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        return [g.decode() if isinstance(g, bytes) else g for g in gone]
+
+    def check_out(self, instance: str) -> None:
+        try:
+            self._r.zrem(keys.instances(self.namespace), instance)
+        except redis.RedisError as exc:
+            log.debug("check-out failed: %s", exc)
+
+    def _call(self, script: Any, k: list[str], args: list[Any]) -> Any:
+        try:
+            return script(keys=k, args=args)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
     def close(self) -> None:
         self._r.close()
 
     def __repr__(self) -> str:
         return f"LeaseStore(namespace={self.namespace!r})"
+
+
+def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000) -> dict[str, Any]:
+    """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
+
+    Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
+    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": owner or
+    None, "quarantined": [key]}``; ``key`` is the Kafka key as text (``repr`` of the bytes when not
+    UTF-8) or ``partition:<topic>/<n>`` for a partition's lease; times are seconds since the epoch.
+    At most ``limit`` leases and parked keys are listed (``SCAN``, never ``KEYS``).
+
+    Raises
+    ------
+    StoreUnavailable
+        Redis did not answer.
+    """
+    ns = keys.check_namespace(namespace)
+    r: Any = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+    try:
+        prefix = keys.lease_prefix(ns)
+        leases: list[dict[str, Any]] = []
+        parked: list[dict[str, Any]] = []
+        due = {m.decode(): sc for m, sc in r.zrange(keys.due(ns), 0, -1, withscores=True)}
+        for name in r.scan_iter(match=f"{prefix}*", count=500):
+            n = name.decode()
+            lid = n[n.find("{") + 1 : n.rfind("}")]
+            if lid == keys.SCHED:
+                continue
+            if n.endswith("}:lease") and len(leases) < limit:
+                owner, ttl, fence = r.get(n), r.pttl(n), r.get(keys.fence(ns, lid))
+                if owner is not None:
+                    leases.append({"key": _show(lid), "owner": owner.decode(), "ttl_ms": int(ttl), "fencing_token": int(fence or 0)})
+            elif n.endswith("}:park") and len(parked) < limit:
+                sc = due.get(lid)
+                parked.append({"key": _show(lid), "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0})
+        sched_owner = r.get(keys.scheduler(ns))
+        return {
+            "leases": leases,
+            "parked": parked,
+            "scheduled": int(r.zcard(keys.sched_due(ns))),
+            "instances": [
+                {"id": m.decode(), "last_seen_s": sc / 1000.0} for m, sc in r.zrange(keys.instances(ns), 0, -1, withscores=True)
+            ],
+            "scheduler": sched_owner.decode() if sched_owner else None,
+            "quarantined": sorted(_show(m.decode()) for m in r.smembers(keys.quarantine(ns))),
+        }
+    except redis.RedisError as exc:
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        r.close()
+
+
+def _show(lid: str) -> str:
+    if lid.startswith("k."):
+        raw = bytes.fromhex(lid[2:])
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            return repr(raw)
+    if lid.startswith("p."):
+        _, topic_hex, part = lid.split(".", 2)
+        return f"partition:{bytes.fromhex(topic_hex).decode(errors='replace')}/{part}"
+    return lid

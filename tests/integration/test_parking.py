@@ -1,0 +1,182 @@
+"""Parking (ordered non-blocking retries in Redis) and scheduled messages, on the real broker and
+real Redis: a failing key waits in Redis while other keys and the partition's offset move on, its
+later messages follow it in order, and Redis is clean at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+import pytest
+from keyedconsumer.middleware import DeadLetter, Retry
+
+from keyedconsumer import KeyedConsumer, Message, RedisSequencer
+from keyedconsumer.sequencing import inspect_redis
+
+from .kafkautil import committed, end_offsets, produce, read_all, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+
+def _clean(redis_url: str, ns: str) -> dict:  # type: ignore[type-arg]
+    state = inspect_redis(redis_url, ns)
+    return {k: state[k] for k in ("leases", "parked", "scheduled", "quarantined")}
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_key_is_parked_while_20000_other_messages_flow(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given 20,000 messages of 1,000 keys on 2 partitions, and 10 messages of key "bad" whose
+    # first fails 5 times before it succeeds
+    topic = new_topic(2)
+    records: list[tuple[bytes | None, bytes | None, int | None]] = []
+    bad_seq = 0
+    for i in range(20_000):
+        if i % 2000 == 100:
+            records.append((b"bad", f"bad:{bad_seq}".encode(), None))
+            bad_seq += 1
+        k = f"k{i % 1000}".encode()
+        records.append((k, f"{k.decode()}:{i}".encode(), None))
+    acks = produce(kafka_bootstrap, topic, records)
+    bad_at = next(acks[i] for i, r in enumerate(records) if r[0] == b"bad")  # (partition, offset)
+
+    seen: dict[bytes, list[str]] = defaultdict(list)
+    running: set[bytes] = set()
+    overlap: list[bytes] = []
+    lock = threading.Lock()
+    first_ok = threading.Event()
+    passed_while_parked = threading.Event()
+
+    def handle(msg: Message) -> None:
+        assert msg.key is not None and msg.value is not None
+        with lock:
+            if msg.key in running:
+                overlap.append(msg.key)
+            running.add(msg.key)
+        try:
+            if msg.value == b"bad:0" and msg.attempt <= 5:
+                raise ConnectionError(f"attempt {msg.attempt} fails")
+            with lock:
+                seen[msg.key].append(msg.value.decode())
+            if msg.value == b"bad:0":
+                first_ok.set()
+        finally:
+            with lock:
+                running.discard(msg.key)
+
+    ns = f"park-{uuid.uuid4().hex[:8]}"
+    group = f"g-{ns}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
+    consumer = KeyedConsumer(
+        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=16,
+        middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.5, max_delay_s=3.0, jitter=0, park=True)],
+        sequencer=seq,
+    )
+    r = start(consumer)
+
+    # when it runs, the partition's committed offset passes the failing message while it is parked
+    def passed() -> bool:
+        c = committed(kafka_bootstrap, group, topic, 2).get(bad_at[0])
+        if c is not None and c > bad_at[1] and not first_ok.is_set():
+            passed_while_parked.set()
+        return passed_while_parked.is_set() or first_ok.is_set()
+
+    wait_until(passed, 60, 0.1)
+    ends = end_offsets(kafka_bootstrap, topic, 2)
+    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == ends and first_ok.is_set()
+                      and len(seen[b"bad"]) == 10 and not seq.parker.draining, 120), (committed(kafka_bootstrap, group, topic, 2), ends, seen[b"bad"])
+    assert r.stop(30) and r.error is None
+
+    # then the offset moved on while the key was parked, and the key's messages kept their order
+    assert passed_while_parked.is_set(), "the committed offset never passed the parked message before it succeeded"
+    assert seen[b"bad"] == [f"bad:{i}" for i in range(10)]
+    assert seq.parker.parked >= 10 and seq.parker.drained >= 10
+    for k, vals in seen.items():
+        if k != b"bad":
+            nums = [int(v.split(":")[1]) for v in vals]
+            assert nums == sorted(nums), k
+    assert sum(len(set(v)) for v in seen.values()) == len(records)
+    assert overlap == []
+    # and Redis holds nothing of the namespace but fencing counters and markers
+    assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
+
+
+@pytest.mark.timeout(120)
+def test_parked_message_dead_lettered_after_max_attempts_then_key_goes_on(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given key "p" whose first message always fails, then two good messages of the same key
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)])
+    seen: list[tuple[str, int]] = []
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"poison":
+            raise ValueError("never works")
+        seen.append((msg.value.decode(), msg.attempt))  # type: ignore[union-attr]
+
+    ns = f"dlq-{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
+    consumer = KeyedConsumer(
+        name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
+        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=3, initial_delay_s=0.2, jitter=0, park=True)],
+    )
+    r = start(consumer)
+    assert wait_until(lambda: len(seen) == 3 and not seq.parker.draining, 60), seen
+    assert r.stop(30) and r.error is None
+    # then the poison message was dead-lettered once, after 3 attempts, and "p" went on in order
+    dlq = read_all(kafka_bootstrap, f"{topic}.dlq", 1)
+    assert [m.value() for m in dlq] == [b"poison"]
+    assert dict(dlq[0].headers())["kafka_dlt-attempts"] == b"3"
+    assert [v for v, _ in seen if v.startswith("p")] == ["p1", "p2"]
+    assert committed(kafka_bootstrap, f"g-{ns}", topic, 1) == end_offsets(kafka_bootstrap, topic, 1)
+    assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
+
+
+@pytest.mark.timeout(90)
+def test_scheduled_messages_fire_no_earlier_than_due_in_key_order(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given a running consumer with the Redis sequencer
+    topic = new_topic(1)
+    got: list[tuple[bytes, float, int, int]] = []
+
+    def handle(msg: Message) -> None:
+        got.append((msg.value or b"", time.time(), msg.partition, msg.offset))
+
+    ns = f"sched-{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
+    consumer = KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq)
+    r = start(consumer)
+    assert wait_until(lambda: seq.is_scheduler, 20)
+    # when messages are scheduled 0.5-2 s ahead (two of one key, out of due order when scheduled)
+    due: dict[bytes, float] = {}
+    now = time.time()
+    for i, (key, delay) in enumerate([(b"a", 1.5), (b"a", 0.5), (b"b", 1.0), (b"c", 2.0)]):
+        v = f"{key.decode()}{i}".encode()
+        consumer.schedule(key, v, [("h", b"1")], delay_s=delay)
+        due[v] = now + delay
+    assert wait_until(lambda: len(got) == 4, 30), got
+    assert r.stop(30) and r.error is None
+    # then each fired no earlier than its due time, not much later, in due order per key
+    late = {v: t - due[v] for v, t, _, _ in got}
+    assert all(x >= -0.01 for x in late.values()), late
+    assert max(late.values()) < 1.5, late
+    assert [v for v, *_ in got if v.startswith(b"a")] == [b"a1", b"a0"]
+    assert all(p == -1 and o == -1 for _, _, p, o in got)
+    assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
+
+
+@pytest.mark.timeout(90)
+def test_a_misfire_is_delivered_at_start_up_and_counted(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given a message scheduled while no consumer runs, due 1.5 s ago by the time one starts
+    topic = new_topic(1)
+    ns = f"misfire-{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
+    seq.schedule(topic, b"m", b"late", delay_s=0.0)
+    time.sleep(1.5)
+    got: list[bytes] = []
+    consumer = KeyedConsumer(name=f"g-{ns}", handler=lambda m: got.append(m.value), brokers=[kafka_bootstrap],
+                             topics=[topic], concurrency=2, sequencer=seq)
+    r = start(consumer)
+    # when it starts, then the message is delivered and counted as a misfire
+    assert wait_until(lambda: got == [b"late"], 30)
+    assert seq.parker.misfires == 1
+    assert r.stop(30) and r.error is None
