@@ -456,6 +456,8 @@ class KeyedConsumer:
                 d.running,
                 cfg.shutdown_timeout_s,
             )
+        if self._sequencer is not None and d.leases is not None:
+            self._sequencer.settle_pending()
         try:
             self._store(client)
             final = [

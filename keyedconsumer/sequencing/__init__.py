@@ -285,6 +285,18 @@ class RedisSequencer:
             p.drain()
         return bool(d.to_park or d.drains or d.parked_results or p.draining)
 
+    def settle_pending(self) -> None:
+        """Settle in Redis the parked messages that finished (after a graceful stop's wait), so a
+        graceful stop re-runs none of them."""
+        from .store import StoreUnavailable
+
+        if self.parker is None or self._d is None:
+            return
+        try:
+            self.parker.drain()
+        except StoreUnavailable as exc:
+            log.warning("finished parked messages not settled (they run again): %s", exc)
+
     def detach(self) -> None:
         """Stop renewing and release every lease still held (best effort)."""
         from .store import StoreUnavailable

@@ -203,8 +203,10 @@ class Parker:
                         d.done_parked(m)
                     head = msgs[0]
                     q = head._lanes.get(head._lk) if head._lanes is not None else None
-                    if q:
-                        d.to_park.append((q.popleft(), 0.0))  # arrived meanwhile: parked next
+                    if q:  # arrived meanwhile: parked next, as the lane's head under the lease
+                        nxt = q.popleft()
+                        leases.handover(head, nxt, lid)
+                        d.to_park.append((nxt, 0.0))
                     else:
                         d.lane_end(head, lid)
                 elif status == 0:
@@ -300,6 +302,9 @@ class Parker:
         owner = self._owner(lid)
         if owner is None:
             self._end(current, lid, lost=True)
+            return
+        if d.halted:  # stopping: start nothing new (the list stays for the next drain)
+            self._end(current, lid)
             return
         if raw is None:
             ok, raw, _depth = store.fetch(lid, owner)

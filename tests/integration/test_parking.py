@@ -180,3 +180,28 @@ def test_a_misfire_is_delivered_at_start_up_and_counted(kafka_bootstrap, redis_u
     assert wait_until(lambda: got == [b"late"], 30)
     assert seq.parker.misfires == 1
     assert r.stop(30) and r.error is None
+
+
+@pytest.mark.timeout(60)
+def test_namespaces_never_see_each_others_keys(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given a message scheduled in namespace A, and a consumer of namespace B running
+    topic = new_topic(1)
+    ns_a, ns_b = f"nsa-{uuid.uuid4().hex[:8]}", f"nsb-{uuid.uuid4().hex[:8]}"
+    RedisSequencer(redis_url, ns_a).schedule(topic, b"x", b"for-a", delay_s=0.0)
+    got: list[bytes | None] = []
+    seq_b = RedisSequencer(redis_url, ns_b, lease_ttl_s=2.0)
+    r = start(KeyedConsumer(name=f"g-{ns_b}", handler=lambda m: got.append(m.value), brokers=[kafka_bootstrap],
+                            topics=[topic], concurrency=2, sequencer=seq_b))
+    assert wait_until(lambda: seq_b.is_scheduler, 20)
+    time.sleep(1.0)
+    # then B never delivers A's message, and A still holds it
+    assert got == []
+    assert inspect_redis(redis_url, ns_a)["scheduled"] == 1
+    assert r.stop(30) and r.error is None
+    # when A's consumer runs, then it is delivered there
+    seq_a = RedisSequencer(redis_url, ns_a, lease_ttl_s=2.0)
+    got_a: list[bytes | None] = []
+    r = start(KeyedConsumer(name=f"g-{ns_a}", handler=lambda m: got_a.append(m.value), brokers=[kafka_bootstrap],
+                            topics=[topic], concurrency=2, sequencer=seq_a))
+    assert wait_until(lambda: got_a == [b"for-a"], 20)
+    assert r.stop(30) and r.error is None
