@@ -201,7 +201,12 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict
     )
     if spec.get("batch_size"):
         opts["batch_size"] = spec["batch_size"]
-    kc = KeyedConsumer(handler=handler, **opts)
+    seq = None
+    if spec["contender"] == "keyedconsumer-redis":  # the Redis sequencer: per-key leases across instances
+        from keyedconsumer import RedisSequencer
+
+        seq = RedisSequencer(spec["redis_url"], spec["group"])
+    kc = KeyedConsumer(handler=handler, sequencer=seq, **opts)
 
     def stopper() -> None:
         wait_done(rec, spec)
@@ -210,10 +215,11 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict
 
     threading.Thread(target=stopper, daemon=True).start()
     kc.run()
-    return {
-        "settings": {k: v for k, v in opts.items() if k not in ("name", "brokers", "topics")},
-        "peak_in_flight": kc.peak_in_flight,
-    }
+    settings = {k: v for k, v in opts.items() if k not in ("name", "brokers", "topics")}
+    if seq is not None:
+        settings["sequencer"] = repr(seq)
+        settings["lease_acquire_calls"] = seq.acquire_calls
+    return {"settings": settings, "peak_in_flight": kc.peak_in_flight}
 
 
 def run_pyrallel(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:
@@ -349,7 +355,7 @@ def main() -> None:
     try:
         if name == "raw":
             out = run_raw(spec, rec, block)
-        elif name == "keyedconsumer":
+        elif name in ("keyedconsumer", "keyedconsumer-redis"):
             out = run_keyedconsumer(spec, rec, block)
         elif name == "pyrallel-consumer":
             out = run_pyrallel(spec, rec, block)

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {
     "keyedconsumer": dict(marker="o"),
+    "keyedconsumer-redis": dict(marker="D"),
     "pyrallel-consumer": dict(marker="s"),
     "faststream": dict(marker="^"),
     "faststream-unordered": dict(marker="v"),

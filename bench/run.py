@@ -86,6 +86,11 @@ def kc(ordering: str, c: int, mode: str) -> dict[str, Any]:
     return dict(contender="keyedconsumer", ordering=ordering, concurrency=c, mode=mode)
 
 
+def kcr(c: int, mode: str) -> dict[str, Any]:
+    """keyedconsumer with the Redis sequencer (issue 5: >= 0.5x the in-memory sequencer on W2)."""
+    return dict(contender="keyedconsumer-redis", ordering="key", concurrency=c, mode=mode)
+
+
 def peer(name: str, ordering: str, c: int, mode: str) -> dict[str, Any]:
     return dict(contender=name, ordering=ordering, concurrency=c, mode=mode, peer=True)
 
@@ -109,7 +114,7 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
             "w1": [RAW, kc("key", 16, "sync"), kc("key", 64, "async"), kc("partition", 16, "sync"),
                    kc("none", 16, "async"), peer("pyrallel-consumer", "key", 16, "async"),
                    peer("faststream", "partition", 1, "async")],
-            "w2": [RAW, kc("key", 16, "sync"), kc("key", 64, "async"),
+            "w2": [RAW, kc("key", 16, "sync"), kc("key", 64, "async"), kcr(64, "async"),
                    peer("pyrallel-consumer", "key", 16, "async")],
             "w3": [RAW, kc("key", 16, "sync")],
             "w4": [RAW, kc("key", 16, "sync")],
@@ -121,7 +126,7 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
                 peer("faststream", "partition", 8, "async"),
                 peer("faststream-unordered", "none", 16, "async")]
     if wl in ("w2", "w3"):
-        return [RAW, *all_kc,
+        return [RAW, *all_kc, *[kcr(c, m) for c in (16, 64) for m in MODES], kcr(256, "async"),
                 *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES],
                 peer("faststream", "partition", 1, "sync"),
                 peer("faststream", "partition", 1, "async"),
@@ -145,6 +150,8 @@ def parse_id(text: str) -> dict[str, Any] | None:
         return None
     if name == "keyedconsumer":
         return kc(ordering, c, mode)
+    if name == "keyedconsumer-redis":
+        return kcr(c, mode)
     if name in ("pyrallel-consumer", "faststream", "faststream-unordered"):
         return peer(name, ordering, c, mode)
     return None
@@ -404,6 +411,7 @@ def run_one(args: argparse.Namespace, wl: str, w: dict[str, Any], meta: dict[str
         "produce_t0_ms": meta["produce_t0_ms"],
         "sample_s": 1.0,
         "lat_every": w.get("lat_every", 1),
+        "redis_url": args.redis_url,
     }
     if r.get("peer") and w.get("peer_max_seconds") and not args.max_seconds:
         spec["max_seconds"] = w["peer_max_seconds"]  # W4: the peers cannot finish 1M in 120 s anyway
@@ -550,6 +558,15 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                     v = round(x["msg_per_s"] / p["msg_per_s"], 2)
                     out.append({"goal": f"W2 peers: keyedconsumer key c{c} {mode} >= 2x pyrallel-consumer key_hash c{c}",
                                 "value": v, "met": v >= 2.0 and x.get("order_violations") == 0})
+    if "w2" in wls:
+        for rid in ("keyedconsumer-redis/key/c64/sync", "keyedconsumer-redis/key/c64/async", "keyedconsumer-redis/key/c256/async",
+                    "keyedconsumer-redis/key/c16/sync"):
+            x = find(wls["w2"]["runs"], rid)
+            base = find(wls["w2"]["runs"], rid.replace("keyedconsumer-redis", "keyedconsumer"))
+            if x and base and x.get("msg_per_s") and base.get("msg_per_s"):
+                v = round(x["msg_per_s"] / base["msg_per_s"], 2)
+                out.append({"goal": f"W2 Redis: {rid} >= 0.5x the in-memory sequencer", "value": v,
+                            "met": v >= 0.5 and x.get("order_violations") == 0})
     if "w4" in wls:
         for x in wls["w4"]["runs"]:
             if x["contender"] == "keyedconsumer" and x.get("peak_rss_mb") is not None:
@@ -675,6 +692,7 @@ def main() -> int:
                     help="comma-separated fnmatch patterns over run ids; prefix wN: to apply to one workload only "
                          "(e.g. 'w1:raw,w1:keyedconsumer/key/c16/sync,w2:*'); an explicit id outside the matrix is added")
     ap.add_argument("--brokers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--peers-python", type=Path, default=PEERS_PY)
     ap.add_argument("--no-peers", action="store_true", help="run only raw and keyedconsumer")
@@ -798,7 +816,7 @@ def main() -> int:
                     f"({res['wall_s']} s) {status[:300]}")
                 if res.get("error"):
                     failed = True
-                if res["contender"] in ("keyedconsumer",) and res["ordering"] in ("key", "partition") and res.get("order_violations"):
+                if res["contender"] in ("keyedconsumer", "keyedconsumer-redis") and res["ordering"] in ("key", "partition") and res.get("order_violations"):
                     failed = True
                 results["wall_s"] = round(time.perf_counter() - t_start, 1)
                 data["run"]["wall_s"] = round(time.perf_counter() - t_wl, 1)

@@ -7,6 +7,7 @@ environment. A bad value raises :class:`pydantic.ValidationError` naming the fie
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -36,6 +37,54 @@ def redact(config: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in config.items()}
 
 
+#: A Kafka topic name (Kafka's own rule: these characters, at most 249 of them).
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _check_broker(entry: str) -> None:
+    """Raise ``ValueError`` unless ``entry`` is ``host``, ``host:port`` or ``[ipv6]:port``, optionally
+    with a ``protocol://`` prefix, and any port is in 1..65535.
+
+    librdkafka does not refuse these itself: an empty entry or ``host:notaport`` only fails later, as
+    "no answer from the brokers", and ``host:99999`` is silently taken modulo 65536 (port 34463).
+    """
+    rest = entry.split("://", 1)[-1]
+    port: str | None = None
+    if rest.startswith("["):  # [ipv6] or [ipv6]:port
+        host, _, tail = rest[1:].partition("]")
+        if tail:
+            if not tail.startswith(":"):
+                raise ValueError(f"broker address {entry!r} is not host:port")
+            port = tail[1:]
+    elif rest.count(":") == 1:
+        host, port = rest.split(":")
+    else:  # a host name, or a bare IPv6 address (no port)
+        host = rest
+    if not host or any(c.isspace() for c in entry):
+        raise ValueError(f"broker address {entry!r} has no host or holds whitespace")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"broker address {entry!r}: the port must be a number in 1..65535")
+
+
+def _check_topic(topic: str) -> None:
+    """Raise ``ValueError`` unless ``topic`` is a legal Kafka topic name or a ``^regex`` that compiles.
+
+    librdkafka refuses an empty name or a broken regex only at ``subscribe()`` (a bare
+    ``KafkaException``), and a name Kafka can never hold (``"bad topic!"``) is subscribed to forever.
+    """
+    if topic.startswith("^"):
+        try:
+            re.compile(topic)
+        except re.error as exc:
+            raise ValueError(f"topic regex {topic!r} does not compile: {exc}") from None
+        return
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(
+            f"topic {topic!r} is not a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -), "
+            "nor a regex starting with '^'"
+        )
+
+
 def _split(value: Any) -> Any:
     if isinstance(value, str):
         value = value.strip()
@@ -55,13 +104,17 @@ class ConsumerConfig(BaseSettings):
     name:
         The consumer's name; also the consumer group id unless ``group_id`` is given.
     brokers:
-        Bootstrap servers, ``host:port`` strings (librdkafka ``bootstrap.servers``).
+        Bootstrap servers, ``host:port`` strings (librdkafka ``bootstrap.servers``). An empty entry,
+        whitespace or a port outside 1..65535 is refused here (librdkafka would only time out, or
+        take the port modulo 65536).
     topics:
-        Topics to subscribe to (a name starting with ``^`` is a regex, as in librdkafka).
+        Topics to subscribe to (a name starting with ``^`` is a regex, as in librdkafka). A name that
+        is not a legal Kafka topic name, or a regex that does not compile, is refused here.
     group_id:
         Consumer group id; defaults to ``name``.
     concurrency:
-        Handlers running at once, >= 1. ``1`` runs one message at a time (the default).
+        Handlers running at once, >= 1. ``1`` runs one message at a time (the default). Booleans are
+        refused for every numeric option (pydantic would take ``True`` as ``1``).
     ordering:
         ``"key"``: one message at a time per (partition, key), in offset order; null keys share one
         lane per partition. ``"partition"``: one at a time per partition. ``"none"``: no order.
@@ -122,13 +175,30 @@ class ConsumerConfig(BaseSettings):
     def _split_lists(cls, value: Any) -> Any:
         return _split(value)
 
+    @field_validator("brokers")
+    @classmethod
+    def _broker_addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            for entry in item.split(","):  # librdkafka takes "a:9092, b:9092" too
+                _check_broker(entry.strip())
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: list[str]) -> list[str]:
+        for topic in value:
+            _check_topic(topic)
+        return value
+
     @field_validator(
-        "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", mode="before"
+        "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", "poll_timeout_s",
+        "shutdown_timeout_s", "revoke_timeout_s", "startup_timeout_s", mode="before"
     )
     @classmethod
-    def _no_bool_for_int(cls, value: Any) -> Any:
+    def _no_bool_for_number(cls, value: Any) -> Any:
+        # pydantic's lax mode takes True for 1 and 1.0: a boolean here is a mix-up, not a number
         if isinstance(value, bool):
-            raise ValueError("expected an integer, got a boolean")
+            raise ValueError("expected a number, got a boolean")
         return value
 
     @field_validator("manual_commit", mode="before")

@@ -4,7 +4,7 @@ Installed as ``keyedconsumer.middleware``. A middleware takes a handler and retu
 the same kind (sync or async); the first one given to ``KeyedConsumer(middlewares=[...])`` is the
 outermost. A typical stack, outermost first::
 
-    [Recover(), Logging(), Metrics(), DeadLetter(brokers=...), Retry(), Typed(Order)]
+    [Recover(), Tracing(), Logging(), Metrics(), DeadLetter(brokers=...), Retry(), Typed(Order)]
 
 Retry state travels on the :class:`~keyedconsumer.Message` (``attempt``, ``last_error``), and
 control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,
@@ -17,6 +17,7 @@ from .logging import Logging
 from .metrics import Metrics
 from .recover import Recover
 from .retry import Retry, backoff_delay_s
+from .tracing import Tracing
 from .typed import DecodeError, Typed
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "Logging",
     "Metrics",
     "Recover",
+    "Tracing",
 ]

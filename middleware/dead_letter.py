@@ -23,6 +23,13 @@ header                                 value
 ``kafka_dlt-validation-errors``        JSON list of validation errors (decode failures only)
 =====================================  =============================================================
 
+**Headers from outer middleware.** A middleware outside this one may put a list of ``(name, bytes)``
+headers in ``msg.state[STATE_HEADERS]``; they are written on the dead-letter record in place of the
+original record's headers of the same names. :class:`~keyedconsumer.middleware.Tracing` puts the
+failing attempt's trace context there (``traceparent``, ``tracestate``), so the dead-letter record
+continues the trace of the attempt that failed. After a publish, ``msg.state["dead_lettered"]`` is
+the dead-letter topic and ``msg.state[STATE_ERROR]`` the failure, for the middleware outside.
+
 The message counts as done only after the broker acknowledged the dead-letter record (``acks=all``,
 idempotent producer). If the publish fails, the middleware raises :class:`DeadLetterError`: nothing is
 marked done, and the engine's error path (``error_handler`` or stop) takes over.
@@ -40,7 +47,7 @@ from keyedconsumer import Message, Publisher, PublishError
 
 from ._kind import around, failure_of
 
-__all__ = ["DeadLetter", "DeadLetterError", "HEADERS"]
+__all__ = ["DeadLetter", "DeadLetterError", "HEADERS", "STATE_HEADERS", "STATE_ERROR"]
 
 PREFIX = "kafka_dlt-"
 H_TOPIC = "kafka_dlt-original-topic"
@@ -59,6 +66,11 @@ H_VALIDATION = "kafka_dlt-validation-errors"
 HEADERS = (H_TOPIC, H_PARTITION, H_OFFSET, H_TIMESTAMP, H_GROUP, H_FQCN, H_CAUSE_FQCN, H_MESSAGE,
            H_STACKTRACE, H_ATTEMPTS, H_FAILED_AT, H_VALIDATION)
 _MAX_MESSAGE_BYTES = 4096
+#: ``msg.state`` key of headers an outer middleware adds to the dead-letter record (replacing the
+#: original record's headers of the same names): a list of ``(name, bytes)``.
+STATE_HEADERS = "dead_letter_headers"
+#: ``msg.state`` key of the failure that was dead-lettered (set after a publish).
+STATE_ERROR = "dead_letter_error"
 
 
 class DeadLetterError(Exception):
@@ -142,8 +154,13 @@ class DeadLetter:
         return self.topic.replace("{topic}", msg.topic)
 
     def headers_for(self, msg: Message, error: BaseException) -> list[tuple[str, bytes | None]]:
-        """The record's own headers without earlier failure headers, plus this failure's."""
-        own = [(k, v) for k, v in msg.headers if k not in HEADERS]
+        """The record's own headers without earlier failure headers, plus the headers outer middleware
+        put in ``msg.state[STATE_HEADERS]`` (replacing same-named ones), plus this failure's."""
+        extra: list[tuple[str, bytes | None]] = [
+            (k, v) for k, v in msg.state.get(STATE_HEADERS) or () if k not in HEADERS
+        ]
+        replaced = {k for k, _ in extra}
+        own = [(k, v) for k, v in msg.headers if k not in HEADERS and k not in replaced]
         add: list[tuple[str, bytes | None]] = [
             (H_TOPIC, msg.topic.encode()),
             (H_PARTITION, str(msg.partition).encode()),
@@ -164,7 +181,7 @@ class DeadLetter:
         errors = getattr(error, "validation_errors", None)
         if errors is not None:
             add.append((H_VALIDATION, _clip(json.dumps(errors, default=str), 16384)))
-        return own + add
+        return own + extra + add
 
     def publish(self, msg: Message, error: BaseException) -> None:
         """Publish ``msg`` to its dead-letter topic and wait for the acknowledgement.
@@ -184,6 +201,7 @@ class DeadLetter:
             ) from error
         self.published += 1
         msg.state["dead_lettered"] = topic
+        msg.state[STATE_ERROR] = error
 
     def _after(self, msg: Message, exc: BaseException | None, _state: Any) -> None:
         failure = failure_of(msg, exc)

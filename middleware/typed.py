@@ -19,12 +19,17 @@ class DecodeError(PermanentError):
     """The value is not valid for the model (undecodable bytes, bad JSON, a schema violation).
 
     A :class:`~keyedconsumer.PermanentError`: never retried. ``validation_errors`` lists pydantic's
-    errors (``loc``, ``msg``, ``type``; the input itself is left out).
+    errors (``loc``, ``msg``, ``type``; the input itself is left out). The message names the record
+    (topic, partition, offset) and the first error with the field it concerns (``cents: Input
+    should be a valid integer``), so the error that stops a consumer says which field was wrong.
     """
 
     def __init__(self, msg: Message, model: type[BaseModel], errors: list[dict[str, Any]]) -> None:
         self.validation_errors = errors
-        first = errors[0]["msg"] if errors else "invalid"
+        first = "invalid"
+        if errors:
+            loc = ".".join(str(part) for part in errors[0]["loc"])
+            first = f"{loc}: {errors[0]['msg']}" if loc else str(errors[0]["msg"])
         super().__init__(
             f"cannot decode topic={msg.topic} partition={msg.partition} offset={msg.offset} as "
             f"{model.__name__}: {len(errors)} error(s), first: {first}"

@@ -281,14 +281,32 @@ class Parker:
     def drain(self) -> None:
         """Fetch the next parked message of each drain job that holds its lease, and settle the
         results of parked messages that ran."""
+        from .store import StoreUnavailable
+
         d = self.d
         with d.lock:
             jobs, d.drains = d.drains, []
             results, d.parked_results = d.parked_results, []
-        for job in jobs:
-            self._next(job, job._lk, None)
-        for msg, outcome in results:
-            self._settle(msg, outcome)
+        i = 0
+        try:
+            for i, job in enumerate(jobs):  # noqa: B007 (i is read after an error)
+                self._next(job, job._lk, None)
+            i = len(jobs)
+        except StoreUnavailable:
+            with d.lock:  # Redis is down: the rest waits for the next tick, nothing is lost
+                d.drains[:0] = jobs[i:]
+                d.parked_results[:0] = results
+            raise
+        for i, (msg, outcome) in enumerate(results):
+            raw = self.heads.get(id(msg))
+            try:
+                self._settle(msg, outcome)
+            except StoreUnavailable:
+                if raw is not None:
+                    self.heads[id(msg)] = raw
+                with d.lock:
+                    d.parked_results[:0] = results[i:]
+                raise
 
     def _owner(self, lid: str) -> str | None:
         leases = self.d.leases

@@ -96,3 +96,25 @@ def test_secrets_never_in_validation_errors() -> None:
     with pytest.raises(ValidationError) as info:
         ConsumerConfig(name="n", topics=["t"], config={"sasl.password": "hunter2", "no.such": 1})
     assert "hunter2" not in str(info.value)
+
+
+# -- group protocols (issue 7 §4) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer", "CONSUMER"])
+def test_librdkafka_accepts_the_engine_dict_under_both_protocols(protocol: str) -> None:
+    from keyedconsumer.kafka import check_config
+
+    cfg = ConsumerConfig(name="n", topics=["t"], config={"group.protocol": protocol})
+    conf = cfg.librdkafka()
+    check_config(conf)  # raises ValueError with librdkafka's message if an option is rejected
+    assert ("partition.assignment.strategy" in conf) is (protocol == "classic")
+
+
+@pytest.mark.parametrize(
+    "prop,value", [("session.timeout.ms", 30000), ("heartbeat.interval.ms", 3000), ("partition.assignment.strategy", "range")]
+)
+def test_options_the_consumer_protocol_rejects_fail_at_construction(prop: str, value: object) -> None:
+    ConsumerConfig(name="n", topics=["t"], config={prop: value})  # fine under the classic protocol
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(name="n", topics=["t"], config={"group.protocol": "consumer", prop: value})
+    assert "config" in fields(info.value) and prop in str(info.value)

@@ -1,0 +1,273 @@
+"""Health of a running consumer: liveness, readiness and stalled partitions, optionally over HTTP.
+
+- **Live**: the poll loop is running: ``consumer.polled_at_s`` (when the loop last returned from a
+  poll) is at most ``live_within_s`` old. The loop returns every ``poll_timeout_s`` when idle; a
+  rebalance callback runs inside a poll and may hold it for up to ``revoke_timeout_s``, so keep
+  ``live_within_s`` above that. Not live before the first poll and once the loop stopped.
+- **Ready**: live, and at least one partition is assigned (``consumer.assignment``). A member with
+  nothing assigned (more members than partitions) is live but not ready.
+- **Stalled partition**: its lag is above zero while its stored offset has not moved for
+  ``stall_after_s`` (from ``consumer.partition_status()``; this object remembers when each
+  partition's ``stored_offset`` last changed). Before anything was stored for the assignment the
+  lag is not known; the partition then counts as stalled only when it has unfinished messages.
+  A stalled partition is typically a key whose handler hangs or keeps failing: the offset is held
+  at its message while the partition's other keys go on.
+- **Healthy**: live and no stalled partition.
+
+:meth:`Health.check` samples the consumer; call it from a probe, a metrics scrape or a timer (the
+HTTP endpoints call it on every request). Offsets never move back, so two samples with the same
+stored offset mean it did not move in between, however far apart they are.
+
+``Health.serve(port)`` answers ``GET /livez``, ``/readyz`` and ``/healthz`` with ``200`` or ``503``
+and the JSON of :meth:`HealthReport.to_dict`, from a daemon thread (stdlib ``http.server``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from .consumer import PartitionStatus
+
+__all__ = ["Health", "HealthReport", "StalledPartition", "HealthSource"]
+
+log = logging.getLogger("keyedconsumer.health")
+
+
+class HealthSource(Protocol):
+    """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one)."""
+
+    @property
+    def polled_at_s(self) -> float: ...
+
+    @property
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+    def partition_status(self) -> list[PartitionStatus]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StalledPartition:
+    """A partition whose stored offset has not moved for ``stalled_for_s`` seconds while it lags.
+
+    ``lag`` is ``None`` when nothing was stored yet for this assignment (the partition then has
+    ``unfinished`` messages received and none finished).
+    """
+
+    topic: str
+    partition: int
+    stored_offset: int | None
+    lag: int | None
+    unfinished: int
+    oldest_unfinished_age_s: float
+    stalled_for_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthReport:
+    """One sample of a consumer's health (see the module documentation for the definitions)."""
+
+    live: bool
+    ready: bool
+    polled_ago_s: float | None
+    assigned_partitions: int
+    stalled: tuple[StalledPartition, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """Live and no stalled partition."""
+        return self.live and not self.stalled
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "healthy": self.healthy,
+            "polled_ago_s": None if self.polled_ago_s is None else round(self.polled_ago_s, 3),
+            "assigned_partitions": self.assigned_partitions,
+            "stalled": [dataclasses.asdict(s) for s in self.stalled],
+        }
+
+
+class Health:
+    """Liveness, readiness and stall detection of one consumer.
+
+    Parameters
+    ----------
+    consumer:
+        The :class:`~keyedconsumer.KeyedConsumer` (or anything with ``polled_at_s``,
+        ``assignment`` and ``partition_status()``).
+    stall_after_s:
+        Seconds a lagging partition's stored offset may stand still before it counts as stalled.
+        Keep it above your longest handler run plus its retry back-off.
+    live_within_s:
+        The poll loop counts as running when it returned from a poll at most this many seconds ago.
+    clock:
+        Monotonic seconds; must be the clock of ``consumer.polled_at_s`` (``time.monotonic``).
+        Tests pass a fake one.
+
+    Raises
+    ------
+    ValueError
+        A bound that is not a positive number.
+    """
+
+    def __init__(
+        self,
+        consumer: HealthSource,
+        *,
+        stall_after_s: float = 60.0,
+        live_within_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not (stall_after_s > 0 and live_within_s > 0):
+            raise ValueError(f"stall_after_s and live_within_s must be > 0, got {stall_after_s!r}, {live_within_s!r}")
+        self.consumer = consumer
+        self.stall_after_s = float(stall_after_s)
+        self.live_within_s = float(live_within_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (topic, partition) -> (stored offset last seen, when it was first seen with that value)
+        self._since: dict[tuple[str, int], tuple[int | None, float]] = {}
+        self._stalled: set[tuple[str, int]] = set()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- sampling -----------------------------------------------------------------------------------
+
+    def check(self) -> HealthReport:
+        """Sample the consumer now. Safe from any thread."""
+        c = self.consumer
+        polled = c.polled_at_s
+        assigned = len(c.assignment)
+        statuses = c.partition_status()
+        with self._lock:
+            now = self._clock()
+            polled_ago_s = now - polled if polled > 0 else None
+            live = polled_ago_s is not None and polled_ago_s <= self.live_within_s
+            stalled = self._track(statuses, now)
+        return HealthReport(live, live and assigned > 0, polled_ago_s, assigned, stalled)
+
+    def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
+        since = self._since
+        seen: set[tuple[str, int]] = set()
+        out: list[StalledPartition] = []
+        for st in statuses:
+            tp = (st.topic, st.partition)
+            seen.add(tp)
+            prev = since.get(tp)
+            if prev is None or prev[0] != st.stored_offset:
+                since[tp] = prev = (st.stored_offset, now)
+            still_s = now - prev[1]
+            if st.stored_offset is None:
+                lag, waiting = None, st.unfinished > 0  # the lag is unknown before the first store
+            else:
+                lag = st.lag
+                waiting = lag is not None and lag > 0
+            if waiting and still_s >= self.stall_after_s:
+                out.append(StalledPartition(st.topic, st.partition, st.stored_offset, lag, st.unfinished,
+                                            st.oldest_unfinished_age_s, still_s))
+        for tp in [tp for tp in since if tp not in seen]:  # no longer assigned
+            del since[tp]
+        now_stalled = {(s.topic, s.partition) for s in out}
+        for s in out:
+            if (s.topic, s.partition) not in self._stalled:
+                log.warning("stalled: %s[%d] stored offset %s unchanged for %.1f s with lag %s",
+                            s.topic, s.partition, s.stored_offset, s.stalled_for_s, s.lag)
+        for topic, partition in self._stalled - now_stalled:
+            log.info("no longer stalled: %s[%d]", topic, partition)
+        self._stalled = now_stalled
+        return tuple(out)
+
+    def live(self) -> bool:
+        """The poll loop returned from a poll within ``live_within_s``."""
+        return self.check().live
+
+    def ready(self) -> bool:
+        """Live, with at least one partition assigned."""
+        return self.check().ready
+
+    def stalled(self) -> tuple[StalledPartition, ...]:
+        """The partitions stalled now."""
+        return self.check().stalled
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def serve(self, port: int = 0, *, addr: str = "127.0.0.1") -> int:
+        """Serve ``/livez``, ``/readyz`` and ``/healthz`` on ``addr:port`` from a daemon thread.
+
+        Each answers ``200`` when its condition holds (live; ready; healthy), else ``503``, with
+        the report as JSON. Other paths answer ``404``.
+
+        Returns
+        -------
+        int
+            The port bound (useful with ``port=0``, which picks a free one).
+
+        Raises
+        ------
+        RuntimeError
+            Already serving.
+        OSError
+            The address cannot be bound.
+        """
+        if self._server is not None:
+            raise RuntimeError("this Health is already serving")
+        server = ThreadingHTTPServer((addr, port), _handler_for(self))
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="keyedconsumer-health", daemon=True)
+        self._thread.start()
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving (if serving)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+    def __repr__(self) -> str:
+        return f"Health(stall_after_s={self.stall_after_s:g}, live_within_s={self.live_within_s:g})"
+
+
+_ROUTES: dict[str, Callable[[HealthReport], bool]] = {
+    "/livez": lambda r: r.live,
+    "/readyz": lambda r: r.ready,
+    "/healthz": lambda r: r.healthy,
+}
+
+
+def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            route = _ROUTES.get(self.path.split("?", 1)[0].rstrip("/") or "/")
+            if route is None:
+                self._send(404, {"error": "not found", "paths": sorted(_ROUTES)})
+                return
+            report = health.check()
+            self._send(200 if route(report) else 503, report.to_dict())
+
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("health http: " + format, *args)
+
+    return _Handler

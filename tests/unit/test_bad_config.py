@@ -1,0 +1,281 @@
+"""Bad configuration (issue 6): each bad option fails at construction with a clear error naming the
+field, and no secret reaches an error message or a ``repr``.
+
+Already covered elsewhere, and not repeated here:
+
+=====================================================  ==========================================================
+input                                                  test
+=====================================================  ==========================================================
+concurrency 0 / -3 / True, max_in_flight 0 / False,    ``tests/unit/test_config.py::test_bad_value_names_the_field``
+manual_commit=1, shutdown_timeout_s NaN,
+poll_timeout_s inf
+unknown librdkafka property, bad librdkafka value      ``test_config.py::test_librdkafka_rejects_unknown_property_at_construction``
+sasl.password in repr / in a validation error          ``test_config.py::test_secrets_never_in_repr``, ``::test_secrets_never_in_validation_errors``
+lease TTL == 3 renewals, NaN TTL, bad namespace,       ``tests/integration/test_redis_sequencer.py::test_sequencer_settings_are_validated``
+Redis password in the sequencer's repr
+Retry NaN initial delay, inf max delay, bool attempts  ``tests/unit/test_middleware.py::test_bad_retry_settings_are_refused``
+=====================================================  ==========================================================
+
+The integration side (a wrong broker address at run time, Redis down at start, secrets in logs) is in
+``tests/integration/test_bad_input.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from keyedconsumer.middleware import Retry
+from pydantic import ValidationError
+
+from keyedconsumer import ConsumerConfig, KeyedConsumer, RedisSequencer, RetryLater
+
+SECRET = "Hunter2-s3cret"
+INT_FIELDS = ["concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size"]
+FLOAT_FIELDS = ["poll_timeout_s", "shutdown_timeout_s", "revoke_timeout_s", "startup_timeout_s"]
+
+
+def fields(exc: ValidationError) -> set[str]:
+    return {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+
+
+def refused(**opts: Any) -> ValidationError:
+    """The ``ValidationError`` of ``ConsumerConfig(name="n", topics=["t"], **opts)``."""
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(**{"name": "n", "topics": ["t"], **opts})
+    return info.value
+
+
+# ------------------------------------------------------------------------------------------------
+# concurrency <= 0 (from sources test_config.py does not try)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("env", ["0", "-1", "1.5", "true", ""])
+def test_concurrency_not_a_positive_integer_from_the_environment_names_the_field(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYEDCONSUMER_CONCURRENCY", env)
+    err = refused()
+    assert fields(err) == {"concurrency"}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("value", [0.0, -0.5, 0.5, 100_001, None, "many"])
+def test_concurrency_not_a_positive_integer_names_the_field(value: object) -> None:
+    assert fields(refused(concurrency=value)) == {"concurrency"}
+
+
+# ------------------------------------------------------------------------------------------------
+# booleans for numbers
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("field", INT_FIELDS + FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [True, False])
+def test_boolean_for_a_number_names_the_field(field: str, value: bool) -> None:
+    # pydantic's lax mode would take True as 1 / 1.0 (a one-second startup timeout, a batch of one)
+    err = refused(**{field: value})
+    assert fields(err) == {field} and "boolean" in str(err)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("value", [0, 1, 1.0, 0.0])
+def test_number_for_a_boolean_names_the_field(value: object) -> None:
+    assert fields(refused(manual_commit=value)) == {"manual_commit"}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.xfail(strict=True, reason="RedisSequencerConfig takes True as 1.0 s / 1 (sequencing/ is the lead's)")
+@pytest.mark.parametrize(
+    "field,opts",
+    [("lease_ttl_s", {"lease_ttl_s": True}), ("socket_timeout_s", {"socket_timeout_s": True}),
+     ("renew_interval_s", {"renew_interval_s": True, "lease_ttl_s": 10.0}), ("require_durable", {"require_durable": 1})],
+    ids=["lease_ttl_s", "socket_timeout_s", "renew_interval_s", "require_durable"],
+)
+def test_sequencer_boolean_number_mix_up_names_the_field(field: str, opts: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", **opts)
+    assert fields(info.value) == {field}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.xfail(strict=True, reason="Retry takes True for a delay / multiplier and truncates 2.5 attempts to 2 (middleware/retry.py)")
+@pytest.mark.parametrize("opts", [{"initial_delay_s": True}, {"multiplier": True}, {"max_delay_s": True}, {"max_attempts": 2.5}],
+                         ids=["initial_delay_s", "multiplier", "max_delay_s", "max_attempts"])
+def test_retry_boolean_or_fraction_for_a_number_is_refused(opts: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=next(iter(opts))):
+        Retry(**opts)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.xfail(strict=True, reason="RetryLater(True) is a 1 s delay (keyedconsumer/outcomes.py)")
+def test_retry_later_boolean_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="delay_s"):
+        RetryLater(True)
+
+
+# ------------------------------------------------------------------------------------------------
+# NaN or infinite timeouts and back-off
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, "nan", "inf"])
+def test_nan_or_infinite_timeout_names_the_field(field: str, value: object) -> None:
+    assert fields(refused(**{field: value})) == {field}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"initial_delay_s": math.inf}, {"multiplier": math.inf}, {"multiplier": math.nan}, {"max_delay_s": math.nan},
+     {"jitter": math.nan}, {"max_delay_s": -math.inf}],
+)
+def test_nan_or_infinite_back_off_is_refused_naming_the_setting(kwargs: dict[str, float]) -> None:
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        Retry(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("delay", [math.nan, math.inf, -math.inf, -1.0, "nan"])
+def test_nan_infinite_or_negative_retry_later_delay_is_refused(delay: object) -> None:
+    with pytest.raises(ValueError, match="delay_s"):
+        RetryLater(delay)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# lease TTL against renewal interval
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "ttl,renew",
+    [(3.0, 1.0), (2.9, 1.0), (1.0, 1.0), (1.0, 5.0), (0.3, 0.1)],
+    ids=["exactly-three", "below-three", "equal", "renewal-above-ttl", "small-exactly-three"],
+)
+def test_lease_ttl_not_above_three_renewals_is_refused_naming_both(ttl: float, renew: float) -> None:
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=ttl, renew_interval_s=renew)
+    text = str(info.value)
+    assert "lease_ttl_s" in text and "renew_interval_s" in text
+
+
+@pytest.mark.timeout(10)
+def test_lease_ttl_just_above_three_renewals_is_accepted() -> None:
+    s = RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=3.01, renew_interval_s=1.0)
+    assert s.config.renew_interval_s == 1.0
+    assert RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=2.0).config.renew_interval_s == 0.5
+
+
+# ------------------------------------------------------------------------------------------------
+# wrong broker addresses and topic names: refused at construction, naming the field
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "brokers",
+    [[""], ["  "], ["127.0.0.1:99999"], ["127.0.0.1:0"], ["127.0.0.1:notaport"], ["host :9092"], [":9092"],
+     ["127.0.0.1:9092", ""], ["[::1]x"]],
+)
+def test_wrong_broker_address_names_the_field(brokers: list[str]) -> None:
+    # librdkafka itself takes all of these: an empty or port-less-number entry only fails at run()
+    # after startup_timeout_s, and 127.0.0.1:99999 silently becomes port 34463 (99999 mod 65536)
+    err = refused(brokers=brokers)
+    assert fields(err) == {"brokers"}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "brokers", [["127.0.0.1:9092"], ["localhost"], ["[::1]:9092"], ["::1"], ["SASL_SSL://kafka-1.example.com:9093"],
+                ["h1:9092,h2:9092"], ["h1:9092, h2:9092"]],
+)
+def test_valid_broker_addresses_are_accepted(brokers: list[str]) -> None:
+    assert ConsumerConfig(name="n", topics=["t"], brokers=brokers).brokers == brokers
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("topic", ["", "bad topic!", "^[", "a" * 250, ".", "..", "t\u00e9"])
+def test_impossible_topic_names_the_field(topic: str) -> None:
+    # librdkafka refuses "" and "^[" only at subscribe() with a bare KafkaException, and subscribes to
+    # "bad topic!" forever (UNKNOWN_TOPIC_OR_PART warnings)
+    assert fields(refused(topics=[topic])) == {"topics"}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("topic", ["orders", "a.b_c-D9", "^orders-.*", "a" * 249])
+def test_legal_topic_names_and_regexes_are_accepted(topic: str) -> None:
+    assert ConsumerConfig(name="n", topics=[topic]).topics == [topic]
+
+
+# ------------------------------------------------------------------------------------------------
+# secrets in errors and reprs
+# ------------------------------------------------------------------------------------------------
+
+SECRET_PROPS = ["sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret"]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("prop", SECRET_PROPS)
+def test_secret_librdkafka_properties_are_redacted_in_every_repr(prop: str) -> None:
+    cfg = ConsumerConfig(name="n", topics=["t"], config={prop: SECRET, "sasl.username": "alice"})
+    c = KeyedConsumer(handler=lambda m: None, settings=cfg)
+    texts = [repr(cfg), str(cfg), repr(c), str(c), repr(c.config), f"{cfg!r}"]
+    assert all(SECRET not in t for t in texts), [t for t in texts if SECRET in t]
+    assert "alice" in repr(cfg)  # only secret values are hidden
+    assert cfg.librdkafka()[prop] == SECRET  # and the client still gets it
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"sasl.passwrod": SECRET},  # a typo'd secret property: unknown to librdkafka
+        {"sasl.password": SECRET, "security.protocol": "NOPE"},
+        {"ssl.key.pem": SECRET, "security.protocol": "SSL"},  # librdkafka fails to parse the "PEM"
+        {"sasl.password": SECRET, "group.id": "g"},  # an owned property next to the secret
+    ],
+    ids=["typo", "bad-protocol", "bad-pem", "owned"],
+)
+def test_secret_never_in_a_config_error(config: dict[str, object]) -> None:
+    err = refused(config=config)
+    assert fields(err) == {"config"}
+    assert SECRET not in str(err) and SECRET not in repr(err)
+    assert all(SECRET not in str(e.get("ctx", "")) for e in err.errors())
+
+
+@pytest.mark.timeout(10)
+def test_secret_never_in_an_environment_parse_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYEDCONSUMER_CONFIG", '{"sasl.password": "' + SECRET + '", ')  # broken JSON
+    with pytest.raises(Exception) as info:
+        ConsumerConfig(name="n", topics=["t"])
+    assert "config" in str(info.value) and SECRET not in str(info.value) and SECRET not in repr(info.value)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "url",
+    ["redis://:" + SECRET + "@127.0.0.1:6379/0", "redis://user:" + SECRET + "@127.0.0.1:6379/0",
+     "rediss://user:" + SECRET.replace("-", "%2D") + "@127.0.0.1:6379/0", "unix://:" + SECRET + "@/tmp/redis.sock"],
+    ids=["password-only", "user-password", "rediss-escaped", "unix"],
+)
+def test_redis_password_in_the_url_never_in_a_repr_or_error(url: str) -> None:
+    secret = SECRET.replace("-", "%2D") if "%2D" in url else SECRET
+    s = RedisSequencer(url, "ns")
+    assert secret not in repr(s) and secret not in str(s) and secret not in repr(s.config) and secret not in str(s.config)
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer(url, "bad{ns}")
+    assert secret not in str(info.value)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.xfail(strict=True, reason="redact_url() hides only the userinfo password, not ?password= (sequencing/)")
+def test_redis_password_as_a_url_query_argument_never_in_a_repr() -> None:
+    # redis-py takes the password from the query string too: redis://host:6379/0?password=...
+    s = RedisSequencer("redis://127.0.0.1:6379/0?password=" + SECRET, "ns")
+    assert SECRET not in repr(s)
