@@ -29,7 +29,7 @@ _OWNED = {
 
 #: Substrings that mark a configuration key as secret: its value never appears in a repr, a log
 #: line or an error.
-SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas")
+SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas", "oauthbearer.config")
 
 
 def redact(config: dict[str, Any]) -> dict[str, Any]:

@@ -234,6 +234,11 @@ class KeyedConsumer:
         )
 
     @property
+    def running(self) -> bool:
+        """True while :meth:`run` / :meth:`run_async` is serving (from its start to its return)."""
+        return self._active
+
+    @property
     def in_flight(self) -> int:
         """Messages buffered or running now."""
         return self._d.buffered
@@ -251,6 +256,7 @@ class KeyedConsumer:
             for part in d.parts.values():
                 wm = part.tracker.watermark()
                 since = part.tracker.oldest_received_s()
+                base = part.stored if part.stored is not None else wm  # nothing stored yet: where it is
                 out.append(
                     PartitionStatus(
                         topic=part.topic,
@@ -260,7 +266,7 @@ class KeyedConsumer:
                         unfinished=part.tracker.pending,
                         oldest_unfinished_age_s=(now - since) if since is not None else 0.0,
                         end_offset=part.high,
-                        lag=(part.high - (part.stored or 0)) if part.high is not None else None,
+                        lag=max(0, part.high - base) if part.high is not None and base is not None else None,
                     )
                 )
         return out
@@ -504,7 +510,8 @@ class PartitionStatus:
     message); ``stored_offset``: the last offset stored (or committed, with manual commit);
     ``unfinished``: received messages not done; ``oldest_unfinished_age_s``: seconds since the
     oldest of them was received (0 when none); ``end_offset``: the partition's high watermark as
-    last seen; ``lag``: ``end_offset - stored_offset`` (``None`` while the end offset is unknown).
+    last seen; ``lag``: ``end_offset - stored_offset`` (before the first store of the assignment,
+    ``end_offset - first_unfinished_offset``; ``None`` while either is unknown).
     """
 
     topic: str

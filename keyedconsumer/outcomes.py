@@ -35,6 +35,8 @@ class RetryLater(Exception):
     """
 
     def __init__(self, delay_s: float, reason: str = "", *, park: bool = False) -> None:
+        if isinstance(delay_s, bool):
+            raise ValueError("RetryLater delay_s must be a number of seconds, got a boolean")
         delay_s = float(delay_s)
         if not math.isfinite(delay_s) or delay_s < 0:
             raise ValueError(f"RetryLater delay_s must be finite and >= 0, got {delay_s!r}")

@@ -51,6 +51,8 @@ def backoff_delay_s(
 
 
 def _check(name: str, value: float, low: float, high: float = math.inf) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"Retry {name} must be a number, got a boolean")
     value = float(value)
     if not (math.isfinite(value) and low <= value <= high):
         raise ValueError(f"Retry {name} must be finite and in [{low}, {high}], got {value!r}")
@@ -103,7 +105,9 @@ class Retry:
         rand: Callable[[], float] = random.random,
         park: bool = False,
     ) -> None:
-        if max_attempts is not None and (isinstance(max_attempts, bool) or int(max_attempts) < 1):
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
             raise ValueError(f"Retry max_attempts must be >= 1 or None, got {max_attempts!r}")
         self.max_attempts = None if max_attempts is None else int(max_attempts)
         self.initial_delay_s = _check("initial_delay_s", initial_delay_s, 0.0)

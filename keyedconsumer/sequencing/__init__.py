@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .leases import LeaseTable
 
@@ -35,8 +36,11 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<invalid url>"
+    if parts.query:  # redis-py also reads ?password=... from the query string
+        query = re.sub(r"(?i)(^|&)(password|pass|pwd)=[^&]*", r"\1\2=***", parts.query)
+        parts = parts._replace(query=query)
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
@@ -83,6 +87,22 @@ class RedisSequencerConfig(BaseModel):
     max_drains: int = Field(default=64, ge=1, strict=True)
     instance_timeout_s: float | None = Field(default=None, gt=0)
     scheduler: bool = True
+
+    @field_validator(
+        "lease_ttl_s", "renew_interval_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s", mode="before"
+    )
+    @classmethod
+    def _no_bool_for_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected a number, got a boolean")
+        return value
+
+    @field_validator("require_durable", "quarantine_on_dead_letter", "scheduler", mode="before")
+    @classmethod
+    def _no_number_for_bool(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError("expected a boolean")
+        return value
 
     @model_validator(mode="after")
     def _ttl_above_three_renewals(self) -> RedisSequencerConfig:

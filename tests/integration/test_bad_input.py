@@ -335,8 +335,6 @@ def test_odd_headers_and_keys_reach_handler_and_dead_letter_unchanged(kafka_boot
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.xfail(strict=True, reason="kafka.py poll_batch: raw.headers() raises SystemError for a header name "
-                   "that is not UTF-8; run() dies with it, naming no topic/partition/offset")
 def test_header_name_not_utf8_is_processed_or_stops_naming_the_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     # given offset 1 with a header whose *name* is not UTF-8, between two plain records
     topic = new_topic(1)
@@ -738,8 +736,6 @@ def test_wrong_broker_address_raises_naming_brokers_within_startup_timeout(fake_
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="kafka.py subscribe(): librdkafka's refusal of a topic regex escapes run() as a "
-                   "bare confluent_kafka.KafkaException naming neither the field nor the regex")
 def test_topic_regex_librdkafka_refuses_is_a_clear_error(kafka_bootstrap: str) -> None:
     # given a regex Python compiles (so the config accepts it) but librdkafka's regex engine does not
     regex = "^(?:orders|payments)"

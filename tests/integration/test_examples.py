@@ -34,3 +34,14 @@ def test_retry_and_dead_letter_example(kafka_bootstrap: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "order violations    0" in out.stdout and "RESULT              OK" in out.stdout
     assert "kafka_dlt-exception-fqcn" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_unit_test_example_passes_without_kafka() -> None:
+    # examples/unit_test_example.py is itself a pytest file on keyedconsumer.testing (no broker used)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "examples/unit_test_example.py", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout

@@ -87,7 +87,6 @@ def test_number_for_a_boolean_names_the_field(value: object) -> None:
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.xfail(strict=True, reason="RedisSequencerConfig takes True as 1.0 s / 1 (sequencing/ is the lead's)")
 @pytest.mark.parametrize(
     "field,opts",
     [("lease_ttl_s", {"lease_ttl_s": True}), ("socket_timeout_s", {"socket_timeout_s": True}),
@@ -101,7 +100,6 @@ def test_sequencer_boolean_number_mix_up_names_the_field(field: str, opts: dict[
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.xfail(strict=True, reason="Retry takes True for a delay / multiplier and truncates 2.5 attempts to 2 (middleware/retry.py)")
 @pytest.mark.parametrize("opts", [{"initial_delay_s": True}, {"multiplier": True}, {"max_delay_s": True}, {"max_attempts": 2.5}],
                          ids=["initial_delay_s", "multiplier", "max_delay_s", "max_attempts"])
 def test_retry_boolean_or_fraction_for_a_number_is_refused(opts: dict[str, object]) -> None:
@@ -110,7 +108,6 @@ def test_retry_boolean_or_fraction_for_a_number_is_refused(opts: dict[str, objec
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.xfail(strict=True, reason="RetryLater(True) is a 1 s delay (keyedconsumer/outcomes.py)")
 def test_retry_later_boolean_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="delay_s"):
         RetryLater(True)
@@ -274,7 +271,6 @@ def test_redis_password_in_the_url_never_in_a_repr_or_error(url: str) -> None:
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.xfail(strict=True, reason="redact_url() hides only the userinfo password, not ?password= (sequencing/)")
 def test_redis_password_as_a_url_query_argument_never_in_a_repr() -> None:
     # redis-py takes the password from the query string too: redis://host:6379/0?password=...
     s = RedisSequencer("redis://127.0.0.1:6379/0?password=" + SECRET, "ns")
