@@ -76,6 +76,7 @@ class RedisSequencerConfig(BaseModel):
     namespace: str = Field(min_length=1, pattern=r"^[^{}:\s]+$")
     lease_ttl_s: float = Field(default=10.0, gt=0.05, le=3600)
     renew_interval_s: float | None = Field(default=None, gt=0)
+    lease_linger_s: float = Field(default=1.0, ge=0)
     socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
     require_durable: bool = True
     max_parked_per_key: int = Field(default=10_000, ge=1, strict=True)
@@ -89,7 +90,8 @@ class RedisSequencerConfig(BaseModel):
     scheduler: bool = True
 
     @field_validator(
-        "lease_ttl_s", "renew_interval_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s", mode="before"
+        "lease_ttl_s", "renew_interval_s", "lease_linger_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s",
+        mode="before",
     )
     @classmethod
     def _no_bool_for_number(cls, value: Any) -> Any:
@@ -145,6 +147,10 @@ class RedisSequencer:
     renew_interval_s:
         Seconds between renewals (default ``lease_ttl_s / 4``); ``lease_ttl_s`` must be above three
         of them.
+    lease_linger_s:
+        Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
+        comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Another instance
+        waits up to this long for such a key.
     socket_timeout_s:
         Bound of one Redis call.
     require_durable:
@@ -216,7 +222,7 @@ class RedisSequencer:
         from .parking import Parker
 
         self._store = LeaseStore(c.url, c.namespace, c.socket_timeout_s)
-        d.leases = LeaseTable(c.lease_ttl_s)
+        d.leases = LeaseTable(c.lease_ttl_s, min(c.lease_linger_s, c.lease_ttl_s / 2))
         d.parking = True
         self.parker = Parker(
             d,
@@ -255,7 +261,7 @@ class RedisSequencer:
             with d.lock:
                 leases.expire_unconfirmed(now)
                 asks = leases.to_acquire(now)
-                releases = leases.to_release()
+                releases = leases.to_release(now)
             if releases:
                 store.release(releases)
             if asks:

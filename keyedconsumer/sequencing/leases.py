@@ -43,13 +43,16 @@ class Lease:
 
 
 class LeaseTable:
-    """Leases wanted, held and idle. ``ttl_s``: the lease TTL in seconds."""
+    """Leases wanted, held and idle. ``ttl_s``: the lease TTL in seconds; ``linger_s``: how long
+    an idle lease is kept before it is released, so a key that comes back soon pays no Redis round
+    trip (a held idle lease is renewed like any other)."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, linger_s: float = 0.0) -> None:
         self.ttl_s = ttl_s
+        self.linger_s = linger_s
         self.by_id: dict[str, Lease] = {}
         self.want: set[str] = set()
-        self.idle: set[str] = set()
+        self.idle: dict[str, float] = {}  # lease id -> since when idle (monotonic seconds)
         self._instance = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._n = itertools.count()
 
@@ -63,7 +66,7 @@ class LeaseTable:
         if lease.active is None and self.valid(lease, time.monotonic()):
             lease.active = msg
             msg.fencing_token = lease.fence
-            self.idle.discard(lid)
+            self.idle.pop(lid, None)
             return True
         lease.waiting.append(msg)
         if not lease.held:
@@ -91,7 +94,7 @@ class LeaseTable:
             return head
         if not lease.waiting and lease.active is None:
             if lease.held:
-                self.idle.add(lid)
+                self.idle[lid] = time.monotonic()
             else:
                 self._forget(lease)
         return None
@@ -118,7 +121,7 @@ class LeaseTable:
         lease.held = False
         lease.waiting.appendleft(msg)
         self.want.add(lid)
-        self.idle.discard(lid)
+        self.idle.pop(lid, None)
 
     def drop(self, msg: Message, lid: str) -> None:
         """Forget a lane head that will never run here (revoked partition, halt)."""
@@ -133,7 +136,7 @@ class LeaseTable:
             pass
         if lease.active is None and not lease.waiting:
             if lease.held:
-                self.idle.add(lid)
+                self.idle[lid] = time.monotonic()
             else:
                 self._forget(lease)
 
@@ -188,7 +191,7 @@ class LeaseTable:
             head.fencing_token = token
             return head
         if lease.active is None:
-            self.idle.add(lid)
+            self.idle[lid] = time.monotonic()
         return None
 
     def to_renew(self) -> list[tuple[str, str]]:
@@ -211,21 +214,27 @@ class LeaseTable:
 
     def lose(self, lease: Lease) -> None:
         lease.held = False
-        self.idle.discard(lease.lid)
+        self.idle.pop(lease.lid, None)
         if lease.waiting or lease.active is not None:
             self.want.add(lease.lid)
         else:
             self._forget(lease)
 
-    def to_release(self) -> list[tuple[str, str]]:
+    def to_release(self, now: float | None = None) -> list[tuple[str, str]]:
+        """Idle leases whose linger is over: ``[(lease id, owner)]``, forgotten here."""
+        now = time.monotonic() if now is None else now
         out = []
-        for lid in self.idle:
-            lease = self.by_id.pop(lid, None)
-            if lease is not None and lease.held and lease.active is None and not lease.waiting:
-                out.append((lid, lease.owner))
-            elif lease is not None:
-                self.by_id[lid] = lease
-        self.idle.clear()
+        keep: dict[str, float] = {}
+        for lid, since in self.idle.items():
+            lease = self.by_id.get(lid)
+            if lease is None or not lease.held or lease.active is not None or lease.waiting:
+                continue
+            if now - since < self.linger_s:
+                keep[lid] = since
+                continue
+            del self.by_id[lid]
+            out.append((lid, lease.owner))
+        self.idle = keep
         return out
 
     def release_all(self) -> list[tuple[str, str]]:
@@ -238,4 +247,4 @@ class LeaseTable:
     def _forget(self, lease: Lease) -> None:
         self.by_id.pop(lease.lid, None)
         self.want.discard(lease.lid)
-        self.idle.discard(lease.lid)
+        self.idle.pop(lease.lid, None)

@@ -216,18 +216,42 @@ class LeaseStore:
         return [bool(x) for x in self._pipeline(self._release, requests, None)]
 
     def _pipeline(self, script: Any, requests: Sequence[tuple[str, str]], ttl_ms: int | None, fence: bool = False) -> list[Any]:
+        """One ``EVALSHA`` per request, pipelined (no MULTI: each script is atomic on its own).
+
+        Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
+        (which also send ``SCRIPT EXISTS`` on each execute). A Redis that lost its script cache
+        (a restart) answers ``NOSCRIPT``: the script is loaded and the pipeline sent once more,
+        which is safe because no script ran.
+        """
         if not requests:
             return []
         ns = self.namespace
-        try:
-            pipe = self._r.pipeline(transaction=False)
-            for lid, owner in requests:
-                k = [keys.lease(ns, lid), keys.fence(ns, lid), keys.park(ns, lid)] if fence else [keys.lease(ns, lid)]
-                args = [owner] if ttl_ms is None else [owner, ttl_ms]
-                script(keys=k, args=args, client=pipe)
-            return list(pipe.execute())
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        sha = script.sha
+        lease, fence_k, park = keys.lease, keys.fence, keys.park
+        for attempt in (1, 2):
+            try:
+                pipe = self._r.pipeline(transaction=False)
+                cmd = pipe.execute_command
+                if fence:
+                    for lid, owner in requests:
+                        cmd("EVALSHA", sha, 3, lease(ns, lid), fence_k(ns, lid), park(ns, lid), owner, ttl_ms)
+                elif ttl_ms is None:
+                    for lid, owner in requests:
+                        cmd("EVALSHA", sha, 1, lease(ns, lid), owner)
+                else:
+                    for lid, owner in requests:
+                        cmd("EVALSHA", sha, 1, lease(ns, lid), owner, ttl_ms)
+                return list(pipe.execute())
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise StoreUnavailable("Redis lost its scripts twice in a row") from None
+                try:
+                    self._r.script_load(script.script)
+                except redis.RedisError as exc:
+                    raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+            except redis.RedisError as exc:
+                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        raise AssertionError("unreachable")
 
     def fencing_token(self, lid: str) -> int:
         """The current value of a lease's fencing counter (0 if never acquired)."""

@@ -193,7 +193,7 @@ def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(kafka_bootst
     r = start(consumer)
     for i in range(5):
         consumer.schedule(b"s", f"s{i}".encode(), delay_s=2.0 + i * 0.5)
-    assert wait_until(lambda: seq.parker.parked >= 6, 30)
+    assert wait_until(lambda: seq.parker is not None and seq.parker.parked >= 6, 30)
     # when Redis is SIGKILLed with the key parked and the schedules pending, and restarted 2 s later
     assert inspect_redis(rs.url, ns)["scheduled"] >= 1
     rs.kill()
