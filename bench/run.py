@@ -647,6 +647,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                              f"{x['rss_growth']['rss_mb_at_90pct']} MB")
             if x.get("peak_in_flight") is not None:
                 notes.append(f"peak in-flight {x['peak_in_flight']:,}")
+            acq = (x.get("settings") or {}).get("lease_acquire_calls")
+            if acq is not None and x.get("handled"):
+                notes.append(f"Redis lease acquires {acq:,} ({acq / x['handled']:.2f} per message)")
             lat = (f"{fmt(x.get('lat_p50_ms'))} / {fmt(x.get('lat_p99_ms'))}" if x.get("lat_p50_ms") is not None else "–")
             alat = (f"{fmt(x.get('aligned_p50_ms'))} / {fmt(x.get('aligned_p99_ms'))}"
                     if x.get("aligned_p50_ms") is not None else "–")
