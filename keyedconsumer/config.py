@@ -260,6 +260,11 @@ class ConsumerConfig(BaseSettings):
             "auto.offset.reset": self.auto_offset_reset,
             # Bound librdkafka's own prefetch buffer; our buffer is bounded by max_in_flight(_bytes).
             "queued.max.messages.kbytes": max(1024, min(65536, self.max_in_flight_bytes // 1024 // 4)),
+            # Back-pressure pauses and resumes partitions. A fetch request sent while a partition
+            # was paused waits at the broker for up to fetch.wait.max.ms (librdkafka: 500) and holds
+            # back the fetch after the resume; 50 ms keeps a pause/resume cycle short (measured:
+            # ~470 ms -> ~40 ms from resume to the next messages) at the cost of more idle fetches.
+            "fetch.wait.max.ms": 50,
         }
         if not self.uses_consumer_protocol:
             conf["partition.assignment.strategy"] = "cooperative-sticky"

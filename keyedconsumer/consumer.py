@@ -378,6 +378,8 @@ class KeyedConsumer:
                     next_due_s = d.release_due(self._clock())
                     if next_due_s is not None and next_due_s < timeout_s:
                         timeout_s = next_due_s
+                if self._paused and timeout_s > 0.01:
+                    timeout_s = 0.01  # paused: nothing arrives, so look again soon for room to resume
                 room = max_in_flight - d.buffered
                 n = batch if room >= batch else max(1, room)
                 room_bytes = max_bytes - d.buffered_bytes

@@ -37,7 +37,7 @@ def redact_url(url: str) -> str:
     except ValueError:
         return "<invalid url>"
     if parts.query:  # redis-py also reads ?password=... from the query string
-        query = re.sub(r"(?i)(^|&)(password|pass|pwd)=[^&]*", r"\1\2=***", parts.query)
+        query = re.sub(r"(?i)(^|&)([^=&]*(?:pass|pwd|secret|token)[^=&]*)=[^&]*", r"\1\2=***", parts.query)
         parts = parts._replace(query=query)
     if parts.password is None:
         return urlunsplit(parts)

@@ -36,6 +36,22 @@ def test_retry_and_dead_letter_example(kafka_bootstrap: str) -> None:
     assert "kafka_dlt-exception-fqcn" in out.stdout
 
 
+@pytest.mark.redis
+@pytest.mark.timeout(40)
+def test_redis_parking_example(kafka_bootstrap: str, redis_url: str) -> None:
+    # the flaky account is parked while the offset moves on; reminders fire; Redis ends clean
+    out = subprocess.run(
+        [sys.executable, "examples/redis_parking.py", "--brokers", kafka_bootstrap, "--redis-url", redis_url,
+         "--events", "3000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=35,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "handled             3000 of 3000 events" in out.stdout, out.stdout
+    assert "in order, once      True" in out.stdout and "offset passed park  True" in out.stdout, out.stdout
+    assert out.stdout.count("reminder            acct-") == 3, out.stdout
+    assert "redis clean         True" in out.stdout and "RESULT              OK" in out.stdout, out.stdout
+
+
 @pytest.mark.timeout(120)
 def test_unit_test_example_passes_without_kafka() -> None:
     # examples/unit_test_example.py is itself a pytest file on keyedconsumer.testing (no broker used)

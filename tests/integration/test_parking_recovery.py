@@ -168,6 +168,15 @@ def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(kafka_bootst
     # apart) behind which 5 more wait, 3,000 other messages, and 5 scheduled messages due in 2-4 s
     rs = _Redis(tmp_path)
     rs.start()
+    try:
+        _redis_restart_scenario(rs, kafka_bootstrap, new_topic, start)
+    finally:
+        if rs.proc is not None and rs.proc.poll() is None:
+            rs.proc.kill()
+            rs.proc.wait(10)
+
+
+def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(2)
     recs: list[tuple[bytes | None, bytes | None, int | None]] = [(b"bad", f"bad:{i}".encode(), 0) for i in range(6)]
     recs += [(f"k{i % 50}".encode(), f"k:{i}".encode(), None) for i in range(3000)]
@@ -209,4 +218,3 @@ def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(kafka_bootst
     assert [v for v in order if v.startswith("s")] == [f"s{i}" for i in range(5)]
     st = inspect_redis(rs.url, ns)
     assert st["parked"] == [] and st["scheduled"] == 0 and st["leases"] == []
-    rs.kill()
