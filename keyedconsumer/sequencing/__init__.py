@@ -302,6 +302,8 @@ class RedisSequencer:
             self.is_scheduler = self._store.hold(keys.scheduler(self.config.namespace), self.instance_id, ttl_ms)
             if self.is_scheduler and not was:
                 log.info("this instance (%s) is the scheduler", self.instance_id)
+        if p.capped:
+            p.retry_capped()
         if d.to_park:
             p.park_pending()
         if self.is_scheduler and not d.halted:
@@ -309,7 +311,7 @@ class RedisSequencer:
             p.take_due_keys()
         if d.drains or d.parked_results:
             p.drain()
-        return bool(d.to_park or d.drains or d.parked_results or p.draining)
+        return bool(d.to_park or d.drains or d.parked_results or p.draining or p.capped)
 
     def settle_pending(self) -> None:
         """Settle in Redis the parked messages that finished (after a graceful stop's wait), so a

@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..message import Message
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["Parker", "encode_entry", "decode_entry", "new_schedule_id"]
 
 log = logging.getLogger("keyedconsumer.redis")
+
+#: Seconds a lane whose key's parked list is full waits before it tries again.
+CAPPED_RETRY_S = 0.5
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -129,6 +133,7 @@ class Parker:
         self.max_drains = max_drains
         self.draining: dict[str, float] = {}  # lease id -> its due-set score when taken
         self.heads: dict[int, bytes] = {}  # id(message run from a list) -> its entry as read
+        self.capped: dict[str, float] = {}  # lease id -> when its lane tries to park again
         self._uniq = itertools.count()
         self._blocked_until = 0.0  # parking waits (cap, Redis down) until this monotonic time
         self._totals_at = 0.0
@@ -193,28 +198,71 @@ class Parker:
         except Exception as exc:  # StoreUnavailable: keep them, try again
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
-        capped = []
         with d.lock:
-            for (lid, _owner, msgs, _delay), (status, _before, _added, _bytes) in zip(batches, results, strict=True):
-                if status == 1:
-                    leases.set_parked(lid, True)
-                    self.parked += len(msgs)
-                    for m in msgs:
-                        d.done_parked(m)
-                    head = msgs[0]
-                    q = head._lanes.get(head._lk) if head._lanes is not None else None
-                    if q:  # arrived meanwhile: parked next, as the lane's head under the lease
-                        nxt = q.popleft()
-                        leases.handover(head, nxt, lid)
-                        d.to_park.append((nxt, 0.0))
-                    else:
-                        d.lane_end(head, lid)
-                elif status == 0:
+            for (lid, _owner, msgs, _delay), (status, _before, taken, _bytes) in zip(batches, results, strict=True):
+                if status == 0:
                     d.lease_lost(msgs, lid)
+                    continue
+                leases.set_parked(lid, True)
+                self.parked += taken
+                for m in msgs[:taken]:
+                    d.done_parked(m)
+                head = msgs[0]
+                q = head._lanes.get(head._lk) if head._lanes is not None else None
+                rest = msgs[taken:]
+                if rest:  # the key's list is full: the rest waits in memory, unfinished
+                    if q is None:
+                        q = head._lanes[head._lk] = deque[Message]()
+                    q.extendleft(reversed(rest[1:]))
+                    self._yield_capped(head, rest[0], lid, now)
+                elif q:  # arrived meanwhile: parked next, as the lane's head under the lease
+                    nxt = q.popleft()
+                    leases.handover(head, nxt, lid)
+                    d.to_park.append((nxt, 0.0))
                 else:
-                    capped.append((lid, _owner, msgs, _delay))
-        if capped:
-            self._put_back(capped, "a key's parked caps are reached")
+                    d.lane_end(head, lid)
+
+    def _yield_capped(self, done_head: Message, head: Message, lid: str, now: float) -> None:
+        """The key's list is at its cap: ``head`` (the first message not parked) waits, and the
+        lease goes to whoever else waits for it (the drain that makes room) (lock held)."""
+        d = self.d
+        leases = d.leases
+        assert leases is not None
+        lease = leases.by_id.get(lid)
+        if lease is None:
+            return
+        head.fencing_token = lease.fence
+        lease.active = None
+        if lease.waiting:  # a drain job (or another lane) goes first
+            other = lease.waiting.popleft()
+            lease.active = other
+            other.fencing_token = lease.fence
+            d.route(other)
+        lease.waiting.append(head)
+        self.capped[lid] = now + CAPPED_RETRY_S
+        if done_head is not head:
+            log.info("key %s: parked list at its cap; later messages wait in memory", lid)
+
+    def retry_capped(self) -> None:
+        """Lanes that waited for room in their key's list try again when their lease is free."""
+        d = self.d
+        leases = d.leases
+        assert leases is not None
+        now = time.monotonic()
+        with d.lock:
+            for lid, due in list(self.capped.items()):
+                if due > now:
+                    continue
+                lease = leases.by_id.get(lid)
+                if lease is None or not lease.waiting:
+                    del self.capped[lid]
+                    continue
+                if lease.active is None and lease.held:
+                    del self.capped[lid]
+                    head = lease.waiting.popleft()
+                    lease.active = head
+                    head.fencing_token = lease.fence
+                    d.route(head)
 
     def _put_back(self, batches: list[tuple[str, str, list[Message], float]], why: str) -> None:
         d = self.d
@@ -225,8 +273,6 @@ class Parker:
                 if q is not None:
                     q.extendleft(reversed(msgs[1:]))
                 elif len(msgs) > 1 and head._lanes is not None:
-                    from collections import deque
-
                     head._lanes[head._lk] = deque(msgs[1:])
                 d.to_park.append((head, delay_s))
         self._blocked_until = time.monotonic() + 1.0

@@ -57,30 +57,32 @@ return 0
 # Parking (seed 002): every write checks that the caller still holds the key's lease.
 # KEYS[1] lease, [2] park, [3] pbytes, [4] seen; ARGV[1] owner, [2] seen retention ms, [3] max
 # messages, [4] max bytes, then (field, offset, entry) triples in order. Entries whose offset is not
-# above the field's highest parked offset are already parked (a re-delivery): skipped.
-# -> {1 parked | 0 not the owner | -1 over a cap, length before, entries added, bytes added}
+# above the field's highest parked offset are already parked (a re-delivery): skipped. Entries are
+# taken in order while the list has room (an empty list takes at least one).
+# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added}
 _PARK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0} end
 local before = redis.call('LLEN', KEYS[2])
-local nbytes = tonumber(redis.call('GET', KEYS[3]) or '0')
-local last, new, add = {}, {}, 0
+local n, nbytes = before, tonumber(redis.call('GET', KEYS[3]) or '0')
+local maxn, maxb = tonumber(ARGV[3]), tonumber(ARGV[4])
+local last, taken, add = {}, 0, 0
 for i = 5, #ARGV, 3 do
-  local f, off = ARGV[i], tonumber(ARGV[i + 1])
+  local f, off, e = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   if last[f] == nil then last[f] = tonumber(redis.call('HGET', KEYS[4], f) or '-1') end
   if off > last[f] then
+    if n > 0 and (n + 1 > maxn or nbytes + #e > maxb) then break end
+    redis.call('RPUSH', KEYS[2], e)
+    redis.call('HSET', KEYS[4], f, off)
     last[f] = off
-    new[#new + 1] = ARGV[i + 2]
-    add = add + #ARGV[i + 2]
+    n = n + 1
+    nbytes = nbytes + #e
+    add = add + #e
   end
+  taken = taken + 1
 end
-if before > 0 and (before + #new > tonumber(ARGV[3]) or nbytes + add > tonumber(ARGV[4])) then
-  return {-1, before, 0, 0}
-end
-for _, e in ipairs(new) do redis.call('RPUSH', KEYS[2], e) end
-for f, off in pairs(last) do redis.call('HSET', KEYS[4], f, off) end
-redis.call('PEXPIRE', KEYS[4], ARGV[2])
+if taken > 0 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
 if add > 0 then redis.call('INCRBY', KEYS[3], add) end
-return {1, before, #new, add}
+return {1, before, taken, add}
 """
 # KEYS[1] lease, [2] park; ARGV[1] owner -> {1, head entry or false, length} | {0, false, 0}
 _FETCH = """
@@ -271,9 +273,12 @@ class LeaseStore:
 
         Redis answers after the write is on disk (``appendfsync always``, checked at start).
 
-        Returns, per batch, ``(status, length before, entries added, bytes added)``: status 1
-        parked, 0 the lease is not ``owner``'s, -1 the key's list is at ``max_messages`` or
-        ``max_bytes`` (nothing written).
+        Entries are taken in order while the key's list stays within ``max_messages`` and
+        ``max_bytes`` (an empty list takes at least one); an entry already parked (same
+        topic/partition, offset not above the highest parked) is taken without being appended.
+
+        Returns, per batch, ``(status, length before, entries taken, bytes added)``: status 1, or 0
+        when the lease is not ``owner``'s (nothing written).
         """
         ns = self.namespace
         try:
@@ -285,8 +290,8 @@ class LeaseStore:
                 k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)]
                 self._park(keys=k, args=args, client=pipe)
             out = pipe.execute()
-            added = [(int(x[2]), int(x[3])) for x in out if int(x[0]) == 1]
-            if added:
+            added = [(int(x[2]), int(x[3])) for x in out if int(x[0]) == 1 and int(x[3]) > 0]
+            if added:  # approximate: counts taken entries (re-deliveries included) as parked
                 self._r.hincrby(keys.totals(ns), "n", sum(a for a, _ in added))
                 self._r.hincrby(keys.totals(ns), "bytes", sum(b for _, b in added))
             return [(int(a), int(b), int(c), int(d)) for a, b, c, d in out]

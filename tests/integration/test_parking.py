@@ -205,3 +205,101 @@ def test_namespaces_never_see_each_others_keys(kafka_bootstrap, redis_url, new_t
                             topics=[topic], concurrency=2, sequencer=seq_a))
     assert wait_until(lambda: got_a == [b"for-a"], 20)
     assert r.stop(30) and r.error is None
+
+
+@pytest.mark.timeout(60)
+def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  # type: ignore[no-untyped-def]
+    # given a key's lease and three parked entries (offsets 5, 6, 7 of partition 0)
+    from keyedconsumer.sequencing.store import LeaseStore
+
+    store = LeaseStore(redis_url, f"idem-{uuid.uuid4().hex[:8]}")
+    lid = "k.6b"
+    [(token, depth)] = store.acquire([(lid, "me")], 5000)
+    assert token > 0 and depth == 0
+    field = "74.0"
+    batch = [(field, o, f"e{o}".encode()) for o in (5, 6, 7)]
+    assert store.park([(lid, "me", batch)], 60_000, 100, 1 << 20) == [(1, 0, 3, 6)]
+    # when the same offsets come again (a re-delivery after a crash), plus offset 8
+    again = store.park([(lid, "me", [*batch, (field, 8, b"e8")])], 60_000, 100, 1 << 20)
+    # then all four are taken but only offset 8 is appended; another owner may not append at all
+    assert again == [(1, 3, 4, 2)]
+    assert store.park([(lid, "other", [(field, 9, b"e9")])], 60_000, 100, 1 << 20)[0][0] == 0
+    ok, head, n = store.fetch(lid, "me")
+    assert ok and head == b"e5" and n == 4
+    # and at the cap (5 messages) only what fits is taken, in order
+    assert store.park([(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")])], 60_000, 5, 1 << 20) == [(1, 4, 1, 3)]
+    assert store.fetch(lid, "me")[2] == 5
+    for o in (5, 6, 7, 8, 10):
+        popped, _left, _nxt = store.pop(lid, "me", f"e{o}".encode())
+        assert popped
+    store.release([(lid, "me")])
+    store.close()
+
+
+@pytest.mark.timeout(120)
+def test_at_the_per_key_cap_nothing_is_dropped_and_the_offset_waits(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given key "bad" whose first message fails 4 times, a cap of 3 parked messages per key, and 8
+    # more messages of the key produced while it is parked
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"bad", b"bad:0", None)])
+    seen: list[str] = []
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"bad:0" and msg.attempt <= 4:
+            raise ConnectionError("fails")
+        seen.append((msg.value or b"").decode())
+
+    ns = f"cap-{uuid.uuid4().hex[:8]}"
+    group = f"g-{ns}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, max_parked_per_key=3)
+    r = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
+                            middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)],
+                            config={"auto.commit.interval.ms": 100}))
+    assert wait_until(lambda: seq.parker is not None and seq.parker.parked >= 1, 30)
+    acks = produce(kafka_bootstrap, topic, [(b"bad", f"bad:{i}".encode(), None) for i in range(1, 9)])
+    # when the list is full, then the rest wait in memory and the committed offset stays before them
+    depths: list[int] = []
+
+    def full() -> bool:
+        parked = inspect_redis(redis_url, ns)["parked"]
+        depths.append(parked[0]["depth"] if parked else 0)
+        c = committed(kafka_bootstrap, group, topic, 1)[0]
+        return depths[-1] == 3 and c is not None and c <= acks[2][1] + 1
+    assert wait_until(full, 30, 0.1), depths[-5:]
+    assert max(depths) <= 3
+    assert committed(kafka_bootstrap, group, topic, 1)[0] <= acks[2][1] + 1  # not past the first one held in memory
+    # and once the key drains, every message runs, in order, and Redis ends clean
+    assert wait_until(lambda: len(seen) == 9 and not seq.parker.draining, 60), seen
+    assert seen == [f"bad:{i}" for i in range(9)]
+    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1), 20)
+    assert r.stop(30) and r.error is None
+    assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
+
+
+@pytest.mark.timeout(120)
+def test_quarantine_on_dead_letter_holds_the_key_until_released(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given quarantine_on_dead_letter, key "p" whose first message always fails, two more of "p"
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)])
+    seen: list[str] = []
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"poison":
+            raise ValueError("never works")
+        seen.append((msg.value or b"").decode())
+
+    ns = f"quar-{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, quarantine_on_dead_letter=True)
+    r = start(KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
+                            middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=2, initial_delay_s=0.2, jitter=0, park=True)]))
+    # when the poison message is dead-lettered, then the key is quarantined and p1, p2 wait in Redis
+    assert wait_until(lambda: inspect_redis(redis_url, ns)["quarantined"] == ["p"], 60)
+    time.sleep(1.0)
+    assert seen == ["q1"]
+    assert [x["depth"] for x in inspect_redis(redis_url, ns)["parked"]] == [3]
+    # when it is released, then the dead-lettered head is dropped and p1, p2 run in order
+    assert seq.release_quarantine(b"p") is True
+    assert wait_until(lambda: seen == ["q1", "p1", "p2"] and not seq.parker.draining, 30), seen
+    assert r.stop(30) and r.error is None
+    assert len(read_all(kafka_bootstrap, f"{topic}.dlq", 1)) == 1
+    assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
