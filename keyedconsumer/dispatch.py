@@ -168,9 +168,13 @@ class Dispatcher:
         # delay of their next attempt (0.0 for messages that only follow a parked one); drain jobs
         # that got their key's lease; results of messages run from parked lists.
         self.parking = False
+        self.quarantine = False  # a dead-lettered parked message ends its drained batch
         self.to_park: list[tuple[Message, float]] = []
         self.drains: list[Message] = []
-        self.parked_results: list[tuple[Message, Outcome]] = []
+        # (message, outcome, last of its drained batch)
+        self.parked_results: list[tuple[Message, Outcome, bool]] = []
+        # messages of a drained batch not started yet, per lease id: run one after the other
+        self.parked_lanes: dict[str, deque[Message]] = {}
         self.parked_part = Partition(("", -1), {}, group, parked=True)
 
     # -- assignment -----------------------------------------------------------------------------
@@ -431,6 +435,10 @@ class Dispatcher:
             for m, _ in self.to_park:
                 self._forget(m)
             self.to_park.clear()
+            for batch in self.parked_lanes.values():
+                for m in batch:
+                    self._forget(m)
+            self.parked_lanes.clear()
             if self.leases is not None:
                 for m in self.leases.waiting_heads():
                     self._forget(m)
@@ -531,7 +539,26 @@ class Dispatcher:
             self.running -= 1
             self.buffered -= 1
             self.buffered_bytes -= msg._size
-            self.parked_results.append((msg, done))
+            q = self.parked_lanes.get(msg._lk)
+            dead = self.quarantine and msg._state is not None and msg._state.get("dead_lettered")
+            if q and done is True and not dead and not self.halted and self.leases is not None:
+                # the drained batch goes on: the next parked message, under the same lease
+                self.parked_results.append((msg, done, False))
+                nxt = q.popleft()
+                if not q:
+                    del self.parked_lanes[msg._lk]
+                self.leases.handover(msg, nxt, msg._lk)
+                if self.ready:
+                    self.ready.append(nxt)
+                    self.wake(1)
+                    return None
+                part.running += 1
+                self.running += 1
+                return nxt
+            if q is not None:  # the batch ends here: what did not start is read again later
+                for m in self.parked_lanes.pop(msg._lk):
+                    self._forget(m)
+            self.parked_results.append((msg, done, True))
             return None
         leases = self.leases if msg._lanes is not None else None
         if leases is not None and part.state == ACTIVE and not self.halted:

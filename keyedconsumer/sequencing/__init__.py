@@ -224,6 +224,7 @@ class RedisSequencer:
         self._store = LeaseStore(c.url, c.namespace, c.socket_timeout_s)
         d.leases = LeaseTable(c.lease_ttl_s, min(c.lease_linger_s, c.lease_ttl_s / 2))
         d.parking = True
+        d.quarantine = c.quarantine_on_dead_letter
         self.parker = Parker(
             d,
             self._store,

@@ -43,6 +43,8 @@ log = logging.getLogger("keyedconsumer.redis")
 
 #: Seconds a lane whose key's parked list is full waits before it tries again.
 CAPPED_RETRY_S = 0.5
+#: Parked messages fetched at once for one key; one worker runs them one after the other.
+DRAIN_BATCH = 64
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -325,7 +327,7 @@ class Parker:
     # -- draining (whoever holds the key's lease runs its list) ---------------------------------
 
     def drain(self) -> None:
-        """Fetch the next parked message of each drain job that holds its lease, and settle the
+        """Fetch the next parked messages of each drain job that holds its lease, and settle the
         results of parked messages that ran."""
         from .store import StoreUnavailable
 
@@ -336,23 +338,35 @@ class Parker:
         i = 0
         try:
             for i, job in enumerate(jobs):  # noqa: B007 (i is read after an error)
-                self._next(job, job._lk, None)
+                self._next(job, job._lk)
             i = len(jobs)
         except StoreUnavailable:
             with d.lock:  # Redis is down: the rest waits for the next tick, nothing is lost
                 d.drains[:0] = jobs[i:]
                 d.parked_results[:0] = results
             raise
-        for i, (msg, outcome) in enumerate(results):
-            raw = self.heads.get(id(msg))
+        i = 0
+        while i < len(results):
+            msg, outcome, last = results[i]
+            # successes of one batch that are not its last: removed from Redis together
+            j = i
+            while j < len(results) and not results[j][2] and results[j][1] is True and results[j][0]._lk == msg._lk:
+                j += 1
+            group = results[i:j] if j > i else [results[i]]
+            raws = [self.heads.get(id(m)) for m, _, _ in group]
             try:
-                self._settle(msg, outcome)
+                if j > i:
+                    self._settle_done(group)
+                else:
+                    self._settle(msg, outcome, last)
             except StoreUnavailable:
-                if raw is not None:
-                    self.heads[id(msg)] = raw
+                for (m, _, _), raw in zip(group, raws, strict=True):
+                    if raw is not None:
+                        self.heads[id(m)] = raw
                 with d.lock:
                     d.parked_results[:0] = results[i:]
                 raise
+            i = j if j > i else i + 1
 
     def _owner(self, lid: str) -> str | None:
         leases = self.d.leases
@@ -360,8 +374,9 @@ class Parker:
         lease = leases.by_id.get(lid)
         return lease.owner if lease is not None and lease.held else None
 
-    def _next(self, current: Message, lid: str, raw: bytes | None) -> None:
-        """Run the list's head (``raw`` if known) under the lease ``current`` holds, or end the drain."""
+    def _next(self, current: Message, lid: str) -> None:
+        """Run the list's next due messages (up to ``DRAIN_BATCH``, one after the other, by one
+        worker) under the lease ``current`` holds, or end the drain."""
         store, d = self.store, self.d
         owner = self._owner(lid)
         if owner is None:
@@ -370,52 +385,73 @@ class Parker:
         if d.halted:  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
-        if raw is None:
-            ok, raw, _depth = store.fetch(lid, owner)
-            if not ok:
-                self._end(current, lid, lost=True)
-                return
-        if raw is None:  # the list is empty: the key is no longer parked
+        ok, entries, _depth = store.fetch(lid, owner, DRAIN_BATCH)
+        if not ok:
+            self._end(current, lid, lost=True)
+            return
+        if not entries:  # the list is empty: the key is no longer parked
             store.clear_due(lid, self.draining.get(lid, -1.0))
             with d.lock:
                 d.leases.set_parked(lid, False)  # type: ignore[union-attr]
             self._end(current, lid)
             return
-        msg, doc = decode_entry(raw)
-        if doc.get("q"):  # a quarantined head, released: it was dead-lettered, so it is removed
-            popped, left, nxt = store.pop(lid, owner, raw)
-            if not popped:
+        _, head_doc = decode_entry(entries[0])
+        if head_doc.get("q"):  # a quarantined head, released: it was dead-lettered, so it is removed
+            if store.pop_many(lid, owner, [entries[0]]) != 1:
                 self._end(current, lid, lost=True)
                 return
-            self._next(current, lid, nxt if left else None)
+            self._next(current, lid)
             return
-        if doc["due"] > _now_ms() + 5:  # not due yet (a retry's back-off)
-            self._reschedule_end(current, lid, doc["due"])
+        now = _now_ms()
+        if head_doc["due"] > now + 5:  # not due yet (a retry's back-off)
+            self._reschedule_end(current, lid, head_doc["due"])
             return
-        msg._part = d.parked_part
-        msg._lk = lid
-        self.heads[id(msg)] = raw
+        msgs: list[Message] = []
+        for raw in entries:
+            msg, doc = decode_entry(raw)
+            if doc.get("q") or doc["due"] > now + 5:
+                break
+            msg._part = d.parked_part
+            msg._lk = lid
+            self.heads[id(msg)] = raw
+            msgs.append(msg)
         with d.lock:
             lease = d.leases.by_id.get(lid)  # type: ignore[union-attr]
             if lease is None or not lease.held or (lease.active is not current and lease.active is not None):
-                self.heads.pop(id(msg), None)
+                for m in msgs:
+                    self.heads.pop(id(m), None)
                 self._end_locked(current, lid)
                 return
-            lease.active = msg
-            msg.fencing_token = lease.fence
-            d.buffered += 1
-            d.buffered_bytes += msg._size
-            d.ready.append(msg)
+            lease.active = msgs[0]
+            msgs[0].fencing_token = lease.fence
+            for m in msgs:
+                d.buffered += 1
+                d.buffered_bytes += m._size
+            if len(msgs) > 1:
+                d.parked_lanes[lid] = deque(msgs[1:])
+            d.ready.append(msgs[0])
             d.wake(1)
 
-    def _settle(self, msg: Message, outcome: bool | float) -> None:
+    def _settle_done(self, group: list[tuple[Message, bool | float, bool]]) -> None:
+        """Remove from Redis the successes of a drained batch that did not end it (one round trip)."""
+        lid = group[0][0]._lk
+        raws = [self.heads.pop(id(m)) for m, _, _ in group]
+        owner = self._owner(lid)
+        removed = self.store.pop_many(lid, owner, raws) if owner is not None else -1
+        if removed < len(raws):  # lost the lease: what was not removed runs again, under a new lease
+            self._end(group[-1][0], lid, lost=True)
+            return
+        self.drained += removed
+
+    def _settle(self, msg: Message, outcome: bool | float, last: bool) -> None:
+        """Settle in Redis a parked message that ran; ``last``: its drained batch ends with it."""
         store, d = self.store, self.d
         lid = msg._lk
         raw = self.heads.pop(id(msg))
         leases = d.leases
         assert leases is not None
         with d.lock:
-            valid = leases.still_valid(msg, lid)
+            valid = leases.still_valid(msg, lid) or (not last and outcome is True)
         owner = self._owner(lid)
         if not valid or owner is None:
             self._end(msg, lid, lost=True)  # the entry stays: whoever holds the lease runs it again
@@ -442,15 +478,12 @@ class Parker:
                 log.warning("key %s quarantined after a dead-lettered message", lid)
             self._end(msg, lid)
             return
-        popped, left, nxt = store.pop(lid, owner, raw)
-        if not popped:
+        if store.pop_many(lid, owner, [raw]) != 1:
             self._end(msg, lid, lost=True)
             return
         self.drained += 1
-        if left == 0:
-            self._next(msg, lid, None)  # clears the due entry and ends the drain
-        else:
-            self._next(msg, lid, nxt)
+        if last:
+            self._next(msg, lid)  # the next batch, or the list is empty: clear and end
 
     def _reschedule_end(self, current: Message, lid: str, due_ms: float) -> None:
         score = self.score(due_ms)

@@ -84,20 +84,24 @@ if taken > 0 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
 if add > 0 then redis.call('INCRBY', KEYS[3], add) end
 return {1, before, taken, add}
 """
-# KEYS[1] lease, [2] park; ARGV[1] owner -> {1, head entry or false, length} | {0, false, 0}
+# KEYS[1] lease, [2] park; ARGV[1] owner, [2] n -> {1, the first n entries, length} | {0, {}, 0}
 _FETCH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, false, 0} end
-return {1, redis.call('LINDEX', KEYS[2], 0), redis.call('LLEN', KEYS[2])}
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, {}, 0} end
+return {1, redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1), redis.call('LLEN', KEYS[2])}
 """
-# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] the head entry expected
-# -> {1, length after, next head or false} | {0, 0, false}
-_POP = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, false} end
-if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return {0, 0, false} end
-redis.call('LPOP', KEYS[2])
-local left = redis.call('LLEN', KEYS[2])
-if left == 0 then redis.call('DEL', KEYS[3]) else redis.call('DECRBY', KEYS[3], #ARGV[2]) end
-return {1, left, redis.call('LINDEX', KEYS[2], 0)}
+# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, ARGV[2..] the entries expected at the head,
+# in order -> entries removed (they are removed while they match the head), or -1: not the owner
+_POP_MANY = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local n, b = 0, 0
+for i = 2, #ARGV do
+  if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[i] then break end
+  redis.call('LPOP', KEYS[2])
+  n = n + 1
+  b = b + #ARGV[i]
+end
+if redis.call('LLEN', KEYS[2]) == 0 then redis.call('DEL', KEYS[3]) elseif b > 0 then redis.call('DECRBY', KEYS[3], b) end
+return n
 """
 # KEYS[1] lease, [2] park; ARGV[1] owner, [2] head entry expected, [3] its replacement -> 1 | 0
 _REPLACE_HEAD = """
@@ -171,7 +175,7 @@ class LeaseStore:
         self._release = self._r.register_script(_RELEASE)
         self._park = self._r.register_script(_PARK)
         self._fetch = self._r.register_script(_FETCH)
-        self._pop = self._r.register_script(_POP)
+        self._pop_many = self._r.register_script(_POP_MANY)
         self._replace_head = self._r.register_script(_REPLACE_HEAD)
         self._zrem_if = self._r.register_script(_ZREM_IF)
         self._schedule = self._r.register_script(_SCHEDULE)
@@ -298,26 +302,27 @@ class LeaseStore:
         except redis.RedisError as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
-    def fetch(self, lid: str, owner: str) -> tuple[bool, bytes | None, int]:
-        """The head of the key's parked list: ``(still the owner, head entry or None, length)``."""
+    def fetch(self, lid: str, owner: str, n: int = 1) -> tuple[bool, list[bytes], int]:
+        """The first ``n`` entries of the key's parked list: ``(still the owner, entries, length)``."""
         ns = self.namespace
-        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid)], [owner])
-        return bool(r[0]), (r[1] or None), int(r[2])
+        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid)], [owner, n])
+        return bool(r[0]), list(r[1] or []), int(r[2])
 
-    def pop(self, lid: str, owner: str, head: bytes) -> tuple[bool, int, bytes | None]:
-        """Remove ``head`` from the key's parked list if it is still its head and ``owner`` holds the
-        lease. Returns ``(removed, length after, next head or None)``."""
+    def pop_many(self, lid: str, owner: str, entries: Sequence[bytes]) -> int:
+        """Remove ``entries`` from the head of the key's parked list, in order, while they are its
+        head and ``owner`` holds the lease. Returns how many were removed (-1: not the owner)."""
         ns = self.namespace
-        r = self._call(self._pop, [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)], [owner, head])
-        if int(r[0]) == 1:
+        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
+        n = int(self._call(self._pop_many, k, [owner, *entries]))
+        if n > 0:
             try:
                 pipe = self._r.pipeline(transaction=False)
-                pipe.hincrby(keys.totals(ns), "n", -1)
-                pipe.hincrby(keys.totals(ns), "bytes", -len(head))
+                pipe.hincrby(keys.totals(ns), "n", -n)
+                pipe.hincrby(keys.totals(ns), "bytes", -sum(len(e) for e in entries[:n]))
                 pipe.execute()
             except redis.RedisError as exc:
                 log.debug("parked totals not updated: %s", exc)
-        return bool(r[0]), int(r[1]), (r[2] or None)
+        return n
 
     def replace_head(self, lid: str, owner: str, head: bytes, new: bytes) -> bool:
         """Replace the head of the key's parked list (its attempt and due time) under the lease."""

@@ -225,13 +225,13 @@ def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  #
     assert again == [(1, 3, 4, 2)]
     assert store.park([(lid, "other", [(field, 9, b"e9")])], 60_000, 100, 1 << 20)[0][0] == 0
     ok, head, n = store.fetch(lid, "me")
-    assert ok and head == b"e5" and n == 4
+    assert ok and head == [b"e5"] and n == 4
     # and at the cap (5 messages) only what fits is taken, in order
     assert store.park([(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")])], 60_000, 5, 1 << 20) == [(1, 4, 1, 3)]
     assert store.fetch(lid, "me")[2] == 5
-    for o in (5, 6, 7, 8, 10):
-        popped, _left, _nxt = store.pop(lid, "me", f"e{o}".encode())
-        assert popped
+    assert store.pop_many(lid, "me", [b"e5", b"e6", b"x", b"e7"]) == 2  # stops at the first mismatch
+    assert store.pop_many(lid, "other", [b"e7"]) == -1
+    assert store.pop_many(lid, "me", [b"e7", b"e8", b"e10"]) == 3
     store.release([(lid, "me")])
     store.close()
 

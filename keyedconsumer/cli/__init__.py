@@ -1,0 +1,52 @@
+"""The ``keyedconsumer`` command: run a handler, inspect a consumer group, replay dead letters.
+
+::
+
+    keyedconsumer run app.handlers:handle --topic orders --group orders-processor --concurrency 64
+    keyedconsumer inspect --group orders-processor [--topic orders] [--redis URL] [--json]
+    keyedconsumer dead-letter replay --from orders.dlq [--to orders] [--key K] [--since TIME] [--dry-run]
+
+**Settings** come from, highest precedence first: command-line flags, environment variables
+``KEYEDCONSUMER_<SETTING>`` (``KEYEDCONSUMER_CONCURRENCY=64``, ``KEYEDCONSUMER_BROKERS=a:9092,b:9092``,
+``KEYEDCONSUMER_CONFIG='{"security.protocol": "SASL_SSL"}'``), the TOML file given with ``--config``
+(or ``KEYEDCONSUMER_CONFIG_FILE``), then the defaults. librdkafka properties (``-X key=value``, the
+``KEYEDCONSUMER_CONFIG`` JSON object, the TOML ``[config]`` table) are merged property by property
+with the same precedence.
+
+**Exit codes**: 0 done (``run``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
+failed and nothing handled it, the brokers did not answer, a replay left records behind), 2 bad
+input (an option, a setting, the handler). Errors are one line on stderr, without a traceback;
+secret values (``-X`` properties whose name holds ``password``, ``secret``, ``token`` ...; the
+password of a ``--redis`` URL) never appear in the output.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from . import inspect, replay, run
+from .handler import load_handler
+from .marker import ReplayMarker
+from .replay import parse_since
+from .settings import RunOptions
+
+__all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOptions"]
+
+app = typer.Typer(
+    name="keyedconsumer",
+    help="Run a keyed Kafka consumer, inspect a consumer group, replay dead-lettered records.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+dead_letter_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
+app.add_typer(dead_letter_app, name="dead-letter")
+app.command()(run.run)
+app.command("inspect")(inspect.inspect_group)
+dead_letter_app.command("replay")(replay.replay)
+
+
+def main() -> None:
+    """The ``keyedconsumer`` console script (``python -m keyedconsumer`` too)."""
+    app(prog_name="keyedconsumer")

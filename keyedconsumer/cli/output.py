@@ -1,0 +1,100 @@
+"""Output: logging and consoles that never show a secret, errors as one line, JSON, ages."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, TypeVar
+
+import pydantic
+import typer
+from rich.console import Console
+
+from ..errors import KafkaClientError, PublishError
+from .errors import CliError, _validation_message
+from .settings import _secrets
+
+
+class _Level(str, Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class _ScrubFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _secrets.values:
+            text = record.getMessage()
+            record.msg, record.args = _secrets.scrub(text), None
+            if record.exc_info and record.exc_info[1] is not None:
+                record.exc_text = _secrets.scrub(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_ScrubFilter())
+    logging.basicConfig(level=level, handlers=[handler])  # no-op where logging is set up already (tests)
+    # librdkafka's own log lines of the inspect / replay clients: only when debugging
+    logging.getLogger("keyedconsumer.kafka.tools").setLevel(
+        logging.DEBUG if level == "DEBUG" else logging.CRITICAL + 1
+    )
+
+
+def _err_console() -> Console:
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def _out_console() -> Console:
+    return Console(file=sys.stdout, highlight=False)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reports_errors(fn: F) -> F:
+    """Turn CliError, validation and client errors into one line on stderr and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CliError as exc:
+            message, code = str(exc), exc.exit_code
+        except pydantic.ValidationError as exc:
+            message, code = _validation_message(exc), 2
+        except (KafkaClientError, PublishError) as exc:
+            message, code = str(exc), 1
+        except KeyboardInterrupt:
+            message, code = "interrupted", 130
+        _err_console().print(f"error: {_secrets.scrub(message)}", style="red", markup=False)
+        raise typer.Exit(code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def _show_key(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "backslashreplace")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"

@@ -1,0 +1,221 @@
+"""``keyedconsumer run``: consume topics with a handler until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from enum import Enum
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import typer
+
+from ..config import ConsumerConfig, redact
+from ..errors import KeyedConsumerError, PublishError
+from ..sequencing import redact_url
+from .errors import CliError
+from .handler import load_handler
+from .output import _Level, _print_json, _reports_errors, _setup_logging
+from .settings import ENV_PREFIX, BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _resolve_run
+
+log = logging.getLogger("keyedconsumer.cli")
+
+
+class _Ordering(str, Enum):
+    KEY = "key"
+    PARTITION = "partition"
+    NONE = "none"
+
+
+class _Reset(str, Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+def _effective(settings: ConsumerConfig, options: RunOptions) -> dict[str, Any]:
+    data = settings.model_dump()
+    data["config"] = redact(settings.config)
+    data.update(
+        handler=options.handler,
+        redis=redact_url(options.redis) if options.redis else None,
+        namespace=(options.namespace or settings.group) if options.redis else None,
+        dead_letter_topic=options.dead_letter_topic,
+        retry_attempts=options.retry_attempts,
+        park=options.park,
+    )
+    return data
+
+
+def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
+    if options.dead_letter_topic is None and options.retry_attempts is None and not options.park:
+        return []
+    middleware: Any = importlib.import_module("keyedconsumer.middleware")  # installed from ./middleware
+
+    out: list[Any] = []
+    if options.dead_letter_topic is not None:
+        try:
+            out.append(
+                middleware.DeadLetter(
+                    brokers=settings.brokers,
+                    topic=options.dead_letter_topic,
+                    producer_config=dict(settings.config),
+                )
+            )
+        except (PublishError, ValueError) as exc:
+            raise CliError(f"dead-letter publisher: {exc}", 2) from None
+    out.append(middleware.Retry(max_attempts=options.retry_attempts or 3, park=options.park))
+    return out
+
+
+@_reports_errors
+def run(
+    handler: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="MODULE:FUNCTION",
+            help="The handler, package.module:function (sync or async def); or 'handler' in TOML / env.",
+            show_default=False,
+        ),
+    ] = None,
+    topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--topic", "-t", metavar="TOPIC", help="Topic to consume (repeatable, or comma-separated)."
+        ),
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option("--group", "-g", metavar="GROUP", help="Consumer group id.", show_default=False),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", metavar="N", help="Handlers at once (default 1).")
+    ] = None,
+    ordering: Annotated[_Ordering | None, typer.Option(help="key | partition | none (default key).")] = None,
+    brokers: BrokersOpt = None,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="redis:// URL: per-key leases across instances (Redis sequencer).",
+            show_default=False,
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(metavar="NS", help="Redis namespace (default: the group).", show_default=False),
+    ] = None,
+    dead_letter_topic: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TOPIC",
+            help="Dead-letter topic ({topic} = the message's topic): DeadLetter, then Retry.",
+            show_default=False,
+        ),
+    ] = None,
+    retry_attempts: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N", help="Attempts per message before it fails (default 3 with a dead-letter topic)."
+        ),
+    ] = None,
+    park: Annotated[
+        bool | None,
+        typer.Option("--park/--no-park", help="Retrying keys wait parked in Redis (needs --redis)."),
+    ] = None,
+    manual_commit: Annotated[
+        bool | None,
+        typer.Option("--manual-commit/--auto-commit", help="Commit synchronously at each offset advance."),
+    ] = None,
+    max_in_flight: Annotated[
+        int | None, typer.Option(metavar="N", help="Buffered + running messages before fetching pauses.")
+    ] = None,
+    auto_offset_reset: Annotated[
+        _Reset | None, typer.Option(help="Where a group without committed offsets starts.")
+    ] = None,
+    shutdown_timeout_s: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Seconds a stop waits for running handlers.")
+    ] = None,
+    props: PropsOpt = None,
+    config_file: ConfigOpt = None,
+    app_dir: Annotated[
+        str, typer.Option(metavar="DIR", help="Directory put first on the Python path to import the handler.")
+    ] = ".",
+    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.INFO,
+    print_settings: Annotated[
+        bool,
+        typer.Option(
+            "--print-settings", help="Print the effective settings as JSON (secrets hidden) and exit."
+        ),
+    ] = False,
+) -> None:
+    """Consume topics with a handler until SIGTERM or SIGINT, which drain gracefully.
+
+    On SIGTERM/SIGINT nothing new starts, running handlers finish (up to the shutdown timeout), the
+    finished offsets are committed and the process exits 0. A message that fails with nothing to
+    handle it (no dead-letter topic) stops the consumer the same way and exits 1.
+    """
+    _setup_logging(log_level.value)
+    topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()] or None
+    flags: dict[str, Any] = {
+        "handler": handler,
+        "group": group,
+        "redis": redis,
+        "namespace": namespace,
+        "dead_letter_topic": dead_letter_topic,
+        "retry_attempts": retry_attempts,
+        "park": park,
+        "topics": topics,
+        "brokers": brokers,
+        "concurrency": concurrency,
+        "ordering": ordering.value if ordering else None,
+        "manual_commit": manual_commit,
+        "max_in_flight": max_in_flight,
+        "auto_offset_reset": auto_offset_reset.value if auto_offset_reset else None,
+        "shutdown_timeout_s": shutdown_timeout_s,
+    }
+    settings, options = _resolve_run(flags, props or [], config_file)
+    if not options.handler:
+        raise CliError(
+            f"no handler: give package.module:function, {ENV_PREFIX}HANDLER, or 'handler' in the TOML file", 2
+        )
+    if options.park and not options.redis:
+        raise CliError("--park needs --redis (parked keys wait in Redis)", 2)
+    fn = load_handler(options.handler, app_dir)
+    if print_settings:
+        _print_json(_effective(settings, options))
+        return
+    from ..consumer import KeyedConsumer
+    from ..sequencing import RedisSequencer
+
+    sequencer = None
+    if options.redis:
+        if urlsplit(options.redis).scheme not in ("redis", "rediss", "unix"):
+            raise CliError(
+                f"--redis {redact_url(options.redis)!r}: expected a redis://, rediss:// or unix:// URL", 2
+            )
+        sequencer = RedisSequencer(url=options.redis, namespace=options.namespace or settings.group)
+    try:
+        consumer = KeyedConsumer(
+            handler=fn, middlewares=_middlewares(settings, options), settings=settings, sequencer=sequencer
+        )
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc), 2) from None
+    log.info(
+        "consuming %s as group %s with %s (concurrency=%d, ordering=%s, brokers=%s%s%s)",
+        ",".join(settings.topics),
+        settings.group,
+        options.handler,
+        settings.concurrency,
+        settings.ordering,
+        ",".join(settings.brokers),
+        f", dead letters to {options.dead_letter_topic}" if options.dead_letter_topic else "",
+        f", redis {redact_url(options.redis)}" if options.redis else "",
+    )
+    try:
+        consumer.run()
+    except KeyedConsumerError as exc:
+        raise CliError(f"stopped: {exc}", 1) from None
+    except Exception as exc:  # e.g. Redis refused as not durable; --log-level DEBUG shows the traceback
+        log.debug("run failed", exc_info=True)
+        raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
+    log.info("stopped")
