@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
+
+import pytest
 
 import keyedconsumer
 
@@ -53,3 +58,27 @@ def test_middleware_uses_only_the_public_api() -> None:
             for name in (n.strip() for n in names.split(",")):
                 assert name in keyedconsumer.__all__, f"{path.name} imports non-public {name}"
         assert "confluent_kafka" not in text, path
+
+
+@pytest.mark.timeout(120)
+def test_a_built_wheel_holds_every_package_of_the_source_tree(tmp_path: Path) -> None:
+    # given the source tree's packages (every folder with an __init__.py under keyedconsumer/ and middleware/)
+    root = Path(__file__).resolve().parents[2]
+    want = {"keyedconsumer/" + str(p.parent.relative_to(root / "keyedconsumer")) for p in (root / "keyedconsumer").rglob("__init__.py")}
+    want = {w.rstrip("/.") for w in want} | {"keyedconsumer/middleware"}
+    # when a wheel is built from a copy of the sources (not an editable install, which would hide a
+    # missing package, and not the tree itself, whose stale build/ folder could fill the gap)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("keyedconsumer", "middleware"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
+                   check=True, capture_output=True, timeout=110)
+    [whl] = list((tmp_path / "dist").glob("keyedconsumer-*.whl"))
+    names = zipfile.ZipFile(whl).namelist()
+    # then every package is in it, with its modules
+    have = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
+    assert want <= have, sorted(want - have)
+    assert "keyedconsumer/sequencing/store.py" in names and "keyedconsumer/middleware/retry.py" in names
