@@ -103,28 +103,29 @@ class _ConfluentClient:
                     where = f"topic={raw.topic()} partition={raw.partition()}"
                     self._on_error(_client_error(err, f"consume error ({where})"))
                 continue
-            ts_type, ts = raw.timestamp()
             try:
-                headers = raw.headers()
-            except Exception as exc:  # confluent-kafka cannot decode a header name that is not UTF-8
-                # Stop, naming the record: it is neither run nor skipped. The rest of the batch is
-                # dropped too (not admitted, so no offset past the record can be stored).
-                where = f"topic={raw.topic()} partition={raw.partition()} offset={raw.offset()}"
-                self._on_error(KafkaClientError(
-                    f"cannot read the headers of the record {where} (a header name that is not UTF-8?): "
-                    f"{type(exc).__name__}: {exc}", code="BAD_HEADERS", fatal=True))
-                return out
-            append(
-                Message(
+                ts_type, ts = raw.timestamp()
+                msg = Message(
                     raw.topic(),  # type: ignore[arg-type]
                     raw.partition(),  # type: ignore[arg-type]
                     raw.offset(),  # type: ignore[arg-type]
                     raw.key(),
                     raw.value(),
-                    headers,  # type: ignore[arg-type]
+                    raw.headers(),  # type: ignore[arg-type]
                     ts if ts_type else None,
                 )
-            )
+            except Exception as exc:
+                # confluent-kafka cannot decode a header name that is not UTF-8; it may leave the
+                # error set and let the next call raise it (SystemError), so the whole record is
+                # read in this block. Stop, naming the record: it is neither run nor skipped. The
+                # rest of the batch is dropped too (not admitted, so no offset past the record can
+                # be stored).
+                where = f"topic={raw.topic()} partition={raw.partition()} offset={raw.offset()}"
+                self._on_error(KafkaClientError(
+                    f"cannot read the record {where} (a header name that is not UTF-8?): "
+                    f"{type(exc).__name__}: {exc}", code="BAD_RECORD", fatal=True))
+                return out
+            append(msg)
         return out
 
     def store(self, topic: str, partition: int, offset: int) -> None:
