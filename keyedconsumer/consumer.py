@@ -541,7 +541,7 @@ class _Listener:
         c = self._c
         d = c._d
         parts = d.begin_revoke(partitions)
-        c._paused.difference_update(partitions)
+        self._unpause(partitions)
         if not parts:
             return
         timeout = 0.0 if c._closing else c.config.revoke_timeout_s
@@ -566,4 +566,17 @@ class _Listener:
     def on_lost(self, partitions: list[TP]) -> None:
         log.warning("lost %s: dropping their messages without committing", partitions)
         self._c._d.begin_revoke(partitions, lost=True)
-        self._c._paused.difference_update(partitions)
+        self._unpause(partitions)
+
+    def _unpause(self, partitions: list[TP]) -> None:
+        """Resume the revoked partitions back-pressure paused: librdkafka keeps a partition's pause
+        across a revoke and a later re-assignment, and ``_paused`` forgets them here, so nothing
+        would ever resume one assigned back (it would never be fetched again)."""
+        paused = self._c._paused
+        stale = [tp for tp in partitions if tp in paused]
+        paused.difference_update(partitions)
+        if stale:
+            try:
+                self._client.resume(stale)
+            except Exception as exc:  # a rebalance callback must not raise
+                log.warning("resume of revoked partitions %s failed: %s", stale, exc)
