@@ -622,7 +622,8 @@ class FakeClient:
                               code="ILLEGAL_GENERATION")
 
     def pause(self, partitions: Sequence[TP]) -> None:
-        """Stop fetching ``partitions`` (assigned ones; others are ignored)."""
+        """Stop fetching ``partitions`` (assigned ones; others are ignored). As in librdkafka, the
+        pause outlives a revoke and a later re-assignment of the partition."""
         with self._broker._lock:
             self._paused.update(tp for tp in partitions if tp in self._assignment)
 
@@ -738,7 +739,8 @@ class FakeClient:
             self._assignment.discard(tp)
             self._positions.pop(tp, None)
             self._stored.pop(tp, None)
-            self._paused.discard(tp)
+            # like librdkafka, a pause outlives a revoke: a partition assigned back stays paused
+            # until resumed (issue confluentinc/librdkafka#1849)
 
     def _commit_stored_locked(self, tps: Iterable[TP]) -> None:
         g = self._broker._group(self.group_id)
