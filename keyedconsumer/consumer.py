@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _testbugs, kafka
 from .config import ConsumerConfig
-from .dispatch import ACTIVE, Dispatcher, Park
+from .dispatch import ACTIVE, Dispatcher, Park, Partition
 from .errors import KafkaClientError, KeyedConsumerError, MessageError
 from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
@@ -196,11 +196,16 @@ class KeyedConsumer:
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
 
     def stop(self) -> None:
-        """Stop gracefully: start nothing new (from this call on), let running handlers finish (up
-        to ``shutdown_timeout_s``), commit the finished offsets, close the client (leaving the
-        group). Safe from any thread, from a handler and from a signal handler; returns at once.
+        """Stop gracefully: start nothing new (from this call on) except messages below their
+        partition's highest finished offset, so that the committed offset can reach every message
+        that finished (otherwise they would run again after the restart or rebalance), let running
+        handlers finish (all of this within ``shutdown_timeout_s``), commit the finished offsets,
+        close the client (leaving the group). Safe from any thread, from a handler and from a signal handler; returns at once.
         A ``stop()`` before ``run()`` makes that run stop at once."""
-        self._d.halted = True  # lock-free: workers check it before starting each message
+        # lock-free: workers check it before starting each message. Only messages below their
+        # partition's highest finished offset still start (up to shutdown_timeout_s), so the
+        # committed offset reaches what already finished and nothing finished runs again.
+        self._d.stopping = True
         self._stop.set()
 
     def schedule(
@@ -455,8 +460,30 @@ class KeyedConsumer:
             client.resume([tp for tp in self._paused if tp in assigned])
             self._paused.clear()
 
+    def _catch_up(self, parts: list[Partition], timeout_s: float) -> None:
+        """Let the messages below each partition's highest finished offset run (only those start:
+        ``Dispatcher.may_start``), up to ``timeout_s`` seconds, so the offset stored next covers
+        every finished message. Retries waiting for their back-off are not waited for. Serves the
+        Redis sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
+        d, seq = self._d, self._sequencer
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with d.lock:
+                behind = [p for p in parts if p.state == ACTIVE and p.tracker.behind_done()]
+                # retries waiting for their back-off are not waited for (they run after the restart)
+                idle = d.running == 0 and not d.ready and not (d.leases is not None and d.leases.want)
+            if not behind or (idle and not d.to_park):
+                return
+            if seq is not None and d.leases is not None:
+                seq.tick()
+            d.rescue()
+            time.sleep(0.005)
+
     def _shutdown(self, client: KafkaClient, executor: Executor, started: bool) -> None:
         d, cfg = self._d, self.config
+        if started and self._error is None:
+            d.stopping = True
+            self._catch_up(list(d.parts.values()), cfg.shutdown_timeout_s)
         d.halt()
         if started and not d.wait_idle(None, cfg.shutdown_timeout_s):
             log.warning(
@@ -540,6 +567,11 @@ class _Listener:
     def on_revoke(self, partitions: list[TP]) -> None:
         c = self._c
         d = c._d
+        if not c._closing:  # finish what lies below the highest finished offset first: no re-runs
+            catching = [p for tp in partitions if (p := d.parts.get(tp)) is not None]
+            for p in catching:
+                p.catching_up = True
+            c._catch_up(catching, c.config.revoke_timeout_s)
         parts = d.begin_revoke(partitions)
         self._unpause(partitions)
         if not parts:

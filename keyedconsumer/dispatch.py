@@ -104,7 +104,9 @@ class Slot:
 class Partition:
     """One assignment of one partition: its offset tracker and what runs from it."""
 
-    __slots__ = ("topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked")
+    __slots__ = (
+        "topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked", "catching_up"
+    )
 
     def __init__(self, tp: TP, lanes: Lanes, group: str = "", parked: bool = False) -> None:
         self.topic, self.partition = tp
@@ -116,6 +118,7 @@ class Partition:
         self.lanes = lanes
         self.high: int | None = None  # the partition's end offset (high watermark), last seen
         self.parked = parked  # the stand-in of messages run from Redis parked lists (no offsets)
+        self.catching_up = False  # being revoked: only messages below the highest done offset start
 
     @property
     def tp(self) -> TP:
@@ -152,6 +155,9 @@ class Dispatcher:
         self.buffered_bytes = 0
         self.running = 0
         self.halted = False  # no new message starts
+        # stopping gracefully: only messages below their partition's highest done offset start, so
+        # the committed offset can reach what already finished (no re-runs after the stop)
+        self.stopping = False
         self.closed = False  # workers exit
         self.waiters = 0  # threads waiting in wait_* for running to drop
         self.wake: Callable[[int], None] = lambda n: None  # set by the executor; called under lock
@@ -477,9 +483,14 @@ class Dispatcher:
         return chunk
 
     def may_start(self, msg: Message) -> bool:
-        """True unless the consumer halted, the message's partition was revoked or lost, or the
-        lease of its key (with a Redis sequencer) is no longer this instance's."""
-        if self.halted or msg._part.state != ACTIVE:
+        """True unless the consumer halted, the message's partition was revoked or lost, the
+        consumer is stopping (or the partition being revoked) and the message is not below the
+        partition's highest done offset, or the lease of its key (with a Redis sequencer) is no
+        longer this instance's."""
+        part = msg._part
+        if self.halted or part.state != ACTIVE:
+            return False
+        if (self.stopping or part.catching_up) and not part.parked and msg._off >= part.tracker.highest_done:
             return False
         leases = self.leases
         if leases is None or (msg._lanes is None and not msg._part.parked):

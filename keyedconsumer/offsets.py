@@ -23,13 +23,14 @@ class OffsetTracker:
     ``watermark`` is amortised O(1).
     """
 
-    __slots__ = ("_pending", "_since", "_done", "_next")
+    __slots__ = ("_pending", "_since", "_done", "_next", "_high")
 
     def __init__(self) -> None:
         self._pending: deque[int] = deque()
         self._since: deque[float] = deque()  # when each pending offset was received (monotonic s)
         self._done: set[int] = set()
         self._next: int | None = None  # last received offset + 1
+        self._high = -1  # the highest offset done so far (-1: none)
 
     def add(self, offset: int, received_s: float = 0.0) -> bool:
         """Record a received offset (``received_s``: when, in ``time.monotonic()`` seconds).
@@ -50,6 +51,8 @@ class OffsetTracker:
     def done(self, offset: int) -> None:
         """Mark a received offset done. Repeated calls are ignored; ``offset`` must have been added."""
         pending = self._pending
+        if offset > self._high and pending and pending[0] <= offset < (self._next or 0):
+            self._high = offset
         if pending and pending[0] == offset:
             pending.popleft()
             since = self._since
@@ -78,6 +81,16 @@ class OffsetTracker:
         if self._pending:
             return self._pending[0]
         return self._next
+
+    @property
+    def highest_done(self) -> int:
+        """The highest offset marked done so far (-1 when none)."""
+        return self._high
+
+    def behind_done(self) -> bool:
+        """True while an offset below the highest done one is not done: storing now would leave
+        finished messages above the stored offset, to be run again after a rebalance or restart."""
+        return bool(self._pending) and self._pending[0] < self._high
 
     def oldest_received_s(self) -> float | None:
         """When the first unfinished offset was received (``time.monotonic()`` s), or ``None``."""

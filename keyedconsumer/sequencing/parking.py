@@ -382,7 +382,7 @@ class Parker:
         if owner is None:
             self._end(current, lid, lost=True)
             return
-        if d.halted:  # stopping: start nothing new (the list stays for the next drain)
+        if d.halted or d.stopping:  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
         ok, entries, _depth = store.fetch(lid, owner, DRAIN_BATCH)
