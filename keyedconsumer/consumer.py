@@ -463,19 +463,23 @@ class KeyedConsumer:
     def _catch_up(self, parts: list[Partition], timeout_s: float) -> None:
         """Let the messages below each partition's highest finished offset run (only those start:
         ``Dispatcher.may_start``), up to ``timeout_s`` seconds, so the offset stored next covers
-        every finished message. Retries waiting for their back-off are not waited for. Serves the
-        Redis sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
+        every finished message. Retries due within the time left run too; longer back-offs are not
+        waited for. Serves the Redis sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
         d, seq = self._d, self._sequencer
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            now = self._clock()
             with d.lock:
                 behind = [p for p in parts if p.state == ACTIVE and p.tracker.behind_done()]
-                # retries waiting for their back-off are not waited for (they run after the restart)
-                idle = d.running == 0 and not d.ready and not (d.leases is not None and d.leases.want)
+                # a retry due before the deadline is waited for; a longer back-off is not
+                soon = bool(d.delayed) and d.delayed[0][0] - now < deadline - time.monotonic()
+                idle = d.running == 0 and not d.ready and not soon and not (d.leases is not None and d.leases.want)
             if not behind or (idle and not d.to_park):
                 return
             if seq is not None and d.leases is not None:
                 seq.tick()
+            if soon:
+                d.release_due(now)
             d.rescue()
             time.sleep(0.005)
 

@@ -1,0 +1,144 @@
+"""The harness's own Kafka and Redis: ``scripts/services`` with a private run dir and private ports.
+
+The shared services (9092, 6379, ``<repo>/.run``) are never touched: every command runs with
+``KC_RUN_DIR`` set to the harness's own directory and its own ports, and ``scripts/services`` only
+stops processes whose pid file is in that directory. The ports must be free before the start (a
+service that already answers there would be *reused* by ``scripts/services``, and then neither
+ours to kill nor to trust).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from .common import REPO
+
+SERVICES = REPO / "scripts" / "services"
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.3)
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Kafka, Kafka controller and Redis ports: the preferred ones if all are free, else free ones."""
+    if all(port_free(p) for p in preferred):
+        return preferred
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(30000, 39900)
+        cand = (base, base + 1, base + 50)
+        if all(port_free(p) for p in cand):
+            return cand
+    raise RuntimeError("no free ports for the harness's Kafka and Redis")
+
+
+class Services:
+    """Start, kill and restart the harness's broker and Redis.
+
+    Parameters
+    ----------
+    run_dir:
+        ``KC_RUN_DIR`` of these services (their data, logs and pid files).
+    ports:
+        ``(kafka, kafka controller, redis)``.
+    durable_redis:
+        ``False`` runs Redis with ``--appendonly no`` (the third negative control): started here,
+        with the pid file ``scripts/services`` knows, so ``redis-kill`` still works.
+    """
+
+    def __init__(self, run_dir: Path, ports: tuple[int, int, int], durable_redis: bool = True) -> None:
+        self.run_dir = run_dir
+        self.kafka_port, self.controller_port, self.redis_port = ports
+        self.durable_redis = durable_redis
+        env = dict(os.environ)
+        env.update({
+            "KC_RUN_DIR": str(run_dir),
+            "KAFKA_PORT": str(self.kafka_port),
+            "KAFKA_CONTROLLER_PORT": str(self.controller_port),
+            "REDIS_PORT": str(self.redis_port),
+            "KC_KAFKA_STOP_TIMEOUT": "20",
+        })
+        shared_libs = REPO / ".run" / "cache" / "kafka-libs"
+        if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
+            env["KC_LIBS_DIR"] = str(shared_libs)  # read-only use of the resolved jars: no Maven run
+        py = REPO / ".venv" / "bin" / "python"
+        if "KC_PYTHON" not in env and py.exists():
+            env["KC_PYTHON"] = str(py)
+        self.env = env
+        self.log_path = run_dir / "services.out"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def _run(self, *args: str, timeout_s: float = 180.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n== scripts/services {' '.join(args)}\n".encode())
+            out.flush()
+            subprocess.run([str(SERVICES), *args], env=self.env, stdout=out, stderr=out, check=True, timeout=timeout_s)
+
+    def up(self) -> None:
+        for port in (self.kafka_port, self.controller_port, self.redis_port):
+            if not port_free(port):
+                raise RuntimeError(f"port {port} is in use: the harness runs its own services only")
+        self.redis_start()
+        self.kafka_start()
+        for name in ("kafka/kafka.pid", "redis/redis.pid"):
+            if not (self.run_dir / name).exists():
+                raise RuntimeError(f"{name} missing: the services were not started by the harness")
+
+    def kafka_kill(self) -> None:
+        self._run("kafka-kill")
+
+    def kafka_start(self) -> None:
+        self._run("kafka-start")
+
+    def redis_kill(self) -> None:
+        self._run("redis-kill")
+
+    def redis_start(self) -> None:
+        if self.durable_redis:
+            self._run("redis-start")
+            return
+        rdir = self.run_dir / "redis"
+        rdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", str(self.redis_port),
+             "--dir", str(rdir), "--pidfile", str(rdir / "redis.pid"), "--logfile", str(rdir / "redis.log"),
+             "--appendonly", "no", "--save", ""],
+            check=True, timeout=30,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = subprocess.run(["redis-cli", "-p", str(self.redis_port), "ping"], capture_output=True, text=True)
+            if r.stdout.strip() == "PONG":
+                return
+            time.sleep(0.1)
+        raise RuntimeError("non-durable Redis did not answer PING")
+
+    def down(self) -> None:
+        try:
+            self._run("down", timeout_s=120)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            self._run("kafka-kill")
+            self._run("redis-kill")

@@ -1,0 +1,140 @@
+"""The fault-injection harness (tests/faults, issue 6) at CI size, and its negative controls.
+
+Each test runs ``python -m tests.faults.run``: its own Kafka and Redis (free ports, own run dir;
+the shared 9092/6379 are never touched), producer, consumers and seeded faults, then the checker,
+whose results it reads from ``checks.json``. A negative control switches a deliberate engine bug on
+and must be caught by the named check: a checker that cannot catch a known bug proves nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Checks that fail on the engine as it is, because of engine faults this harness found (see
+#: tests/faults/README.md, "Engine faults found"). They are reported as xfail, every other check
+#: must pass; ``KC_FAULTS_STRICT=1`` makes them fail the test. Empty this once the engine is fixed.
+KNOWN_ENGINE_FAULTS = {
+    4: "a SIGSTOPped consumer, on SIGCONT, takes a fresh lease (higher token) and re-runs messages of a "
+       "partition it has lost, behind the group's committed offset, before it learns of the loss "
+       "(intermittent)",
+    6: "a few duplicates remain after SIGTERM/join/leave when a message below the highest finished "
+       "offset cannot run within the revoke/shutdown timeout (its key leased elsewhere); the catch-up "
+       "before revoke and stop took them from 2,040 to 16 in the CI run of seed 1",
+}
+
+
+def _need_tools() -> None:
+    missing = [t for t in ("java", "redis-server", "redis-cli") if shutil.which(t) is None]
+    if missing:
+        msg = f"the fault harness needs {', '.join(missing)}: run scripts/setup (scripts/install-deps)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
+
+def run_harness(out: Path, *args: str, timeout_s: float) -> dict[str, Any]:
+    """Run the harness into ``out``; return ``checks.json`` (``{"checks": {"1": {"ok", "line"}}}``)."""
+    _need_tools()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.faults.run", "--out", str(out), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the orchestrator cleans up (consumers, its Kafka and Redis) on SIGTERM
+        output, _ = proc.communicate(timeout=120)
+        print(output)
+        pytest.fail(f"the harness did not finish within {timeout_s:.0f} s")
+    print(output)  # shown by pytest when the test fails
+    results = out / "checks.json"
+    assert results.exists(), f"the harness ended (exit {proc.returncode}) without checker results"
+    data: dict[str, Any] = json.loads(results.read_text())
+    return data
+
+
+def failed(data: dict[str, Any]) -> dict[int, str]:
+    return {int(n): c["line"] for n, c in data["checks"].items() if not c["ok"]}
+
+
+def assert_all_pass(data: dict[str, Any]) -> None:
+    assert data["clean_run"], "a consumer exited unexpectedly (see faults.log)"
+    bad = failed(data)
+    unexpected = {n: line for n, line in bad.items() if n not in KNOWN_ENGINE_FAULTS}
+    assert not unexpected, "\n".join(unexpected.values())
+    known = {n: line for n, line in bad.items() if n in KNOWN_ENGINE_FAULTS}
+    if known:
+        if os.environ.get("KC_FAULTS_STRICT"):
+            pytest.fail("\n".join(known.values()))
+        pytest.xfail("known engine faults: " + "; ".join(f"check {n}: {KNOWN_ENGINE_FAULTS[n]}" for n in known))
+
+
+@pytest.mark.timeout(420)
+def test_ci_run_keeps_every_guarantee(tmp_path: Path) -> None:
+    # given the CI-size run: 12 partitions, 300 keys (5 hot, 3 poison), 15,000 messages (60% backlog),
+    # 3 consumers with the Redis sequencer, in-memory retry and dead letters, and every kind of fault
+    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "1", timeout_s=400)
+    # then every check passes
+    assert_all_pass(data)
+
+
+@pytest.mark.timeout(420)
+def test_ci_run_with_parking_keeps_every_guarantee(tmp_path: Path) -> None:
+    _need_parking()
+    # given the same run with ordered retries parked in Redis (Retry(park=True))
+    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "2", "--park", timeout_s=400)
+    # then every check passes
+    assert_all_pass(data)
+
+
+@pytest.mark.timeout(300)
+def test_commit_on_poll_is_caught(tmp_path: Path) -> None:
+    # given an engine that stores each offset when it is polled, and consumers SIGKILLed mid-backlog
+    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "2", "--bug", "commit_on_poll", timeout_s=280)
+    # then the checker sees commits ahead of unfinished messages, and lost messages
+    bad = failed(data)
+    assert 3 in bad and 1 in bad, json.dumps(data, indent=1)
+
+
+@pytest.mark.timeout(600)
+def test_skip_fencing_is_caught(tmp_path: Path) -> None:
+    # given an engine that counts runs made under a lost lease, and consumers SIGSTOPped past the
+    # session timeout and the lease TTL (3 pauses while the backlog is consumed)
+    # then the checker sees a run of a key start with a stale fencing token, or two runs of a key
+    # overlap without the SIGSTOP excuse. What the zombie does after SIGCONT races with its poll
+    # thread learning of the loss, so a second seed is tried if the first run shows nothing.
+    lines = []
+    for seed in ("11", "12"):
+        data = run_harness(tmp_path / f"run-{seed}", "--size", "ci", "--seed", seed, "--bug", "skip_fencing",
+                           timeout_s=280)
+        bad = failed(data)
+        if 5 in bad:
+            return
+        lines.append(data["checks"]["5"]["line"])
+    pytest.fail("skip_fencing was not caught by check 5:\n" + "\n".join(lines))
+
+
+@pytest.mark.timeout(300)
+def test_redis_without_aof_is_caught(tmp_path: Path) -> None:
+    _need_parking()
+    # given Redis without AOF (require_durable=False), parking on, and Redis SIGKILLed and restarted
+    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "5", "--bug", "no_aof", timeout_s=280)
+    # then parked messages whose offsets were committed are gone: the checker sees lost messages
+    assert 1 in failed(data), json.dumps(data, indent=1)
+
+
+def _need_parking() -> None:
+    from keyedconsumer.middleware import Retry
+
+    if "park" not in inspect.signature(Retry).parameters:
+        pytest.xfail("awaits parking: Retry(park=True)")
