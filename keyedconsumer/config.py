@@ -139,6 +139,12 @@ class ConsumerConfig(BaseSettings):
         Seconds to wait for the first metadata answer from the brokers before failing.
     auto_offset_reset:
         Where a group with no committed offset starts (librdkafka ``auto.offset.reset``).
+    commit_metadata_max_bytes:
+        Bytes (ASCII characters) of commit metadata naming the offsets finished above the committed
+        one, written with the commits of a revoke, a stop and a lease check after a stall, and read
+        by the partition's next owner, which skips those offsets instead of running them again
+        (Confluent Parallel Consumer's offset map). 0 turns it off. Brokers accept up to
+        ``offset.metadata.max.bytes`` (4096 by default); a refused commit is retried without it.
     config:
         Any other librdkafka property, passed through unchanged. The properties the engine owns
         (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
@@ -168,6 +174,7 @@ class ConsumerConfig(BaseSettings):
     revoke_timeout_s: float = Field(default=10.0, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("brokers", "topics", mode="before")
@@ -192,7 +199,7 @@ class ConsumerConfig(BaseSettings):
 
     @field_validator(
         "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", "poll_timeout_s",
-        "shutdown_timeout_s", "revoke_timeout_s", "startup_timeout_s", mode="before"
+        "shutdown_timeout_s", "revoke_timeout_s", "startup_timeout_s", "commit_metadata_max_bytes", mode="before"
     )
     @classmethod
     def _no_bool_for_number(cls, value: Any) -> Any:

@@ -24,6 +24,7 @@ from .errors import KafkaClientError, KeyedConsumerError, MessageError
 from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
+from .offsets import FinishedOffsets
 from .outcomes import RetryLater, SkipMessage
 from .sequencing import RedisSequencer
 
@@ -120,6 +121,7 @@ class KeyedConsumer:
         self._paused: set[TP] = set()
         self._client: KafkaClient | None = None
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
+        self._d.metadata_max_bytes = self.config.commit_metadata_max_bytes
         self.peak_in_flight = 0  # highest number of buffered + running messages seen
         #: When the poll loop last returned from a poll (monotonic seconds; 0.0 before the first):
         #: liveness for health checks.
@@ -194,6 +196,7 @@ class KeyedConsumer:
         self._closing = False
         self._paused.clear()
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
+        self._d.metadata_max_bytes = self.config.commit_metadata_max_bytes
 
     def stop(self) -> None:
         """Stop gracefully: start nothing new (from this call on) except messages below their
@@ -242,6 +245,12 @@ class KeyedConsumer:
     def running(self) -> bool:
         """True while :meth:`run` / :meth:`run_async` is serving (from its start to its return)."""
         return self._active
+
+    @property
+    def skipped_finished(self) -> int:
+        """Messages of this run not run because the partition's previous owner had finished them
+        (named in its commit metadata; see ``commit_metadata_max_bytes``)."""
+        return self._d.skipped_finished
 
     @property
     def in_flight(self) -> int:
@@ -365,7 +374,8 @@ class KeyedConsumer:
         try:
             client.check_brokers(cfg.startup_timeout_s)
             if seq is not None:
-                seq.attach(d, self._fail)
+                session_ms = float(cfg.librdkafka().get("session.timeout.ms", 45000))
+                seq.attach(d, self._fail, confirm=lambda: self._confirm_ownership(client), session_timeout_s=session_ms / 1000)
             if not self._stop.is_set():  # stopped before it started: never join the group
                 client.subscribe(cfg.topics, _Listener(self, client))
             executor.start()
@@ -415,6 +425,41 @@ class KeyedConsumer:
             self._active = False
         if self._error is not None:
             raise self._error
+
+    def _confirm_ownership(self, client: KafkaClient) -> bool:
+        """After a stall of this process (or a lost lease), is it still the group's owner of its
+        partitions? Called by the Redis sequencer before it acquires leases again.
+
+        A stopped process (SIGSTOP, a VM pause) may have lost its partitions while it could not
+        tell; until librdkafka serves the revoke, a fresh lease would let it re-run messages the
+        new owner already ran and committed. So: the group's committed offsets must not be past
+        this instance's first unfinished ones (else another member has run them), and a
+        synchronous commit of those offsets must succeed (the coordinator refuses a commit from a
+        member it expelled: ``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION``, KIP-848's
+        ``FENCED_MEMBER_EPOCH``). Returns ``False`` while either fails (the caller asks again).
+        """
+        d = self._d
+        with d.lock:
+            parts = [p for p in d.parts.values() if p.state == ACTIVE]
+        offsets, meta = d.commit_offsets(parts)
+        if not offsets:
+            return True
+        try:
+            group = client.committed([(t, p) for t, p, _ in offsets], 5.0)
+        except KafkaClientError as exc:
+            log.warning("ownership check: committed offsets unavailable (%s)", exc)
+            return False
+        ahead = [(t, p, o) for t, p, o in offsets if group.get((t, p), (-1, ""))[0] > o]
+        if ahead:
+            log.warning("ownership check: the group committed past this instance's offsets %s: partitions lost", ahead)
+            return False
+        try:
+            client.commit(offsets, meta)
+        except KafkaClientError as exc:
+            log.warning("ownership check: commit refused (%s): waiting for the rebalance", exc)
+            return False
+        log.info("ownership check passed for %d partition(s)", len(offsets))
+        return True
 
     def _refresh_high_watermarks(self, client: KafkaClient) -> None:
         parts = list(self._d.parts.values())
@@ -499,13 +544,13 @@ class KeyedConsumer:
             self._sequencer.settle_pending()
         try:
             self._store(client)
-            final = [
-                (p.topic, p.partition, wm)
-                for p in list(d.parts.values())
-                if p.state == ACTIVE and (wm := p.tracker.watermark()) is not None
-            ]
+            final, meta = d.commit_offsets([p for p in list(d.parts.values()) if p.state == ACTIVE])
             if final and started:
-                client.commit(final)
+                if meta and not cfg.manual_commit:  # librdkafka's commit at close uses the stored metadata
+                    for topic, partition, offset in final:
+                        if (topic, partition) in meta:
+                            client.store(topic, partition, offset, meta[(topic, partition)])
+                client.commit(final, meta)
                 for p in d.parts.values():
                     p.stored = p.tracker.watermark()
         except KafkaClientError as exc:
@@ -566,7 +611,19 @@ class _Listener:
 
     def on_assign(self, partitions: list[TP]) -> None:
         log.info("assigned %s", partitions)
-        self._c._d.assign(partitions)
+        finished: dict[TP, FinishedOffsets] = {}
+        if self._c.config.commit_metadata_max_bytes and partitions:
+            # the offsets the previous owners finished above their commits: skipped, not re-run
+            try:
+                for tp, (offset, meta) in self._client.committed(partitions, 10.0).items():
+                    fin = FinishedOffsets.decode(offset, meta)
+                    if fin is not None:
+                        finished[tp] = fin
+                        log.info("%s[%d]: %d offsets above %d were finished by the previous owner: not run again",
+                                 tp[0], tp[1], fin.count, offset)
+            except KafkaClientError as exc:  # nothing skipped: they run again (at-least-once)
+                log.warning("committed offsets of %s unavailable: finished offsets run again (%s)", partitions, exc)
+        self._c._d.assign(partitions, finished)
 
     def on_revoke(self, partitions: list[TP]) -> None:
         c = self._c
@@ -583,18 +640,18 @@ class _Listener:
         timeout = 0.0 if c._closing else c.config.revoke_timeout_s
         if not d.wait_idle(parts, timeout) and timeout:
             log.warning("revoke: handlers of %s still running after %g s", partitions, timeout)
-        final = d.close_parts(parts)
+        final, meta = d.close_parts(parts)
         if final:
             # Store as well as commit: with auto commit librdkafka commits the *stored* offsets of
             # the partitions it unassigns after this callback, which must not be older ones.
             if not c.config.manual_commit:
                 for topic, partition, offset in final:
                     try:
-                        self._client.store(topic, partition, offset)
+                        self._client.store(topic, partition, offset, meta.get((topic, partition), ""))
                     except KafkaClientError as exc:
                         log.debug("store on revoke failed: %s", exc)
             try:
-                self._client.commit(final)
+                self._client.commit(final, meta)
             except KafkaClientError as exc:
                 log.warning("commit on revoke failed: %s", exc)
         log.info("revoked %s, committed %s", partitions, final)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from .kafka import TP
 from .message import Message
-from .offsets import OffsetTracker
+from .offsets import FinishedOffsets, OffsetTracker, encode_finished
 from .sequencing.keys import lease_id
 from .sequencing.leases import LeaseTable
 
@@ -105,7 +105,8 @@ class Partition:
     """One assignment of one partition: its offset tracker and what runs from it."""
 
     __slots__ = (
-        "topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked", "catching_up"
+        "topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked", "catching_up",
+        "finished",
     )
 
     def __init__(self, tp: TP, lanes: Lanes, group: str = "", parked: bool = False) -> None:
@@ -119,6 +120,9 @@ class Partition:
         self.high: int | None = None  # the partition's end offset (high watermark), last seen
         self.parked = parked  # the stand-in of messages run from Redis parked lists (no offsets)
         self.catching_up = False  # being revoked: only messages below the highest done offset start
+        # offsets the previous owner finished above its committed offset (its commit metadata):
+        # they count done when they arrive and do not run again
+        self.finished: FinishedOffsets | None = None
 
     @property
     def tp(self) -> TP:
@@ -167,6 +171,8 @@ class Dispatcher:
         self.delayed: list[tuple[float, int, Message]] = []  # heap of (due monotonic s, seq, msg)
         self._seq = itertools.count()
         self.retries = 0  # RetryLater outcomes so far
+        self.skipped_finished = 0  # messages not run: the previous owner had finished them
+        self.metadata_max_bytes = 0  # commit metadata naming finished offsets (0: none)
         self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
         self.slots: list[Slot] = []  # one per worker (registered by the executor)
         self.avg_size: float | None = None  # key + value bytes per message (None: none seen yet)
@@ -185,11 +191,34 @@ class Dispatcher:
 
     # -- assignment -----------------------------------------------------------------------------
 
-    def assign(self, tps: Iterable[TP]) -> None:
+    def assign(self, tps: Iterable[TP], finished: dict[TP, FinishedOffsets] | None = None) -> None:
+        """Start tracking newly assigned partitions; ``finished``: per partition, the offsets its
+        previous owner finished above the committed offset (read from the commit metadata)."""
         with self.lock:
             for tp in tps:
                 lanes = self._lanes_by_tp.setdefault(tp, {})
-                self.parts[tp] = Partition(tp, lanes, self.group)
+                part = self.parts[tp] = Partition(tp, lanes, self.group)
+                if finished:
+                    part.finished = finished.get(tp)
+
+    def commit_offsets(self, parts: Iterable[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
+        """What to commit for ``parts`` (active or being revoked): ``([(topic, partition, watermark)],
+        {tp: metadata})``, the metadata naming the offsets done above each watermark
+        (:func:`~keyedconsumer.offsets.encode_finished`, up to ``metadata_max_bytes``)."""
+        offsets: list[tuple[str, int, int]] = []
+        meta: dict[TP, str] = {}
+        with self.lock:
+            for part in parts:
+                if part.state == CLOSED or part.parked:
+                    continue
+                wm = part.tracker.watermark()
+                if wm is None:
+                    continue
+                offsets.append((part.topic, part.partition, wm))
+                text = encode_finished(part.tracker, self.metadata_max_bytes)
+                if text:
+                    meta[part.tp] = text
+        return offsets, meta
 
     def assigned(self) -> list[TP]:
         with self.lock:
@@ -310,15 +339,11 @@ class Dispatcher:
         else:
             self.ready.appendleft(msg)
 
-    def close_parts(self, parts: list[Partition]) -> list[tuple[str, int, int]]:
-        """Close revoked partitions; return ``(topic, partition, offset)`` still to commit."""
-        out = []
+    def close_parts(self, parts: list[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
+        """Close revoked partitions; return what to commit for them (as :meth:`commit_offsets`)."""
+        out = self.commit_offsets([p for p in parts if p.state == REVOKING])
         with self.lock:
             for part in parts:
-                if part.state == REVOKING:
-                    wm = part.tracker.watermark()
-                    if wm is not None:
-                        out.append((part.topic, part.partition, wm))
                 part.state = CLOSED
         return out
 
@@ -362,6 +387,15 @@ class Dispatcher:
                 part = parts.get((msg.topic, msg.partition))
                 if part is None or not part.tracker.add(msg.offset, now):
                     continue  # not assigned (any more), or a re-delivery of a tracked offset
+                fin = part.finished
+                if fin is not None:
+                    if fin.covers(msg.offset):  # the previous owner finished it: it does not run again
+                        part.tracker.done(msg.offset)
+                        self._dirty.add(part)
+                        self.skipped_finished += 1
+                        continue
+                    if msg.offset >= fin.end:
+                        part.finished = None
                 msg._part = part
                 self.buffered += 1
                 self.buffered_bytes += msg._size
@@ -580,6 +614,15 @@ class Dispatcher:
                 part.running -= 1
                 self.running -= 1
                 leases.requeue(msg, lid)
+                return None
+            if done is False and not (self.stopping or part.catching_up):
+                # Not started: its lease was not valid when a worker took it (a late renewal) and
+                # is again now. It runs first, still its lane's head: the lane must not go on
+                # without it (that ran later messages of its key first and held its offset back).
+                part.running -= 1
+                self.running -= 1
+                self.ready.appendleft(msg)
+                self.wake(1)
                 return None
         if type(done) is Park and leases is not None and self.parking:
             if not (self.halted or part.state != ACTIVE):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -38,8 +38,9 @@ class KafkaClient(Protocol):
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]: ...
-    def store(self, topic: str, partition: int, offset: int) -> None: ...
-    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None: ...
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None: ...
+    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None: ...
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]: ...
     def pause(self, partitions: Sequence[TP]) -> None: ...
     def resume(self, partitions: Sequence[TP]) -> None: ...
     def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]: ...
@@ -56,6 +57,12 @@ _BENIGN_COMMIT = {KafkaError._NO_OFFSET}
 
 def _client_error(err: KafkaError, what: str) -> KafkaClientError:
     return KafkaClientError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal())
+
+
+def _tp(topic: str, partition: int, offset: int, metadata: str) -> TopicPartition:
+    if metadata:
+        return TopicPartition(topic, partition, offset, metadata=metadata)
+    return TopicPartition(topic, partition, offset)
 
 
 class _ConfluentClient:
@@ -128,29 +135,60 @@ class _ConfluentClient:
             append(msg)
         return out
 
-    def store(self, topic: str, partition: int, offset: int) -> None:
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
         # One partition per call: librdkafka fails a multi-partition store only when every
         # partition fails, so a mixed call could silently drop one (case C9).
         try:
-            self._consumer.store_offsets(offsets=[TopicPartition(topic, partition, offset)])
+            self._consumer.store_offsets(offsets=[_tp(topic, partition, offset, metadata)])
         except KafkaException as exc:
             raise _client_error(exc.args[0], f"store_offsets topic={topic} partition={partition}") from None
 
-    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
-        tps = [TopicPartition(t, p, o) for t, p, o in offsets]
+    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        meta = metadata or {}
+        tps = [_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets]
         try:
             result = self._consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() in _BENIGN_COMMIT:
                 return
+            if err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE and meta:
+                # a broker with a lower offset.metadata.max.bytes: the offsets alone still count
+                log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+                self.commit(offsets)
+                return
             raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
         failed = [
             (tp, tp.error) for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT
         ]
+        if meta and any(e.code() == KafkaError.OFFSET_METADATA_TOO_LARGE for _, e in failed):
+            log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+            self.commit([(tp.topic, tp.partition, tp.offset) for tp, _ in failed])
+            failed = [(tp, e) for tp, e in failed if e.code() != KafkaError.OFFSET_METADATA_TOO_LARGE]
         if failed:
             desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {e.name()}" for tp, e in failed)
             raise CommitError(f"commit failed for {desc}", code=failed[0][1].name())
+
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]:
+        """The group's committed ``(offset, metadata)`` of ``partitions`` (offset < 0: none).
+
+        Raises
+        ------
+        KafkaClientError
+            No answer from the group coordinator within ``timeout_s``, or an error.
+        """
+        if not partitions:
+            return {}
+        try:
+            result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
+        except KafkaException as exc:
+            raise _client_error(exc.args[0], "committed offsets") from None
+        out: dict[TP, tuple[int, str]] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise _client_error(tp.error, f"committed offset of topic={tp.topic} partition={tp.partition}")
+            out[(tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
+        return out
 
     def pause(self, partitions: Sequence[TP]) -> None:
         if partitions:

@@ -8,9 +8,16 @@ compacted records) cannot hold the watermark back (case C3).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
+import zlib
 from collections import deque
 
-__all__ = ["OffsetTracker"]
+__all__ = ["OffsetTracker", "FinishedOffsets", "encode_finished", "METADATA_PREFIX"]
+
+#: Prefix of the commit metadata this package writes (other metadata is ignored when read).
+METADATA_PREFIX = "kc1:"
 
 #: Done offsets kept behind an unfinished head before they are compacted away.
 COMPACT_MIN = 4096
@@ -92,6 +99,31 @@ class OffsetTracker:
         finished messages above the stored offset, to be run again after a rebalance or restart."""
         return bool(self._pending) and self._pending[0] < self._high
 
+    def finished_runs(self) -> tuple[int, list[int]] | None:
+        """The done offsets above the watermark, as runs: ``(watermark, [u0, f0, u1, f1, ...])``
+        where ``u`` counts offsets not done and ``f`` offsets done (or never received: transaction
+        markers), alternately from the watermark up to the highest done offset. ``None`` when no
+        offset above the watermark is done. O(unfinished offsets)."""
+        if not self.behind_done():
+            return None
+        pending, done, high = self._pending, self._done, self._high
+        base = pending[0]
+        runs: list[int] = []
+        start = last = base
+        for off in pending:
+            if off > high:
+                break
+            if off in done:
+                continue
+            if off > last + 1:
+                runs.append(last - start + 1)
+                runs.append(off - last - 1)
+                start = off
+            last = off
+        runs.append(last - start + 1)
+        runs.append(high - last)
+        return base, runs
+
     def oldest_received_s(self) -> float | None:
         """When the first unfinished offset was received (``time.monotonic()`` s), or ``None``."""
         return self._since[0] if self._since else None
@@ -103,3 +135,111 @@ class OffsetTracker:
 
     def __repr__(self) -> str:
         return f"OffsetTracker(watermark={self.watermark()}, pending={self.pending})"
+
+
+def _varints(values: list[int]) -> bytes:
+    out = bytearray()
+    for v in values:
+        while True:
+            b = v & 0x7F
+            v >>= 7
+            if v:
+                out.append(b | 0x80)
+            else:
+                out.append(b)
+                break
+    return bytes(out)
+
+
+def _encode(base: int, runs: list[int]) -> str:
+    raw = _varints([base, *runs])
+    return METADATA_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def encode_finished(tracker: OffsetTracker, max_bytes: int) -> str:
+    """Commit metadata naming the offsets done above ``tracker``'s watermark, so the partition's
+    next owner skips them instead of running them again (the approach of Confluent's Parallel
+    Consumer: Kafka stores a metadata string with each committed offset, up to the broker's
+    ``offset.metadata.max.bytes``, 4096 by default).
+
+    Returns ``""`` when nothing above the watermark is done or ``max_bytes`` is 0. When the runs do
+    not fit in ``max_bytes`` (ASCII characters), only the first runs are kept: offsets left out run
+    again (at-least-once), none is ever named done that is not.
+    """
+    found = tracker.finished_runs() if max_bytes > 0 else None
+    if found is None:
+        return ""
+    base, runs = found
+    text = _encode(base, runs)
+    if len(text) <= max_bytes:
+        return text
+    lo, hi = 0, len(runs) // 2  # pairs (unfinished run, finished run) kept: lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(_encode(base, runs[: 2 * mid])) <= max_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return _encode(base, runs[: 2 * lo]) if lo else ""
+
+
+class FinishedOffsets:
+    """Offsets a partition's previous owner finished above its committed offset, read from the
+    commit metadata :func:`encode_finished` wrote.
+
+    Use :meth:`decode`; :meth:`covers` is O(log runs); ``end`` is the first offset past them.
+    """
+
+    __slots__ = ("_starts", "_ends", "end", "count")
+
+    def __init__(self, base: int, runs: list[int]) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []  # exclusive
+        pos = base
+        self.count = 0
+        for i, n in enumerate(runs):
+            if i % 2:
+                self._starts.append(pos)
+                self._ends.append(pos + n)
+                self.count += n
+            pos += n
+        self.end = pos
+
+    @classmethod
+    def decode(cls, committed: int, metadata: str | None) -> FinishedOffsets | None:
+        """The finished offsets named by ``metadata`` committed with offset ``committed``; ``None``
+        when it is not this package's, does not belong to that offset, or is malformed (then
+        nothing is skipped: every message runs)."""
+        if not metadata or not metadata.startswith(METADATA_PREFIX) or committed < 0:
+            return None
+        try:
+            data = metadata[len(METADATA_PREFIX):]
+            packed = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
+            z = zlib.decompressobj()
+            raw = z.decompress(packed, 1 << 20)
+            if z.unconsumed_tail:
+                return None
+        except (binascii.Error, ValueError, zlib.error):
+            return None
+        values: list[int] = []
+        v = shift = 0
+        for b in raw:
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                values.append(v)
+                v = shift = 0
+        if shift or len(values) < 3 or len(values) % 2 == 0 or values[0] != committed:
+            return None
+        runs = values[1:]
+        if any(n <= 0 for n in runs):
+            return None
+        return cls(committed, runs)
+
+    def covers(self, offset: int) -> bool:
+        """True when ``offset`` was finished by the previous owner."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return i >= 0 and offset < self._ends[i]
+
+    def __repr__(self) -> str:
+        return f"FinishedOffsets(count={self.count}, end={self.end})"

@@ -50,7 +50,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +140,7 @@ class Commit:
     offset: int
     member: str
     automatic: bool
+    metadata: str = ""
 
 
 def _bytes(value: Bytes) -> bytes | None:
@@ -155,6 +156,7 @@ class _Group:
         self.name = name
         self.members: list[FakeClient] = []  # in join order
         self.committed: dict[TP, int] = {}
+        self.metadata: dict[TP, str] = {}  # committed metadata per partition
         self.history: list[Commit] = []
         self.target: dict[TP, FakeClient] = {}  # where each partition should be
         self.callbacks: list[tuple[str, str, list[TP]]] = []
@@ -531,6 +533,7 @@ class FakeClient:
         self._assignment: set[TP] = set()
         self._positions: dict[TP, int] = {}
         self._stored: dict[TP, int] = {}
+        self._stored_meta: dict[TP, str] = {}
         self._paused: set[TP] = set()
         self._to_revoke: set[TP] = set()
         self._to_lose: set[TP] = set()
@@ -583,8 +586,8 @@ class FakeClient:
             b.clock.advance(max(0.0, timeout_s))
         return out
 
-    def store(self, topic: str, partition: int, offset: int) -> None:
-        """Keep ``offset`` for the next (auto) commit.
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
+        """Keep ``offset`` (and its commit ``metadata``) for the next (auto) commit.
 
         Raises
         ------
@@ -598,9 +601,10 @@ class FakeClient:
                     f"store_offsets topic={topic} partition={partition}: _STATE: Local: Erroneous state", code="_STATE"
                 )
             self._stored[(topic, partition)] = offset
+            self._stored_meta[(topic, partition)] = metadata
 
-    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
-        """Commit ``(topic, partition, offset)`` synchronously.
+    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        """Commit ``(topic, partition, offset)`` synchronously, with ``metadata[(topic, partition)]``.
 
         Raises
         ------
@@ -614,12 +618,21 @@ class FakeClient:
             failed = []
             for topic, partition, offset in offsets:
                 if (topic, partition) in self._assignment:
-                    self._commit_locked((topic, partition), offset, automatic=False)
+                    meta = (metadata or {}).get((topic, partition), "")
+                    self._commit_locked((topic, partition), offset, automatic=False, metadata=meta)
                 else:
                     failed.append(f"{topic}[{partition}]@{offset}: ILLEGAL_GENERATION")
         if failed:
             raise CommitError(f"commit failed for {', '.join(failed)} (not assigned to this member)",
                               code="ILLEGAL_GENERATION")
+
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]:
+        """The group's committed ``(offset, metadata)`` of ``partitions`` (``-1001`` when none)."""
+        b = self._broker
+        with b._lock:
+            self._check_open("committed")
+            g = b._group(self.group_id)
+            return {tp: (g.committed.get(tp, -1001), g.metadata.get(tp, "")) for tp in partitions}
 
     def pause(self, partitions: Sequence[TP]) -> None:
         """Stop fetching ``partitions`` (assigned ones; others are ignored). As in librdkafka, the
@@ -739,6 +752,7 @@ class FakeClient:
             self._assignment.discard(tp)
             self._positions.pop(tp, None)
             self._stored.pop(tp, None)
+            self._stored_meta.pop(tp, None)
             # like librdkafka, a pause outlives a revoke: a partition assigned back stays paused
             # until resumed (issue confluentinc/librdkafka#1849)
 
@@ -747,13 +761,14 @@ class FakeClient:
         for tp in tps:
             offset = self._stored.get(tp)
             if offset is not None and offset != g.committed.get(tp):
-                self._commit_locked(tp, offset, automatic=True)
+                self._commit_locked(tp, offset, automatic=True, metadata=self._stored_meta.get(tp, ""))
 
-    def _commit_locked(self, tp: TP, offset: int, automatic: bool) -> None:
+    def _commit_locked(self, tp: TP, offset: int, automatic: bool, metadata: str = "") -> None:
         b = self._broker
         g = b._group(self.group_id)
         g.committed[tp] = offset
-        g.history.append(Commit(g.name, tp[0], tp[1], offset, self.member_id, automatic))
+        g.metadata[tp] = metadata
+        g.history.append(Commit(g.name, tp[0], tp[1], offset, self.member_id, automatic, metadata))
         b._bump()
 
     def _fetch_locked(self, max_messages: int) -> list[Message]:

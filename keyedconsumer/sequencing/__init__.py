@@ -203,6 +203,13 @@ class RedisSequencer:
         self.is_scheduler = False  # holds the scheduler lease now
         self._sched_check_s = 0.0
         self.gone_instances: list[str] = []  # instances this one saw time out
+        self._confirm: Callable[[], bool] = lambda: True
+        self._stall_s = self.config.lease_ttl_s / 2
+        self._last_tick_s = 0.0
+        self._lost_seen = 0
+        self._suspect = False  # a stall or a lost lease: no lease is acquired until confirmed
+        self._next_confirm_s = 0.0
+        self.stalls = 0  # stalls or lease losses that needed an ownership check
 
     def __repr__(self) -> str:
         c = self.config
@@ -210,13 +217,29 @@ class RedisSequencer:
 
     # -- engine side (the poll thread) ----------------------------------------------------------
 
-    def attach(self, d: Dispatcher, fatal: Callable[[BaseException], None]) -> None:
-        """Start serving ``d`` (called by the consumer before polling)."""
+    def attach(
+        self,
+        d: Dispatcher,
+        fatal: Callable[[BaseException], None],
+        confirm: Callable[[], bool] | None = None,
+        session_timeout_s: float | None = None,
+    ) -> None:
+        """Start serving ``d`` (called by the consumer before polling).
+
+        ``confirm()`` tells whether this instance still owns its partitions in the consumer group
+        (see :meth:`tick`); ``session_timeout_s`` is the group session timeout (seconds).
+        """
         from .store import LeaseStore
 
         c = self.config
         self._d = d
         self._fatal = fatal
+        self._confirm = confirm or (lambda: True)
+        # a poll thread silent this long may have lost partitions or leases (half the shorter bound)
+        self._stall_s = min(c.lease_ttl_s, session_timeout_s or c.lease_ttl_s) / 2
+        self._last_tick_s = 0.0
+        self._lost_seen = 0
+        self._suspect = False
         self._stop.clear()
         self._checked = False
         from .parking import Parker
@@ -244,6 +267,12 @@ class RedisSequencer:
     def tick(self) -> float | None:
         """Acquire wanted leases and release idle ones, in one round trip each.
 
+        After a stall (no tick for half the shorter of ``lease_ttl_s`` and the group session
+        timeout: SIGSTOP, a VM or GC pause) or a lost lease, no lease is acquired until the
+        consumer's ownership check passes: a stopped process may have lost its partitions without
+        knowing yet, and a fresh lease (a new, higher fencing token) would let it re-run messages
+        the partition's new owner already ran and committed (fault harness, check 4).
+
         Returns the longest the poll thread should wait before the next tick (seconds), or ``None``.
         """
         from .store import StoreUnavailable
@@ -252,6 +281,17 @@ class RedisSequencer:
         assert d is not None and d.leases is not None
         leases = d.leases
         now = time.monotonic()
+        if self._last_tick_s and now - self._last_tick_s > self._stall_s:
+            log.warning("no tick for %.1f s (a stall): checking partition ownership before acquiring leases",
+                        now - self._last_tick_s)
+            self._suspected()
+        self._last_tick_s = now
+        if self._suspect and now >= self._next_confirm_s:
+            if self._confirm():
+                self._suspect = False
+            else:
+                self._next_confirm_s = time.monotonic() + 0.2
+            self._last_tick_s = now = time.monotonic()
         if now < self._next_try_s:
             return self._next_try_s - now
         try:
@@ -261,7 +301,10 @@ class RedisSequencer:
                 self._checked = True
             with d.lock:
                 leases.expire_unconfirmed(now)
-                asks = leases.to_acquire(now)
+                if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
+                    self._lost_seen = leases.lost
+                    self._suspected()
+                asks = [] if self._suspect else leases.to_acquire(now)
                 releases = leases.to_release(now)
             if releases:
                 store.release(releases)
@@ -288,6 +331,12 @@ class RedisSequencer:
         if leases.want or busy:
             return 0.01
         return 0.05 if self.is_scheduler else None
+
+    def _suspected(self) -> None:
+        if not self._suspect:
+            self._suspect = True
+            self.stalls += 1
+            self._next_confirm_s = 0.0
 
     def _parking_tick(self) -> bool:
         """Park, drain and (as the scheduler) move due work; ``True`` while anything is under way."""

@@ -53,6 +53,7 @@ class LeaseTable:
         self.by_id: dict[str, Lease] = {}
         self.want: set[str] = set()
         self.idle: dict[str, float] = {}  # lease id -> since when idle (monotonic seconds)
+        self.lost = 0  # leases lost so far (expired unconfirmed or taken over), not released
         self._instance = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._n = itertools.count()
 
@@ -213,6 +214,7 @@ class LeaseTable:
                 self.lose(lease)
 
     def lose(self, lease: Lease) -> None:
+        self.lost += 1
         lease.held = False
         self.idle.pop(lease.lid, None)
         if lease.waiting or lease.active is not None:

@@ -173,7 +173,10 @@ class Parker:
                 lid = d.lid(head)
                 lease = leases.by_id.get(lid)
                 if lease is None or not lease.held:
-                    continue  # lost meanwhile: requeued by the lease table
+                    # lost meanwhile: it waits, first in line, for the lease again (the lease
+                    # table only marks a lost lease wanted; its active head must be put back)
+                    leases.requeue(head, lid)
+                    continue
                 msgs = [head]
                 q = head._lanes.get(head._lk) if head._lanes is not None else None
                 if q:

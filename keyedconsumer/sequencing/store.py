@@ -59,13 +59,13 @@ return 0
 # messages, [4] max bytes, then (field, offset, entry) triples in order. Entries whose offset is not
 # above the field's highest parked offset are already parked (a re-delivery): skipped. Entries are
 # taken in order while the list has room (an empty list takes at least one).
-# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added}
+# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added, appended}
 _PARK = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0, 0} end
 local before = redis.call('LLEN', KEYS[2])
 local n, nbytes = before, tonumber(redis.call('GET', KEYS[3]) or '0')
 local maxn, maxb = tonumber(ARGV[3]), tonumber(ARGV[4])
-local last, taken, add = {}, 0, 0
+local last, taken, add, appended = {}, 0, 0, 0
 for i = 5, #ARGV, 3 do
   local f, off, e = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   if last[f] == nil then last[f] = tonumber(redis.call('HGET', KEYS[4], f) or '-1') end
@@ -77,12 +77,13 @@ for i = 5, #ARGV, 3 do
     n = n + 1
     nbytes = nbytes + #e
     add = add + #e
+    appended = appended + 1
   end
   taken = taken + 1
 end
 if taken > 0 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
 if add > 0 then redis.call('INCRBY', KEYS[3], add) end
-return {1, before, taken, add}
+return {1, before, taken, add, appended}
 """
 # KEYS[1] lease, [2] park; ARGV[1] owner, [2] n -> {1, the first n entries, length} | {0, {}, 0}
 _FETCH = """
@@ -103,12 +104,15 @@ end
 if redis.call('LLEN', KEYS[2]) == 0 then redis.call('DEL', KEYS[3]) elseif b > 0 then redis.call('DECRBY', KEYS[3], b) end
 return n
 """
-# KEYS[1] lease, [2] park; ARGV[1] owner, [2] head entry expected, [3] its replacement -> 1 | 0
+# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] head entry expected, [3] its replacement
+# -> {1, bytes added (may be negative)} | {0, 0}
 _REPLACE_HEAD = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0} end
+if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return {0, 0} end
 redis.call('LSET', KEYS[2], 0, ARGV[3])
-return 1
+local delta = #ARGV[3] - #ARGV[2]
+if delta ~= 0 then redis.call('INCRBY', KEYS[3], delta) end
+return {1, delta}
 """
 # KEYS[1] due; ARGV[1] member, [2] the score it was seen with -> 1 removed | 0 changed meanwhile
 _ZREM_IF = """
@@ -294,11 +298,10 @@ class LeaseStore:
                 k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)]
                 self._park(keys=k, args=args, client=pipe)
             out = pipe.execute()
-            added = [(int(x[2]), int(x[3])) for x in out if int(x[0]) == 1 and int(x[3]) > 0]
-            if added:  # approximate: counts taken entries (re-deliveries included) as parked
-                self._r.hincrby(keys.totals(ns), "n", sum(a for a, _ in added))
-                self._r.hincrby(keys.totals(ns), "bytes", sum(b for _, b in added))
-            return [(int(a), int(b), int(c), int(d)) for a, b, c, d in out]
+            n_added = sum(int(x[4]) for x in out if int(x[0]) == 1)
+            if n_added:  # appended entries only: a re-delivered one is taken, not appended
+                self._count(n_added, sum(int(x[3]) for x in out if int(x[0]) == 1))
+            return [(int(x[0]), int(x[1]), int(x[2]), int(x[3])) for x in out]
         except redis.RedisError as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
@@ -315,19 +318,30 @@ class LeaseStore:
         k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
         n = int(self._call(self._pop_many, k, [owner, *entries]))
         if n > 0:
-            try:
-                pipe = self._r.pipeline(transaction=False)
-                pipe.hincrby(keys.totals(ns), "n", -n)
-                pipe.hincrby(keys.totals(ns), "bytes", -sum(len(e) for e in entries[:n]))
-                pipe.execute()
-            except redis.RedisError as exc:
-                log.debug("parked totals not updated: %s", exc)
+            self._count(-n, -sum(len(e) for e in entries[:n]))
         return n
+
+    def _count(self, n: int, nbytes: int) -> None:
+        """Adjust the namespace's parked totals (kept beside the lists, in the ``{_sched}`` slot, so
+        not in the lists' scripts: a crash between the two leaves them off by that batch)."""
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            if n:
+                pipe.hincrby(keys.totals(self.namespace), "n", n)
+            if nbytes:
+                pipe.hincrby(keys.totals(self.namespace), "bytes", nbytes)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("parked totals not updated: %s", exc)
 
     def replace_head(self, lid: str, owner: str, head: bytes, new: bytes) -> bool:
         """Replace the head of the key's parked list (its attempt and due time) under the lease."""
         ns = self.namespace
-        return bool(self._call(self._replace_head, [keys.lease(ns, lid), keys.park(ns, lid)], [owner, head, new]))
+        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
+        ok, delta = self._call(self._replace_head, k, [owner, head, new])
+        if int(delta):
+            self._count(0, int(delta))
+        return bool(int(ok))
 
     def set_due(self, lid: str, score_ms: float) -> None:
         """``ZADD`` the key to the due set at ``score_ms`` (ms since the epoch, a unique float)."""
@@ -382,6 +396,8 @@ class LeaseStore:
         r = self._call(
             self._move_in, [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], [f"s.{sid}", entry, seen_ttl_ms]
         )
+        if int(r[0]):
+            self._count(1, len(entry))
         return bool(r[0]), int(r[1])
 
     def unschedule(self, sid: str) -> None:

@@ -188,3 +188,83 @@ def test_sequencer_settings_are_validated() -> None:
     assert "s3cret" not in repr(s) and "s3cret" not in repr(s.config)
     with pytest.raises(ValueError):
         KeyedConsumer(name="n", topics=["t"], handler=lambda m: None, ordering="none", sequencer=s)
+
+
+@pytest.mark.timeout(150)
+def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # given instance A with a backlog of 600 messages of 60 keys queued in memory, slowly running them
+    topic = new_topic(1)
+    n = 600
+    produce(kafka_bootstrap, topic, [(f"k{i % 60}".encode(), str(i).encode(), 0) for i in range(n)])
+    group, ns = f"stall-{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "events.log"
+    common = ("--ttl", "2", "--session-ms", "6000")
+    a = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common, "--sleep", "0.05", "--concurrency", "1")
+    b = None
+    try:
+        assert wait_until(lambda: sum(1 for e in events(log) if e[0] == "E") >= 20, 60)
+        # when A is stopped (SIGSTOP) longer than the session timeout and the lease TTL, and B
+        # takes the partition over and runs and commits everything
+        a.send_signal(signal.SIGSTOP)
+        b = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common, "--sleep", "0.001")
+        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: n}, 90)
+        # and A resumes (SIGCONT) before librdkafka has told it of the loss
+        resumed_ns = time.monotonic_ns()
+        a.send_signal(signal.SIGCONT)
+        time.sleep(4.0)
+    finally:
+        stop_all(a, *(p for p in (b,) if p is not None))
+    # then A started nothing after it resumed: every message it had queued was run and committed by
+    # B, and a fresh lease (a newer fencing token) would have let it run them again behind the commit
+    late = [e for e in events(log) if e[0] == "S" and int(e[1]) == a.pid and int(e[-1]) > resumed_ns]
+    assert late == []
+    assert committed(kafka_bootstrap, group, topic, 1) == {0: n}
+
+
+@pytest.mark.timeout(30)
+def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(redis_url: str) -> None:
+    from keyedconsumer.dispatch import Dispatcher
+    from keyedconsumer.message import Message
+
+    # given a sequencer serving a dispatcher with one partition, and an ownership check we control
+    d = Dispatcher("key", 4)
+    d.assign([("t", 0)])
+    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False)
+    owner = {"ok": True, "asked": 0}
+
+    def confirm() -> bool:
+        owner["asked"] += 1
+        return owner["ok"]
+
+    seq.attach(d, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    try:
+        d.admit([Message("t", 0, 0, b"k0", b"v")])
+        seq.tick()
+        assert len(d.ready) == 1 and owner["asked"] == 0  # no stall: leases come without a check
+        # when the poll thread stalls for longer than half the lease TTL, and the group has moved on
+        time.sleep(0.7)
+        owner["ok"] = False
+        d.admit([Message("t", 0, 1, b"k1", b"v")])
+        for _ in range(3):
+            seq.tick()
+            time.sleep(0.25)
+        # then the check is asked (again while it fails) and no lease is acquired meanwhile
+        assert owner["asked"] >= 2
+        assert len(d.ready) == 1 and d.leases is not None and d.leases.want
+        # when it passes, the lease is acquired
+        owner["ok"] = True
+        seq.tick()
+        assert len(d.ready) == 2 and owner["asked"] >= 3
+        # when a held lease is lost (deleted in Redis: taken over) the check is asked again
+        asked = owner["asked"]
+        owner["ok"] = False
+        r = redis.Redis.from_url(redis_url)
+        for name in r.scan_iter(f"kc:{seq.config.namespace}:*:lease"):
+            r.delete(name)
+        assert wait_until(lambda: d.leases is not None and d.leases.lost > 0, 5)
+        d.admit([Message("t", 0, 2, b"k2", b"v")])
+        seq.tick()
+        seq.tick()
+        assert owner["asked"] > asked and len(d.ready) == 2
+    finally:
+        seq.detach()

@@ -167,3 +167,71 @@ def test_retry_later_keeps_the_lane_and_the_offset() -> None:
     parts = d.begin_revoke([("t", 0)])
     d.close_parts(parts)
     assert not d.delayed and d.buffered == 0 and d.running == 0
+
+
+def _leased_dispatcher() -> Dispatcher:
+    from keyedconsumer.sequencing.leases import LeaseTable
+
+    d = Dispatcher("key", 2)
+    d.leases = LeaseTable(ttl_s=3.0)
+    d.assign([("t", 0)])
+    return d
+
+
+def _grant(d: Dispatcher, lid: str, token: int = 1) -> None:
+    import time
+
+    assert d.leases is not None
+    with d.lock:
+        ((wanted, owner),) = [a for a in d.leases.to_acquire(time.monotonic()) if a[0] == lid]
+        head = d.leases.acquired(wanted, owner, token, time.monotonic(), time.monotonic())
+        if head is not None:
+            d.route(head)
+
+
+def test_a_message_not_started_under_a_briefly_invalid_lease_stays_its_lanes_head() -> None:
+    # given key a's messages 0 and 1, its lease held, message 0 taken by a worker
+    d = _leased_dispatcher()
+    a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
+    d.admit([a0, a1])
+    _grant(d, d.lid(a0))
+    with d.lock:
+        (taken,) = d.take_locked()
+    assert taken is a0
+    # when the worker did not start it (its lease was not confirmed in time: a late renewal) and
+    # the lease is valid again when it reports so
+    assert d.finish(a0, False) is None
+    # then a0 is ready again, first, and a1 still waits behind it: the lane did not go on without it
+    assert list(d.ready) == [a0]
+    assert list(d.parts[("t", 0)].lanes[b"a"] or []) == [a1]
+    assert d.parts[("t", 0)].tracker.watermark() == 0 and d.buffered == 2
+
+
+def test_a_head_waiting_to_be_parked_whose_lease_was_lost_waits_for_the_lease_again() -> None:
+    from keyedconsumer.sequencing.parking import Parker
+
+    class NoRedis:
+        def totals(self) -> tuple[int, int]:
+            return 0, 0
+
+    # given key a's head waiting to be parked under its lease
+    d = _leased_dispatcher()
+    d.parking = True
+    a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
+    d.admit([a0, a1])
+    lid = d.lid(a0)
+    _grant(d, lid)
+    with d.lock:
+        d.ready.clear()
+        d.to_park.append((a0, 0.5))
+        assert d.leases is not None
+        lease = d.leases.by_id[lid]
+        # when the lease is lost before the park is sent
+        d.leases.lose(lease)
+    parker = Parker(d, NoRedis(), max_parked_per_key=10, max_parked_bytes_per_key=1 << 20, max_parked_total=100,
+                    max_parked_bytes_total=1 << 20, seen_retention_s=60.0, quarantine_on_dead_letter=False, max_drains=4)
+    parker.park_pending()
+    # then the head waits, first in line, for the lease; once granted again it goes on
+    assert list(lease.waiting) == [a0] and lid in d.leases.want and lease.active is None
+    _grant(d, lid, token=2)
+    assert list(d.ready) == [a0] and a0.fencing_token == 2

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from keyedconsumer.offsets import OffsetTracker
+from keyedconsumer.offsets import METADATA_PREFIX, FinishedOffsets, OffsetTracker, encode_finished
 
 
 class TrackerMachine(RuleBasedStateMachine):
@@ -112,3 +112,62 @@ def test_memory_follows_unfinished_offsets_not_finished_ones() -> None:
     assert len(t._pending) + len(t._done) < 10_000
     t.done(0)
     assert t.watermark() == 100_001 and t.pending == 0
+
+
+# -- commit metadata: the offsets finished above the committed one ------------------------------------
+
+@settings(max_examples=120, deadline=None)
+@given(
+    gaps=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=400),
+    done_mask=st.lists(st.booleans(), min_size=400, max_size=400),
+    start=st.integers(min_value=0, max_value=2**40),
+    max_bytes=st.sampled_from([24, 60, 200, 4096]),
+)
+def test_commit_metadata_names_only_finished_offsets_and_all_of_them_when_it_fits(
+    gaps: list[int], done_mask: list[bool], start: int, max_bytes: int
+) -> None:
+    # given a tracker with offsets received (with gaps: transaction markers) and some of them done
+    t = OffsetTracker()
+    received = []
+    nxt = start
+    for g in gaps:
+        nxt += g
+        t.add(nxt)
+        received.append(nxt)
+        nxt += 1
+    done = {o for o, d in zip(received, done_mask, strict=False) if d}
+    for o in sorted(done, key=lambda o: hash((o, start))):
+        t.done(o)
+    wm = t.watermark()
+    assert wm is not None
+    # when its metadata is encoded within max_bytes and decoded against the committed watermark
+    text = encode_finished(t, max_bytes)
+    assert len(text) <= max_bytes
+    fin = FinishedOffsets.decode(wm, text)
+    named = {o for o in received if fin is not None and fin.covers(o)}
+    # then it never names an offset that is not done, nor one below the watermark
+    assert named <= done
+    assert all(o >= wm for o in named)
+    # and when it fits (nothing truncated), it names every done offset above the watermark
+    if text and fin is not None and fin.end > max(done | {wm}):
+        assert named == {o for o in done if o > wm}
+    if max_bytes == 4096 and len(received) <= 200:
+        assert named == {o for o in done if o > wm}
+    # and metadata read against another committed offset, or not ours, or garbled, names nothing
+    assert FinishedOffsets.decode(wm + 1, text) is None
+    assert FinishedOffsets.decode(wm, "some other tool's metadata") is None
+    assert FinishedOffsets.decode(wm, METADATA_PREFIX + "!!not base64!!") is None
+    assert FinishedOffsets.decode(wm, METADATA_PREFIX + "eJwDAAAAAAE") is None  # zlib of b"": no runs
+
+
+def test_no_metadata_when_nothing_above_the_watermark_is_done() -> None:
+    t = OffsetTracker()
+    for o in range(5):
+        t.add(o)
+    t.done(0)
+    t.done(1)
+    assert encode_finished(t, 4096) == ""
+    t.done(3)
+    assert encode_finished(t, 0) == ""
+    fin = FinishedOffsets.decode(2, encode_finished(t, 4096))
+    assert fin is not None and [o for o in range(6) if fin.covers(o)] == [3] and fin.end == 4

@@ -532,3 +532,44 @@ def test_client_errors_go_to_the_error_handler_and_a_fatal_one_stops_the_consume
             broker.inject_error(KafkaClientError("_FATAL: broker gone", code="_FATAL", fatal=True), group="g")
             run.wait_for(lambda: False, timeout_s=10, what="the consumer to stop")
     assert len(reported) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_the_next_owner_skips_it() -> None:
+    # given key "a" blocked at offset 0 and 20 other keys finished above it (offsets 1..20)
+    broker = InMemoryBroker()
+    broker.create_topic("t", partitions=1)
+    release = threading.Event()
+    runs: list[tuple[str, int]] = []
+
+    def handler_of(member: str):  # type: ignore[no-untyped-def]
+        def handle(msg: Message) -> None:
+            if msg.key == b"a" and member == "c1":
+                release.wait(20)
+            runs.append((member, msg.offset))
+        return handle
+
+    broker.produce("t", "blocked", key="a")
+    for i in range(20):
+        broker.produce("t", str(i), key=f"k{i}")
+    c1 = broker.consumer(name="c1", group_id="g", topics=["t"], handler=handler_of("c1"), concurrency=4,
+                         shutdown_timeout_s=0.5)
+    c2 = broker.consumer(name="c2", group_id="g", topics=["t"], handler=handler_of("c2"), concurrency=4)
+    try:
+        with broker.run(c1) as run:
+            run.wait_for(lambda: len(runs) == 20, what="the 20 other keys")
+            # when the first member stops while offset 0 still runs
+            run.stop(c1)
+            # then it committed offset 0 (never past it), with metadata naming offsets 1..20 finished
+            (last,) = [c for c in broker.commits("g") if not c.automatic][-1:]
+            assert last.offset == 0 and last.metadata.startswith("kc1:")
+            # and the next owner runs offset 0 and new messages, not what already finished
+            broker.produce("t", "new", key="k3")
+            run.add(c2)
+            run.wait_for(lambda: ("c2", 21) in runs, what="the new message on the second member")
+            run.until_idle(timeout_s=10)
+    finally:
+        release.set()
+    assert sorted(o for m, o in runs if m == "c2") == [0, 21]
+    assert c2._d.skipped_finished == 20
+    assert broker.committed("g") == {("t", 0): 22}

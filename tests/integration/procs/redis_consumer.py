@@ -1,7 +1,7 @@
 """A consumer process with the Redis sequencer, for multi-instance tests.
 
     python -m tests.integration.procs.redis_consumer BOOTSTRAP TOPIC GROUP LOGFILE REDIS_URL NAMESPACE
-        [--ttl S] [--sleep S] [--slow-key KEY --slow-s S] [--concurrency N]
+        [--ttl S] [--sleep S] [--slow-key KEY --slow-s S] [--concurrency N] [--session-ms MS]
 
 Logs, unbuffered (O_APPEND), one line per event:
 ``S|E pid partition offset key token monotonic_ns`` for handler start/end and
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--slow-key", default="")
     ap.add_argument("--slow-s", type=float, default=0.0)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--session-ms", type=int, default=45000)
     a = ap.parse_args()
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
@@ -58,7 +59,8 @@ def main() -> None:
 
     seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl)
     KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=a.concurrency,
-                  sequencer=seq, config={"session.timeout.ms": 45000, "heartbeat.interval.ms": 1000}).run()
+                  sequencer=seq, config={"session.timeout.ms": a.session_ms, "heartbeat.interval.ms": 1000,
+                          "auto.commit.interval.ms": 500}).run()
 
 
 if __name__ == "__main__":
