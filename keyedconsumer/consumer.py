@@ -525,6 +525,7 @@ class KeyedConsumer:
                 seq.tick()
             if soon:
                 d.release_due(now)
+            d.release_held()
             d.rescue()
             time.sleep(0.005)
 

@@ -172,6 +172,8 @@ class Dispatcher:
         self._seq = itertools.count()
         self.retries = 0  # RetryLater outcomes so far
         self.skipped_finished = 0  # messages not run: the previous owner had finished them
+        # lane heads a worker could not start while stopping or catching up (see _finish_locked)
+        self.held: list[Message] = []
         self.metadata_max_bytes = 0  # commit metadata naming finished offsets (0: none)
         self.leases: LeaseTable | None = None  # set when a lease-based sequencer (Redis) is used
         self.slots: list[Slot] = []  # one per worker (registered by the executor)
@@ -248,6 +250,9 @@ class Dispatcher:
                     self._forget(m)
                 q.clear()
         heads: list[Message] = []  # lane heads of the partition that did not start
+        if self.held:
+            heads.extend(m for m in self.held if m._part is part)
+            self.held = [m for m in self.held if m._part is not part]
         if self.ready:
             keep: deque[Message] = deque()
             for m in self.ready:
@@ -462,6 +467,26 @@ class Dispatcher:
                 self.wake(added)
             return (delayed[0][0] - now) if delayed else None
 
+    def release_held(self) -> None:
+        """Make ready the held lane heads that may start now (below their partition's highest
+        finished offset, or no longer stopping / catching up). Called by the poll thread."""
+        with self.lock:
+            if not self.held:
+                return
+            keep: list[Message] = []
+            added = 0
+            for m in self.held:
+                part = m._part
+                if self.stopping or part.catching_up:
+                    if m._off >= part.tracker.highest_done:
+                        keep.append(m)
+                        continue
+                self.ready.append(m)
+                added += 1
+            self.held = keep
+            if added:
+                self.wake(added)
+
     def halt(self) -> None:
         """Start nothing new: drop every ready, delayed and queued message (they stay not done)."""
         with self.lock:
@@ -469,6 +494,11 @@ class Dispatcher:
             for m in self.ready:
                 self._forget(m)
             self.ready.clear()
+            for m in self.held:
+                self._forget(m)
+                if self.leases is not None:
+                    self.leases.drop(m, self.lid(m))
+            self.held.clear()
             for _, _, m in self.delayed:
                 self._forget(m)
             self.delayed.clear()
@@ -615,15 +645,21 @@ class Dispatcher:
                 self.running -= 1
                 leases.requeue(msg, lid)
                 return None
-            if done is False and not (self.stopping or part.catching_up):
-                # Not started: its lease was not valid when a worker took it (a late renewal) and
-                # is again now. It runs first, still its lane's head: the lane must not go on
-                # without it (that ran later messages of its key first and held its offset back).
-                part.running -= 1
-                self.running -= 1
+        if done is False and msg._lanes is not None and part.state == ACTIVE and not self.halted:
+            # Not started (Dispatcher.may_start said no): it stays its lane's head, the lane does
+            # not go on without it (that would run its key's later messages first and hold the
+            # partition's offset back). While the consumer stops or the partition is being revoked
+            # it waits in ``held`` until it is below the highest finished offset (then it may run:
+            # release_held) or is dropped; otherwise (its lease was briefly unconfirmed) it is
+            # ready again at once.
+            part.running -= 1
+            self.running -= 1
+            if self.stopping or part.catching_up:
+                self.held.append(msg)
+            else:
                 self.ready.appendleft(msg)
                 self.wake(1)
-                return None
+            return None
         if type(done) is Park and leases is not None and self.parking:
             if not (self.halted or part.state != ACTIVE):
                 # Park the key: this message (due again after the delay) and every later message of

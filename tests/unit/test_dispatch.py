@@ -235,3 +235,34 @@ def test_a_head_waiting_to_be_parked_whose_lease_was_lost_waits_for_the_lease_ag
     assert list(lease.waiting) == [a0] and lid in d.leases.want and lease.active is None
     _grant(d, lid, token=2)
     assert list(d.ready) == [a0] and a0.fencing_token == 2
+
+
+def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not_go_on_without_it() -> None:
+    # given key k at offsets 1 and 2 and key y at offset 3, all of one partition being revoked
+    d = Dispatcher("key", 4)
+    d.assign([("t", 0)])
+    k1, k2, y3 = Message("t", 0, 1, b"k"), Message("t", 0, 2, b"k"), Message("t", 0, 3, b"y")
+    d.admit([k1, k2, y3])
+    part = d.parts[("t", 0)]
+    part.catching_up = True  # on_revoke: only messages below the highest finished offset start
+    with d.lock:
+        taken = d.take_locked() + d.take_locked()
+    assert taken == [k1, y3]
+    # when k1 may not start yet (nothing finished above it) and its worker reports it not started
+    assert not d.may_start(k1)
+    assert d.finish(k1, False) is None
+    # then k2 is not made ready in its place: k1 waits, still its lane's head
+    assert not d.ready and d.held == [k1] and list(part.lanes[b"k"] or []) == [k2]
+    # when y3 finishes (the highest finished offset is now above k1), k1 may run, and only then k2
+    d.finish(y3, True)
+    d.release_held()
+    assert list(d.ready) == [k1] and d.may_start(k1)
+    with d.lock:
+        (again,) = d.take_locked()
+    nxt = d.finish(again, True)
+    assert nxt is k2 and part.tracker.watermark() == 2
+    # and a revoke drops what is still held, forgetting it (nothing is left buffered)
+    d.finish(k2, False)
+    parts = d.begin_revoke([("t", 0)])
+    d.close_parts(parts)
+    assert d.held == [] and d.buffered == 0
