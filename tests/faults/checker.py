@@ -22,6 +22,9 @@ from .common import SIZES, key_names, load_json
 
 INF = float("inf")
 S_NS = 1_000_000_000
+#: How long after a run from a parked list ends its entry may still be in Redis (it is removed by the
+#: next poll-thread tick, or the next Redis round trip after an outage of at most a few seconds).
+PARKED_SETTLE_NS = 5 * S_NS
 
 
 @dataclasses.dataclass
@@ -117,6 +120,7 @@ class Logs:
         self.runs: list[RunRec] = []
         self.dead: list[tuple[int, int, int, int]] = []  # (p, o, pid, ns)
         self.parked: dict[tuple[int, int], int] = {}  # (p, o) -> when its parking was acknowledged
+        self.parkings: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (p, o) -> [(ns, pid)]
         self.double_starts: list[str] = []
         self.last_ns: dict[int, int] = {}
         for f in sorted((d / "events").glob("*.log")):
@@ -145,6 +149,7 @@ class Logs:
                             r2.write, r2.write_ns, r2.ver = x[9], int(x[10]), int(x[11])
                     elif kind == "K":
                         self.parked[(p, o)] = min(self.parked.get((p, o), t), t)
+                        self.parkings[(p, o)].append((t, pid))
                     else:
                         self.dead.append((p, o, pid, t))
             for r in open_runs.values():
@@ -411,8 +416,13 @@ def check_duplicates(g: Logs) -> Check:
     for r in g.runs:
         if r.kind == "E" and r.write == "ok":
             comps[(r.p, r.o)].append((r.end, r.pid, r.start))
+    run_starts: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for r in g.runs:
+        run_starts[(r.p, r.o, r.pid)].append(r.start)
     for p, o, pid, t in g.dead:
-        comps[(p, o)].append((t, pid, t))
+        # a dead letter completes the run (its last attempt) that preceded it in that process
+        mine = [s0 for s0 in run_starts.get((p, o, pid), []) if s0 <= t]
+        comps[(p, o)].append((t, pid, max(mine) if mine else t))
     starts: dict[tuple[int, int], list[int]] = defaultdict(list)
     for r in g.runs:
         starts[(r.p, r.o)].append(r.start)
@@ -421,13 +431,35 @@ def check_duplicates(g: Logs) -> Check:
     crashes = {pid: t for pid, (t, d) in g.exited.items() if d.endswith("unexpected")}
     kills = {**{pid: t for pid, t in g.killed.items()}, **crashes}
 
-    def cause(p: int, o: int, t1: float, pid: int, t2: float) -> str | None:
+    def from_redis(p: int, o: int, start: float) -> bool:
+        return g.parked.get((p, o), INF) < start
+
+    def cause(p: int, o: int, t1: float, pid: int, t2: float, s1: float = 0.0) -> str | None:
         k = kills.get(pid)
         if k is not None and t1 <= k <= t2 and o >= g.committed_before(p, k):
             return "kill"
         for s, c in g.stops.get(pid, []):
             if s <= t2 and t1 <= c + max_run and (t1 >= s or o >= g.committed_before(p, s)):
                 return "stop"
+        if from_redis(p, o, s1):
+            # run from a parked list: its entry is removed from Redis just after it ends, so a kill
+            # of its process within PARKED_SETTLE_S after it ended may leave it to run again
+            if k is not None and t1 <= k <= min(t2, t1 + PARKED_SETTLE_NS):
+                return "kill"
+            for s, _c in g.stops.get(pid, []):
+                if t1 <= s <= min(t2, t1 + PARKED_SETTLE_NS):
+                    return "stop"
+        # parked: its offset counted done when its parker's parking was acknowledged; a kill of the
+        # parker before that offset was committed re-delivers it from Kafka
+        for tk, parker in g.parkings.get((p, o), []):
+            if tk > t2:
+                continue
+            k = kills.get(parker)
+            if k is not None and tk <= k <= t2 and o >= g.committed_before(p, k):
+                return "kill"
+            for s, c in g.stops.get(parker, []):
+                if s <= t2 and tk <= c + max_run and (tk >= s or o >= g.committed_before(p, s)):
+                    return "stop"
         for k2, up in g.kafka_windows:
             if t1 <= up + session + 10 * S_NS and t2 >= k2 and o >= g.committed_before(p, k2):
                 return "broker"
@@ -440,12 +472,12 @@ def check_duplicates(g: Logs) -> Check:
     ev = []
     for (p, o), cs in comps.items():
         cs.sort()
-        for (t1, pid1, _s1), (t2c, pid2, s2) in zip(cs, cs[1:], strict=False):
+        for (t1, pid1, s1), (t2c, pid2, s2) in zip(cs, cs[1:], strict=False):
             st = starts[(p, o)]
             i = bisect.bisect_right(st, t1)
             t2 = st[i] if i < len(st) else t2c
             # a SIGSTOP zombie's run that ends after the new owner's (check 5 judges it) counts for the stop
-            why = "stop" if _stopped_during(g, pid2, s2, t2c) else cause(p, o, t1, pid1, t2)
+            why = "stop" if _stopped_during(g, pid2, s2, t2c) else cause(p, o, t1, pid1, t2, s1)
             dups[why or "graceful"] += 1
             if why is None and len(ev) < 40:
                 terms = [f"term/leave of {q} at {_sec(t, t0)}" for q, t in g.termed.items() if t1 <= t <= t2]
@@ -460,13 +492,29 @@ def check_duplicates(g: Logs) -> Check:
         for t, pid, _s in cs:
             by_pid[pid].append((t, p, o))
             every.append((t, p, o))
+    # with parking, also: the victim's parkings not yet committed, and its runs from parked lists
+    # that ended within PARKED_SETTLE_S before the kill (their entries not yet removed)
+    parked_by: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    for (p, o), ks in g.parkings.items():
+        for t, pid in ks:
+            parked_by[pid].append((t, p, o))
+    redis_runs: dict[int, list[float]] = defaultdict(list)
+    for (p, o), cs in comps.items():
+        for t, pid, s1 in cs:
+            if from_redis(p, o, s1):
+                redis_runs[pid].append(t)
     bound = 0
     for pid, k in kills.items():
         bound += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and o >= g.committed_before(p, k))
+        bound += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and o >= g.committed_before(p, k))
+        bound += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
     for pid, ivs in g.stops.items():
         for s, c in ivs:
             bound += sum(1 for t, p, o in by_pid.get(pid, [])
                          if t <= c + max_run and (t >= s or o >= g.committed_before(p, s)))
+            bound += sum(1 for t, p, o in parked_by.get(pid, [])
+                         if t <= c + max_run and (t >= s or o >= g.committed_before(p, s)))
+            bound += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
     for k2, up in g.kafka_windows:
         bound += sum(1 for t, p, o in every if t <= up + session + 10 * S_NS and o >= g.committed_before(p, k2))
     for k3, up in g.redis_windows:

@@ -8,7 +8,6 @@ and must be caught by the named check: a checker that cannot catch a known bug p
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -22,17 +21,10 @@ import pytest
 pytestmark = [pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Checks that fail on the engine as it is, because of engine faults this harness found (see
-#: tests/faults/README.md, "Engine faults found"). They are reported as xfail, every other check
-#: must pass; ``KC_FAULTS_STRICT=1`` makes them fail the test. Empty this once the engine is fixed.
-KNOWN_ENGINE_FAULTS = {
-    4: "a SIGSTOPped consumer, on SIGCONT, takes a fresh lease (higher token) and re-runs messages of a "
-       "partition it has lost, behind the group's committed offset, before it learns of the loss "
-       "(intermittent)",
-    6: "a few duplicates remain after SIGTERM/join/leave when a message below the highest finished "
-       "offset cannot run within the revoke/shutdown timeout (its key leased elsewhere); the catch-up "
-       "before revoke and stop took them from 2,040 to 16 in the CI run of seed 1",
-}
+#: Checks that fail because of an engine fault this harness found and that is not fixed yet (see
+#: tests/faults/README.md, "Engine faults found"), reported as xfail; every other check must pass.
+#: ``KC_FAULTS_STRICT=1`` makes them fail the test. Empty now: every fault found so far is fixed.
+KNOWN_ENGINE_FAULTS: dict[int, str] = {}
 
 
 def _need_tools() -> None:
@@ -90,7 +82,6 @@ def test_ci_run_keeps_every_guarantee(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(420)
 def test_ci_run_with_parking_keeps_every_guarantee(tmp_path: Path) -> None:
-    _need_parking()
     # given the same run with ordered retries parked in Redis (Retry(park=True))
     data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "2", "--park", timeout_s=400)
     # then every check passes
@@ -126,15 +117,9 @@ def test_skip_fencing_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_redis_without_aof_is_caught(tmp_path: Path) -> None:
-    _need_parking()
     # given Redis without AOF (require_durable=False), parking on, and Redis SIGKILLed and restarted
     data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "5", "--bug", "no_aof", timeout_s=280)
     # then parked messages whose offsets were committed are gone: the checker sees lost messages
     assert 1 in failed(data), json.dumps(data, indent=1)
 
 
-def _need_parking() -> None:
-    from keyedconsumer.middleware import Retry
-
-    if "park" not in inspect.signature(Retry).parameters:
-        pytest.xfail("awaits parking: Retry(park=True)")
