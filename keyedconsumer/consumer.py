@@ -20,7 +20,7 @@ from typing import Any
 from . import _testbugs, kafka
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
-from .errors import KafkaClientError, KeyedConsumerError, MessageError
+from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError
 from .executors import AsyncExecutor, Executor, ThreadExecutor
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
@@ -31,6 +31,10 @@ from .sequencing import RedisSequencer
 __all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler", "PartitionStatus"]
 
 log = logging.getLogger("keyedconsumer")
+
+#: Commit errors of a group in the middle of a rebalance: this member has not rejoined the new
+#: generation (classic protocol) or epoch (KIP-848) yet; the same commit succeeds once it has.
+_REJOINING = frozenset({"ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "STALE_MEMBER_EPOCH"})
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
 Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
@@ -545,15 +549,8 @@ class KeyedConsumer:
             self._sequencer.settle_pending()
         try:
             self._store(client)
-            final, meta = d.commit_offsets([p for p in list(d.parts.values()) if p.state == ACTIVE])
-            if final and started:
-                if meta and not cfg.manual_commit:  # librdkafka's commit at close uses the stored metadata
-                    for topic, partition, offset in final:
-                        if (topic, partition) in meta:
-                            client.store(topic, partition, offset, meta[(topic, partition)])
-                client.commit(final, meta)
-                for p in d.parts.values():
-                    p.stored = p.tracker.watermark()
+            if started:
+                self._commit_final(client, time.monotonic() + min(cfg.shutdown_timeout_s, 10.0))
         except KafkaClientError as exc:
             log.warning("final commit failed: %s", exc)
         self._closing = True
@@ -566,6 +563,41 @@ class KeyedConsumer:
             executor.join(min(cfg.shutdown_timeout_s, 5.0))
         if self._sequencer is not None and d.leases is not None:
             self._sequencer.detach()
+
+    def _commit_final(self, client: KafkaClient, deadline: float) -> None:
+        """Commit every active partition's first unfinished offset, with the metadata naming what
+        finished above it. A group in the middle of a rebalance refuses the commit (this member has
+        not rejoined the new generation yet): the client is polled, which serves the rebalance
+        (a revoke commits its partitions itself), and the rest is committed again, until
+        ``deadline`` (monotonic seconds). Records polled meanwhile are not run (nor stored).
+
+        Raises
+        ------
+        KafkaClientError
+            Another commit error, or still refused at the deadline.
+        """
+        d, cfg = self._d, self.config
+        while True:
+            final, meta = d.commit_offsets([p for p in list(d.parts.values()) if p.state == ACTIVE])
+            if not final:
+                return
+            if meta and not cfg.manual_commit:  # librdkafka's commit at close uses the stored metadata
+                for topic, partition, offset in final:
+                    if (topic, partition) in meta:
+                        client.store(topic, partition, offset, meta[(topic, partition)])
+            try:
+                client.commit(final, meta)
+            except CommitError as exc:
+                if exc.code not in _REJOINING or time.monotonic() >= deadline:
+                    raise
+                log.info("final commit refused (%s): serving the rebalance under way, then committing again", exc.code)
+                until = min(deadline, time.monotonic() + 0.5)
+                while time.monotonic() < until:
+                    client.poll_batch(1, 0.05)  # stopping: what it returns is not run, nor stored
+                continue
+            for p in d.parts.values():
+                p.stored = p.tracker.watermark()
+            return
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

@@ -573,3 +573,50 @@ def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_
     assert sorted(o for m, o in runs if m == "c2") == [0, 21]
     assert c2._d.skipped_finished == 20
     assert broker.committed("g") == {("t", 0): 22}
+
+
+@pytest.mark.timeout(60)
+def test_a_final_commit_refused_during_a_rebalance_is_made_again_once_the_rebalance_is_served() -> None:
+    from keyedconsumer.testing import FakeClient
+
+    # given a client whose first commit at stop is refused: the group is in the middle of a rebalance
+    broker = InMemoryBroker()
+    broker.create_topic("t", partitions=1)
+    refusals: list[str] = []
+
+    class Rebalancing(FakeClient):
+        """Refuses commits from the stop on, until it has been polled (which serves the rebalance)."""
+
+        def commit(self, offsets, metadata=None):  # type: ignore[no-untyped-def]
+            if stopping.is_set() and not served.is_set():
+                refusals.append("REBALANCE_IN_PROGRESS")
+                raise CommitError("commit failed: REBALANCE_IN_PROGRESS", code="REBALANCE_IN_PROGRESS")
+            return super().commit(offsets, metadata)
+
+        def poll_batch(self, max_messages, timeout_s):  # type: ignore[no-untyped-def]
+            if refusals:
+                served.set()
+            return super().poll_batch(max_messages, timeout_s)
+
+    def factory(conf, on_error):  # type: ignore[no-untyped-def]
+        real = broker.client_factory(conf, on_error)
+        real.__class__ = Rebalancing
+        return real
+
+    stopping, served = threading.Event(), threading.Event()
+    handled: list[int] = []
+    c = KeyedConsumer(name="g", topics=["t"], handler=lambda m: handled.append(m.offset), client_factory=factory,
+                      clock=broker.clock, poll_timeout_s=0.05, config={"auto.commit.interval.ms": 3_600_000})
+    for i in range(5):
+        broker.produce("t", str(i), key=f"k{i}")
+    with broker.run(c) as run:
+        run.wait_for(lambda: len(handled) == 5, what="five messages")
+        # when it stops
+        stopping.set()
+        run.stop(c)
+    # then the refused commit was made again (synchronously, not left to the close's auto commit):
+    # the group's offset is at the end, nothing runs twice
+    assert refusals == ["REBALANCE_IN_PROGRESS"]
+    assert [(x.offset, x.automatic) for x in broker.commits("g")][0] == (5, False)
+    assert broker.committed("g") == {("t", 0): 5}
+    assert sorted(handled) == list(range(5))
