@@ -32,9 +32,13 @@ __all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler", "PartitionS
 
 log = logging.getLogger("keyedconsumer")
 
-#: Commit errors of a group in the middle of a rebalance: this member has not rejoined the new
-#: generation (classic protocol) or epoch (KIP-848) yet; the same commit succeeds once it has.
-_REJOINING = frozenset({"ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "STALE_MEMBER_EPOCH"})
+#: Commit errors that a later attempt of the same commit can get past: the group is in the middle
+#: of a rebalance and this member has not rejoined the new generation (classic protocol) or epoch
+#: (KIP-848) yet, or the group coordinator is not known or not ready (a broker restart).
+_COMMIT_AGAIN = frozenset({
+    "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "STALE_MEMBER_EPOCH",
+    "_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
+})
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
 Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
@@ -567,9 +571,10 @@ class KeyedConsumer:
     def _commit_final(self, client: KafkaClient, deadline: float) -> None:
         """Commit every active partition's first unfinished offset, with the metadata naming what
         finished above it. A group in the middle of a rebalance refuses the commit (this member has
-        not rejoined the new generation yet): the client is polled, which serves the rebalance
-        (a revoke commits its partitions itself), and the rest is committed again, until
-        ``deadline`` (monotonic seconds). Records polled meanwhile are not run (nor stored).
+        not rejoined the new generation yet), and a coordinator may be unknown for a moment: then
+        the client is polled, which serves the rebalance (a revoke commits its partitions itself),
+        and the rest is committed again, until ``deadline`` (monotonic seconds). Records polled
+        meanwhile are not run (nor stored).
 
         Raises
         ------
@@ -588,9 +593,9 @@ class KeyedConsumer:
             try:
                 client.commit(final, meta)
             except CommitError as exc:
-                if exc.code not in _REJOINING or time.monotonic() >= deadline:
+                if exc.code not in _COMMIT_AGAIN or time.monotonic() >= deadline:
                     raise
-                log.info("final commit refused (%s): serving the rebalance under way, then committing again", exc.code)
+                log.info("final commit refused (%s): polling (a rebalance, the coordinator), then committing again", exc.code)
                 until = min(deadline, time.monotonic() + 0.5)
                 while time.monotonic() < until:
                     client.poll_batch(1, 0.05)  # stopping: what it returns is not run, nor stored
