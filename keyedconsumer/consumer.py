@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import _testbugs, kafka
+from . import kafka
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
 from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError
@@ -415,9 +415,6 @@ class KeyedConsumer:
                 self.polled_at_s = time.monotonic()
                 if msgs:
                     d.admit(msgs)
-                    if _testbugs.COMMIT_ON_POLL:  # negative control of the fault harness only
-                        for m in msgs:
-                            client.store(m.topic, m.partition, m.offset + 1)
                     if d.buffered > self.peak_in_flight:
                         self.peak_in_flight = d.buffered
                 d.rescue()

@@ -449,6 +449,10 @@ def check_duplicates(g: Logs) -> Check:
             for s, _c in g.stops.get(pid, []):
                 if t1 <= s <= min(t2, t1 + PARKED_SETTLE_NS):
                     return "stop"
+            # and a Redis SIGKILL within that time loses the removal (or never saw it)
+            for k3, _up in g.redis_windows:
+                if t1 <= k3 <= min(t2, t1 + PARKED_SETTLE_NS):
+                    return "redis"
         # parked: its offset counted done when its parker's parking was acknowledged; a kill of the
         # parker before that offset was committed re-delivers it from Kafka
         for tk, parker in g.parkings.get((p, o), []):
@@ -519,6 +523,7 @@ def check_duplicates(g: Logs) -> Check:
         bound += sum(1 for t, p, o in every if t <= up + session + 10 * S_NS and o >= g.committed_before(p, k2))
     for k3, up in g.redis_windows:
         bound += sum(1 for t, _p, _o in every if k3 <= t <= up + ttl + 2 * S_NS)
+        bound += sum(1 for ts in redis_runs.values() for t in ts if k3 - PARKED_SETTLE_NS <= t < k3)
     total = sum(dups.values())
     graceful = dups.get("graceful", 0)
     parts = ", ".join(f"{k} {_n(v)}" for k, v in sorted(dups.items()) if k != "graceful") or "none"

@@ -40,8 +40,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Message flags (the value's ``f``): raise on the first attempt; run longer than the lease TTL.
-ONCE, OVERRUN = "once", "overrun"
+#: Message flags (the value's ``f``): raise on the first attempt; run longer than the lease TTL; held
+#: on its first run (the one message a targeted control run lands its fault on).
+ONCE, OVERRUN, HOLD = "once", "overrun", "hold"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +98,9 @@ def key_names(size: Size) -> tuple[list[str], list[str], list[str]]:
     return keys, keys[: size.hot_keys], keys[size.hot_keys : size.hot_keys + size.poison_keys]
 
 
-def plan(size: Size, seed: int) -> list[Planned]:
-    """The messages of a run, in production order (the same for every program given the seed)."""
+def plan(size: Size, seed: int, hold_index: int | None = None) -> list[Planned]:
+    """The messages of a run, in production order (the same for every program given the seed);
+    message ``hold_index`` (if given) is flagged ``hold``, on a key that is neither hot nor poison."""
     rng = random.Random(f"plan-{seed}")
     keys, hot, _poison = key_names(size)
     cold = keys[size.hot_keys :]
@@ -110,6 +112,9 @@ def plan(size: Size, seed: int) -> list[Planned]:
         r = rng.random()
         flag = OVERRUN if r < size.overrun_share else ONCE if r < size.overrun_share + size.fail_once_share else ""
         out.append(Planned(key, seq, f"{seed}-{i}", flag))
+    if hold_index is not None:
+        i = next(j for j in range(hold_index, len(out)) if out[j].key in cold[size.poison_keys :])
+        out[i] = dataclasses.replace(out[i], flag=HOLD)
     return out
 
 

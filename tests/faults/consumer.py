@@ -2,10 +2,12 @@
 
     python -m tests.faults.consumer RUN_DIR
 
-Settings come from ``RUN_DIR/run.json``; ``KEYEDCONSUMER_TEST_BUG`` (set by the orchestrator for
-the negative controls) reaches the engine through the environment. The handler waits about 3 ms,
-raises on the first attempt of messages flagged ``once``, always raises for poison keys, and runs
-longer than the lease TTL for messages flagged ``overrun``. A successful run makes a fenced write:
+Settings come from ``RUN_DIR/run.json``; its ``bug`` (a negative control) is planted here, in this
+process, by :mod:`tests.faults.bugs`. The handler waits about 3 ms, raises on the first attempt of
+messages flagged ``once``, always raises for poison keys, and runs longer than the lease TTL for
+messages flagged ``overrun``. The one message flagged ``hold`` (targeted runs only) is held on its
+first run: it sleeps ``hold_s`` (``kills``, ``stops``), or is parked in Redis with a back-off of
+``hold_s`` (``redis``), so the orchestrator can land its fault at a known point of that message. A successful run makes a fenced write:
 a Lua script on Redis accepts it only if the message's fencing token is at least the highest token
 that key's store has seen (how a real handler guards its side effects with ``msg.fencing_token``).
 Every start and end is appended, unbuffered, to ``RUN_DIR/events/<pid>.log`` (formats in
@@ -26,9 +28,10 @@ from typing import Any
 import redis
 from keyedconsumer.middleware import DeadLetter, Retry
 
-from keyedconsumer import KeyedConsumer, Message, RedisSequencer
+from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
 
-from .common import ONCE, OVERRUN, SIZES, key_names, load_json
+from . import bugs
+from .common import HOLD, ONCE, OVERRUN, SIZES, key_names, load_json
 
 # KEYS[1] the key's external record; ARGV[1] token, ARGV[2] seq -> the record's new version (> 0)
 # when accepted, 0 when refused (a token below the highest seen). Versions order the accepted writes.
@@ -88,7 +91,9 @@ def main() -> int:
     def rec(line: str) -> None:
         os.write(fd, (line + "\n").encode())
 
-    rec(f"P {pid} {time.monotonic_ns()} start {os.environ.get('KEYEDCONSUMER_TEST_BUG') or '-'}")
+    bug = cfg.get("bug") or ""
+    rec(f"P {pid} {time.monotonic_ns()} start {bug or '-'}")
+    hold = cfg.get("hold") or {}
     ext = redis.Redis.from_url(cfg["redis_url"], socket_timeout=2.0, socket_connect_timeout=2.0)
     fenced = ext.register_script(UNFENCED_WRITE if cfg.get("harness_skip_fencing") else FENCED_WRITE)
     ns = cfg["namespace"]
@@ -111,7 +116,12 @@ def main() -> int:
         base = f"{pid} {msg.partition} {msg.offset} {key} {seq} {msg.fencing_token} {msg.attempt}"
         rec(f"S {base} {time.monotonic_ns()}")
         try:
-            time.sleep(size.lease_ttl_s * 1.5 if flag == OVERRUN else size.handler_s)
+            if flag == HOLD and hold.get("mode") == "redis" and msg.attempt == 1:
+                raise RetryLater(float(hold["hold_s"]), park=True)  # parked, due hold_s later
+            if flag == HOLD and ext.set(f"hold:{ns}:{v['id']}", 1, nx=True):
+                time.sleep(float(hold["hold_s"]))  # its first run only
+            else:
+                time.sleep(size.lease_ttl_s * 1.5 if flag == OVERRUN else size.handler_s)
             if key in poison_keys:
                 raise PoisonError(f"poison key {key}")
             if flag == ONCE and msg.attempt == 1:
@@ -143,8 +153,11 @@ def main() -> int:
         retry_options["park"] = True  # ordered non-blocking retries in Redis (parking)
     sequencer = RedisSequencer(cfg["redis_url"], ns, lease_ttl_s=size.lease_ttl_s,
                                require_durable=not cfg.get("nondurable_redis", False))
+    if bug == "skip_fencing":
+        bugs.plant_skip_fencing()
     consumer = KeyedConsumer(
         name=cfg["group"],
+        client_factory=bugs.commit_on_poll_factory if bug == "commit_on_poll" else None,
         handler=handle,
         middlewares=[
             record_dead_letters,
@@ -159,7 +172,7 @@ def main() -> int:
         startup_timeout_s=120.0,
         sequencer=sequencer,
         config={
-            "session.timeout.ms": size.session_timeout_ms,
+            "session.timeout.ms": int(cfg.get("session_timeout_ms") or size.session_timeout_ms),
             "heartbeat.interval.ms": 1000,
             "auto.commit.interval.ms": size.auto_commit_interval_ms,
         },

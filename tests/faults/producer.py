@@ -27,7 +27,7 @@ def main() -> int:
     run_dir, phase = Path(sys.argv[1]), sys.argv[2]
     cfg = load_json(run_dir / "run.json")
     size = SIZES[cfg["size"]]
-    msgs = plan(size, cfg["seed"])
+    msgs = plan(size, cfg["seed"], cfg.get("hold_index"))
     split = cfg["backlog"]
     todo = msgs[:split] if phase == "backlog" else msgs[split:]
     first = 0 if phase == "backlog" else split

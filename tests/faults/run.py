@@ -17,10 +17,25 @@
    records the end state (end offsets, final commits, dead-letter records, Redis keys left), stops
    its services, and runs the checker (``tests/faults/checker.py``), whose exit code it returns.
 
-``--bug`` switches a deliberate engine bug on in the consumers (``KEYEDCONSUMER_TEST_BUG``) for the
-negative controls: ``commit_on_poll``, ``skip_fencing``; ``no_aof`` runs Redis without AOF
-(``require_durable=False``) and turns parking on. ``--faults`` narrows the schedule to one kind of
-fault for a short, targeted control run.
+``--bug`` plants a deliberate bug in the consumers (:mod:`tests.faults.bugs`) for the negative
+controls: ``commit_on_poll``, ``skip_fencing``; ``no_aof`` runs Redis without AOF
+(``require_durable=False``) and turns parking on. ``--faults kills|stops|redis`` (the default for a
+``--bug``) replaces the seeded schedule by one *targeted* fault, landed at a known point of one
+message flagged ``hold``, so that a planted bug's effect is certain, not a matter of timing:
+
+- ``kills``: the hold message sleeps in its handler; once a commit sample is past its offset, its
+  process is SIGKILLed. With ``commit_on_poll`` the message is committed while it runs, so it is
+  lost (check 1) and a commit was ahead of it (check 3), every time; the engine never commits past
+  it, so the kill only re-runs it.
+- ``stops``: the hold message's process is SIGSTOPped while the message runs (for less than the
+  session timeout, so it keeps its partitions); once the key's lease has expired the orchestrator
+  takes the lease over as another instance would (a higher fencing token and a fenced write), then
+  SIGCONTs the process, and later releases the lease. The late write is refused; with
+  ``skip_fencing`` the run counts anyway and the message is lost (check 1), every time; the engine
+  runs it again under a new lease.
+- ``redis``: the hold message is parked in Redis with a long back-off; once a commit sample is past
+  its offset, Redis is SIGKILLed and restarted. Without AOF (``no_aof``) the parked message is gone
+  (check 1), every time; with AOF it runs when due.
 """
 
 from __future__ import annotations
@@ -47,7 +62,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from . import checker
-from .common import REPO, SIZES, Size, plan
+from .common import HOLD, REPO, SIZES, Size, plan
 from .services import Services, pick_ports
 
 BUGS = ("commit_on_poll", "skip_fencing", "no_aof")
@@ -82,16 +97,23 @@ def fault_schedule(size: Size, seed: int, faults: str, window_s: float) -> list[
         out.append((rng.uniform(0.50, 0.60) * window_s, "leave"))
         out.append((rng.uniform(0.30, 0.42) * window_s, "redis"))
         out.append((rng.uniform(0.64, 0.74) * window_s, "kafka"))
-    elif faults == "kills":  # commit_on_poll: kills while the backlog is consumed
-        out += [(4.0 + rng.uniform(0, 1), "kill"), (13.0 + rng.uniform(0, 1), "kill")]
-    elif faults == "stops":  # skip_fencing: pauses past the session timeout and the lease TTL
-        out += [(6.0 + rng.uniform(0, 1), "stop"), (20.0 + rng.uniform(0, 1), "stop"),
-                (34.0 + rng.uniform(0, 1), "stop")]
-    elif faults == "redis":  # no_aof: Redis loses what it had not persisted
-        out += [(8.0 + rng.uniform(0, 1), "redis"), (20.0 + rng.uniform(0, 1), "kill")]
-    else:
+    elif faults not in TARGETED:
         raise ValueError(f"unknown --faults {faults!r}")
-    return sorted(out)
+    return sorted(out)  # a targeted run's one fault is landed by Run.targeted(), not by the clock
+
+
+#: Targeted runs: ``{faults: (seconds the hold message is held, session.timeout.ms)}``. ``stops``
+#: pauses a process for about one lease TTL: the session timeout is far above that, so the paused
+#: process certainly keeps its partitions.
+TARGETED = {"kills": (120.0, None), "stops": (4.0, 20_000), "redis": (25.0, None)}
+#: The hold message's index in the plan (an early backlog message).
+HOLD_INDEX = 300
+#: How long a targeted run waits for each condition before it gives up (the fault is then not landed
+#: where it should be, and the run says so in faults.log).
+TARGET_WAIT_S = 30.0
+#: How long a targeted run waits for a commit past the hold message before it lands its fault anyway.
+#: With auto.commit.interval.ms 1000 a commit sample shows a stored offset within about 1.5 s.
+COMMIT_WAIT_S = 10.0
 
 
 # -------------------------------------------------------------------------------------- processes
@@ -114,9 +136,8 @@ class Run:
         self.faults: str = args.faults or {"commit_on_poll": "kills", "skip_fencing": "stops",
                                              "no_aof": "redis"}.get(self.bug, "all")
         targeted = self.faults != "all"
-        self.window_s = (48.0 if self.faults == "stops" else 32.0) if targeted else self.size.fault_window_s
-        # targeted pauses are longer: the new owner gets further, so stale work after SIGCONT shows
-        self.stop_s = (10.0, 12.0) if self.faults == "stops" else self.size.stop_s
+        self.window_s = 45.0 if targeted else self.size.fault_window_s
+        self.stop_s = self.size.stop_s
         self.park = bool(args.park or self.bug == "no_aof")
         self.flog_lock = threading.Lock()
         self.timers: list[tuple[float, int, str, Any]] = []
@@ -151,7 +172,8 @@ class Run:
         self.svc = Services(self.svc_dir, ports, durable_redis=self.bug != "no_aof")
         tag = uuid.uuid4().hex[:8]
         self.topic = f"faults-{self.args.seed}-{tag}"
-        msgs = plan(self.size, self.args.seed)
+        hold_index = HOLD_INDEX if self.faults in TARGETED else None
+        msgs = plan(self.size, self.args.seed, hold_index)
         backlog = int(len(msgs) * self.size.backlog_share)
         self.cfg: dict[str, Any] = {
             "size": self.size.name, "seed": self.args.seed, "bug": self.bug or None,
@@ -166,6 +188,12 @@ class Run:
             "schedule": fault_schedule(self.size, self.args.seed, self.faults, self.window_s),
             "size_params": {k: v for k, v in vars(self.size).items()},
         }
+        if hold_index is not None:
+            hold_s, session_ms = TARGETED[self.faults]
+            self.cfg["hold_index"] = hold_index
+            self.cfg["hold"] = {"mode": self.faults, "hold_s": hold_s}
+            if session_ms:
+                self.cfg["session_timeout_ms"] = session_ms
         self.write_cfg()
         watchdog = self.spawn(["tests.faults.watchdog", str(os.getpid()), str(self.out)], "watchdog.err",
                               new_session=True)
@@ -280,12 +308,8 @@ class Run:
 
     # -- consumers ------------------------------------------------------------------------------
     def start_consumer(self, slot: str, role: str = "base") -> Proc:
-        env = dict(os.environ)
-        env.pop("KEYEDCONSUMER_TEST_BUG", None)
-        if self.bug in ("commit_on_poll", "skip_fencing"):
-            env["KEYEDCONSUMER_TEST_BUG"] = self.bug
         popen = self.spawn(["tests.faults.consumer", str(self.out)], f"consumer-{slot}-{time.monotonic_ns()}.err",
-                           env, new_session=True)
+                           None, new_session=True)
         p = Proc(role, popen)
         self.procs[slot] = p
         self.all_procs.append(p)
@@ -418,10 +442,120 @@ class Run:
                 if self.in_faults or action in ("cont", "restart"):
                     self.do(action, arg, self.rng)
             self.reap()
+            if self.scenario is not None and self.in_faults:
+                try:
+                    next(self.scenario)
+                except StopIteration:
+                    self.scenario = None
             if pred is not None and pred():
                 return True
-            time.sleep(0.05)
+            time.sleep(0.02 if self.scenario is not None else 0.05)
         return False
+
+    # -- the targeted runs (one fault landed at a known point of the hold message) ---------------
+    def hold_record(self) -> tuple[int, int, str, int]:
+        """``(partition, offset, key, seq)`` of the hold message (read from the backlog's acks)."""
+        for line in (self.out / "acks-backlog.log").read_text().splitlines():
+            p, o, key, seq, _id, flag, _t = line.split()
+            if flag == HOLD:
+                return int(p), int(o), key, int(seq)
+        raise RuntimeError("the hold message was not acknowledged by the broker")
+
+    def find_event(self, kind: str, partition: int, offset: int) -> int | None:
+        """The pid of the first ``kind`` record (``S``, ``K`` ...) of ``(partition, offset)``."""
+        want = f"{kind} "
+        for f in sorted((self.out / "events").glob("*.log")):
+            for line in f.read_text(errors="replace").splitlines():
+                if line.startswith(want):
+                    x = line.split()
+                    if int(x[2]) == partition and int(x[3]) == offset:
+                        return int(x[1])
+        return None
+
+    def wait_for(self, what: str, cond: Callable[[], Any], timeout_s: float = TARGET_WAIT_S) -> Any:
+        """Yield until ``cond()`` is truthy (then return it) or ``timeout_s`` passes (then None)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = cond()
+            if value:
+                return value
+            yield
+        self.say(f"targeted run: gave up waiting for {what}")
+        self.flog("target_timeout", "-", what.replace(" ", "_"))
+        return None
+
+    def proc_of(self, pid: int) -> Proc | None:
+        return next((p for p in self.all_procs if p.pid == pid), None)
+
+    def targeted(self) -> Any:
+        """The one fault of a targeted run (a generator stepped by :meth:`loop_until`)."""
+        part, off, key, seq = self.hold_record()
+        self.flog("hold", "-", f"{part}:{off}:{key}")
+        self.say(f"hold message {key}#{seq} at partition {part} offset {off}")
+        committed_past = lambda: self.last_commit().get(part, -1) > off  # noqa: E731
+        if self.faults == "kills":
+            pid = yield from self.wait_for("the hold message to start", lambda: self.find_event("S", part, off))
+            if pid is None:
+                return
+            # the engine never commits past a running message: then the kill lands after COMMIT_WAIT_S
+            yield from self.wait_for("a commit past the hold message", committed_past, COMMIT_WAIT_S)
+            p = self.proc_of(pid)
+            if p is not None and p.exited_ns is None:
+                p.expect_exit = True
+                self.signal(p, signal.SIGKILL)
+                self.flog("kill", p.pid, "hold")
+                self.say(f"kill pid {pid} (running the hold message)")
+                self.at(self.rng.uniform(*self.size.restart_after_s), "restart",
+                        next(s for s, q in self.procs.items() if q is p))
+        elif self.faults == "redis":
+            if (yield from self.wait_for("the hold message to be parked", lambda: self.find_event("K", part, off))) is None:
+                return
+            yield from self.wait_for("a commit past the parked hold message", committed_past, COMMIT_WAIT_S)
+            self.do("redis", None, self.rng)
+        elif self.faults == "stops":
+            yield from self.stop_and_take_over(part, off, key, seq)
+
+    def stop_and_take_over(self, part: int, off: int, key: str, seq: int) -> Any:
+        import redis
+
+        from keyedconsumer.sequencing import keys
+
+        pid = yield from self.wait_for("the hold message to start", lambda: self.find_event("S", part, off))
+        p = self.proc_of(pid) if pid is not None else None
+        if p is None or p.exited_ns is not None:
+            return
+        p.stopped = True
+        self.signal(p, signal.SIGSTOP)
+        self.flog("stop", p.pid, "hold")
+        self.say(f"stop pid {pid} (running the hold message)")
+        r = redis.Redis.from_url(self.svc.redis_url, socket_timeout=2)
+        ns_ = self.cfg["namespace"]
+        lid = keys.lease_id(key.encode(), self.topic, part)
+        lease_key, fence_key = keys.lease(ns_, lid), keys.fence(ns_, lid)
+        owner = f"harness-takeover-{uuid.uuid4().hex[:8]}"
+        token = 0
+
+        def take_over() -> bool:  # what another instance does once the lease expired
+            nonlocal token
+            if not r.set(lease_key, owner, nx=True, px=60_000):
+                return False
+            token = int(r.incr(fence_key))
+            r.hset(f"ext:{ns_}:{key}", mapping={"token": token, "seq": seq})  # its fenced write
+            r.hincrby(f"ext:{ns_}:{key}", "ver", 1)
+            return True
+
+        took = yield from self.wait_for("the stopped process's lease to expire", take_over)
+        self.flog("takeover", "-", f"{key}:{token}" if took else "none")
+        self.say(f"took the lease of {key} over with fencing token {token}")
+        p.stopped = False
+        self.signal(p, signal.SIGCONT)
+        self.flog("cont", p.pid)
+        end = time.monotonic() + 3.0  # the resumed process's late write is refused meanwhile
+        while time.monotonic() < end:
+            yield
+        release = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+        r.eval(release, 1, lease_key, owner)
+        self.flog("takeover_released", "-", key)
 
     # -- end state ------------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
@@ -502,6 +636,7 @@ class Run:
         self.setup()
         self.rng = random.Random(f"actions-{self.args.seed}")
         self.in_faults = False
+        self.scenario: Any = None
         started = time.monotonic()
         svc_thread = threading.Thread(target=self.svc_worker, name="services", daemon=True)
         svc_thread.start()
@@ -527,6 +662,8 @@ class Run:
             t0 = time.monotonic()
             for at_s, kind in self.cfg["schedule"]:
                 heapq.heappush(self.timers, (t0 + at_s, next(self.tseq), kind, None))
+            if self.faults in TARGETED:
+                self.scenario = self.targeted()
             self.loop_until(t0 + self.window_s)
             # stop the faults: resume the paused, restart the killed, services back up
             self.in_faults = False
