@@ -40,6 +40,24 @@ _COMMIT_AGAIN = frozenset({
     "_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
 })
 
+#: Longest wait of one blocking broker call in the poll thread or a rebalance callback (seconds):
+#: the committed offsets read at assign, a synchronous commit (manual commit, revoke, the ownership
+#: check). A call under way when ``stop()`` comes is waited for inside ``shutdown_timeout_s``.
+BLOCKING_CALL_S = 5.0
+#: The final commit of a stop gets at least this long (seconds), even when ``shutdown_timeout_s``
+#: was spent waiting for handlers.
+FINAL_COMMIT_MIN_S = 2.0
+#: How long ``close()`` of the Kafka client may take (seconds): leaving the group and librdkafka's
+#: own commit at close wait on the broker, which may be stopped or gone (confluent-kafka-python
+#: #1667). Past it the close is left to finish on its own and ``run()`` returns.
+CLOSE_TIMEOUT_S = 5.0
+#: ``run()`` returns within ``max(shutdown_timeout_s, BLOCKING_CALL_S) + SHUTDOWN_MARGIN_S`` seconds
+#: of ``stop()``, whatever the broker does: the final commit, the bounded close, releasing Redis
+#: leases and joining the workers fit in the margin.
+SHUTDOWN_MARGIN_S = 10.0
+#: Pause between attempts of a commit the group refused during a rebalance (seconds).
+COMMIT_RETRY_S = (0.05, 0.5)
+
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
 Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 #: A middleware takes a handler and returns a handler of the same kind (sync or async).
@@ -122,11 +140,14 @@ class KeyedConsumer:
         self._error_handler = error_handler
         self._factory: ClientFactory = client_factory or kafka.connect
         self._stop = threading.Event()
+        # when the stop in progress must be over (monotonic seconds; None: no stop requested)
+        self._stop_deadline: float | None = None
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._active = False
         self._closing = False
         self._paused: set[TP] = set()
+        self._meta_sent: dict[TP, tuple[int, str]] = {}  # last metadata commit sent per partition
         self._client: KafkaClient | None = None
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
         self._d.metadata_max_bytes = self.config.commit_metadata_max_bytes
@@ -203,6 +224,7 @@ class KeyedConsumer:
         self._error = None
         self._closing = False
         self._paused.clear()
+        self._meta_sent.clear()
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
         self._d.metadata_max_bytes = self.config.commit_metadata_max_bytes
 
@@ -212,10 +234,16 @@ class KeyedConsumer:
         that finished (otherwise they would run again after the restart or rebalance), let running
         handlers finish (all of this within ``shutdown_timeout_s``), commit the finished offsets,
         close the client (leaving the group). Safe from any thread, from a handler and from a signal handler; returns at once.
-        A ``stop()`` before ``run()`` makes that run stop at once."""
+        A ``stop()`` before ``run()`` makes that run stop at once.
+
+        ``run()`` returns within ``max(shutdown_timeout_s, 5 s) + 10 s`` of the first ``stop()``
+        (:data:`SHUTDOWN_MARGIN_S`), whatever the broker does (stopped, gone, in a rebalance): what
+        could not be committed by then is logged and runs again after the restart or rebalance."""
         # lock-free: workers check it before starting each message. Only messages below their
         # partition's highest finished offset still start (up to shutdown_timeout_s), so the
         # committed offset reaches what already finished and nothing finished runs again.
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
         self._d.stopping = True
         self._stop.set()
 
@@ -355,6 +383,8 @@ class KeyedConsumer:
             if self._error is None:
                 self._error = error
                 log.error("stopping: %s", error)
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
         self._stop.set()
         self._d.halt()
 
@@ -391,6 +421,8 @@ class KeyedConsumer:
             max_in_flight, batch, max_bytes = cfg.max_in_flight, cfg.batch_size, cfg.max_in_flight_bytes
             poll_timeout_s = cfg.poll_timeout_s
             next_status = 0.0
+            meta_every_s = float(cfg.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
+            next_meta = time.monotonic() + meta_every_s
             while not self._stop.is_set():
                 timeout_s = poll_timeout_s
                 if seq is not None:
@@ -424,12 +456,45 @@ class KeyedConsumer:
                 if now >= next_status:
                     next_status = now + 1.0
                     self._refresh_high_watermarks(client)
+                if now >= next_meta and cfg.commit_metadata_max_bytes:
+                    next_meta = now + meta_every_s
+                    self._commit_metadata(client)
         finally:
             self._shutdown(client, executor, started)
             self._stop.clear()
+            self._stop_deadline = None
             self._active = False
         if self._error is not None:
             raise self._error
+
+    def _budget(self, cap_s: float, deadline: float | None = None) -> float:
+        """Seconds a blocking step may take now: ``cap_s``, cut to ``deadline`` and to the stop's
+        deadline when a stop is under way (at least 0.5 s, so one attempt is always made)."""
+        now = time.monotonic()
+        left = cap_s
+        for end in (deadline, self._stop_deadline):
+            if end is not None:
+                left = min(left, end - now)
+        return max(0.5, left)
+
+    def _commit_metadata(self, client: KafkaClient) -> None:
+        """Commit, without waiting, each partition whose committed offset is held back by an
+        unfinished message while offsets above it finished, with the metadata naming those (the
+        offset alone does not move, so librdkafka's auto commit would not send it). A crash then
+        re-runs only what finished since the last of these commits, not everything above a slow
+        key's message (Confluent Parallel Consumer's offset map, committed on its commit cadence,
+        ``auto.commit.interval.ms``)."""
+        d = self._d
+        with d.lock:
+            parts = [p for p in d.parts.values() if p.state == ACTIVE]
+        offsets, meta = d.commit_offsets(parts)
+        sent = self._meta_sent
+        todo = [(t, p, o) for t, p, o in offsets if (t, p) in meta and sent.get((t, p)) != (o, meta[(t, p)])]
+        if not todo:
+            return
+        client.commit_async(todo, meta)
+        for t, p, o in todo:
+            sent[(t, p)] = (o, meta[(t, p)])
 
     def _confirm_ownership(self, client: KafkaClient) -> bool:
         """After a stall of this process (or a lost lease), is it still the group's owner of its
@@ -450,7 +515,7 @@ class KeyedConsumer:
         if not offsets:
             return True
         try:
-            group = client.committed([(t, p) for t, p, _ in offsets], 5.0)
+            group = client.committed([(t, p) for t, p, _ in offsets], self._budget(BLOCKING_CALL_S))
         except KafkaClientError as exc:
             log.warning("ownership check: committed offsets unavailable (%s)", exc)
             return False
@@ -459,7 +524,7 @@ class KeyedConsumer:
             log.warning("ownership check: the group committed past this instance's offsets %s: partitions lost", ahead)
             return False
         try:
-            client.commit(offsets, meta)
+            client.commit(offsets, meta, timeout_s=self._budget(BLOCKING_CALL_S))
         except KafkaClientError as exc:
             log.warning("ownership check: commit refused (%s): waiting for the rebalance", exc)
             return False
@@ -479,7 +544,7 @@ class KeyedConsumer:
             return
         if self.config.manual_commit:
             try:
-                client.commit([(p.topic, p.partition, wm) for p, wm in advances])
+                client.commit([(p.topic, p.partition, wm) for p, wm in advances], timeout_s=self._budget(BLOCKING_CALL_S))
             except KafkaClientError as exc:
                 self._on_client_error(exc)
                 self._d.mark_dirty([p for p, _ in advances])
@@ -510,14 +575,14 @@ class KeyedConsumer:
             client.resume([tp for tp in self._paused if tp in assigned])
             self._paused.clear()
 
-    def _catch_up(self, parts: list[Partition], timeout_s: float) -> None:
+    def _catch_up(self, parts: list[Partition], deadline: float) -> None:
         """Let the messages below each partition's highest finished offset run (only those start:
-        ``Dispatcher.may_start``), up to ``timeout_s`` seconds, so the offset stored next covers
-        every finished message. Retries due within the time left run too; longer back-offs are not
-        waited for. Serves the Redis sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
+        ``Dispatcher.may_start``), until ``deadline`` (monotonic seconds; or the deadline of a stop
+        requested meanwhile), so the offset stored next covers every finished message. Retries due
+        within the time left run too; longer back-offs are not waited for. Serves the Redis
+        sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
         d, seq = self._d, self._sequencer
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < min(deadline, self._stop_deadline or deadline):
             now = self._clock()
             with d.lock:
                 behind = [p for p in parts if p.state == ACTIVE and p.tracker.behind_done()]
@@ -535,12 +600,15 @@ class KeyedConsumer:
             time.sleep(0.005)
 
     def _shutdown(self, client: KafkaClient, executor: Executor, started: bool) -> None:
+        """Stop within the stop's deadline (``shutdown_timeout_s`` from ``stop()``) plus
+        :data:`SHUTDOWN_MARGIN_S`: catch up, wait for running handlers, commit, close."""
         d, cfg = self._d, self.config
+        deadline = self._stop_deadline or time.monotonic() + cfg.shutdown_timeout_s
         if started and self._error is None:
             d.stopping = True
-            self._catch_up(list(d.parts.values()), cfg.shutdown_timeout_s)
+            self._catch_up(list(d.parts.values()), deadline)
         d.halt()
-        if started and not d.wait_idle(None, cfg.shutdown_timeout_s):
+        if started and not d.wait_idle(None, max(0.0, deadline - time.monotonic())):
             log.warning(
                 "%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
                 d.running,
@@ -551,17 +619,20 @@ class KeyedConsumer:
         try:
             self._store(client)
             if started:
-                self._commit_final(client, time.monotonic() + min(cfg.shutdown_timeout_s, 10.0))
+                self._commit_final(client, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
         except KafkaClientError as exc:
-            log.warning("final commit failed: %s", exc)
+            log.warning("final commit failed: %s (what finished after the last commit runs again)", exc)
         self._closing = True
         try:
-            client.close()
+            if not client.close(timeout_s=CLOSE_TIMEOUT_S):
+                log.warning("the Kafka client did not close within %g s (a stopped or unreachable broker?): "
+                            "left to close on its own; the group drops this member after session.timeout.ms",
+                            CLOSE_TIMEOUT_S)
         except Exception as exc:  # closing must not hide the error that stopped us
             log.warning("closing the Kafka client failed: %s", exc)
         d.close()
         if started:
-            executor.join(min(cfg.shutdown_timeout_s, 5.0))
+            executor.join(max(0.5, min(5.0, deadline - time.monotonic())))
         if self._sequencer is not None and d.leases is not None:
             self._sequencer.detach()
 
@@ -571,12 +642,12 @@ class KeyedConsumer:
         not rejoined the new generation yet), and a coordinator may be unknown for a moment: then
         the client is polled, which serves the rebalance (a revoke commits its partitions itself),
         and the rest is committed again, until ``deadline`` (monotonic seconds). Records polled
-        meanwhile are not run (nor stored).
+        meanwhile are not run (nor stored). Each attempt waits at most until ``deadline``.
 
         Raises
         ------
         KafkaClientError
-            Another commit error, or still refused at the deadline.
+            Another commit error, no answer by ``deadline``, or still refused at ``deadline``.
         """
         d, cfg = self._d, self.config
         while True:
@@ -588,7 +659,7 @@ class KeyedConsumer:
                     if (topic, partition) in meta:
                         client.store(topic, partition, offset, meta[(topic, partition)])
             try:
-                client.commit(final, meta)
+                client.commit(final, meta, timeout_s=max(0.5, deadline - time.monotonic()))
             except CommitError as exc:
                 if exc.code not in _COMMIT_AGAIN or time.monotonic() >= deadline:
                     raise
@@ -650,7 +721,7 @@ class _Listener:
         if self._c.config.commit_metadata_max_bytes and partitions:
             # the offsets the previous owners finished above their commits: skipped, not re-run
             try:
-                for tp, (offset, meta) in self._client.committed(partitions, 10.0).items():
+                for tp, (offset, meta) in self._client.committed(partitions, self._c._budget(BLOCKING_CALL_S)).items():
                     fin = FinishedOffsets.decode(offset, meta)
                     if fin is not None:
                         finished[tp] = fin
@@ -661,20 +732,29 @@ class _Listener:
         self._c._d.assign(partitions, finished)
 
     def on_revoke(self, partitions: list[TP]) -> None:
+        """Finish what lies below the highest finished offset, wait for the revoked partitions'
+        running handlers, and commit, all within ``revoke_timeout_s`` (or the deadline of a stop
+        under way). A commit the group refuses because the rebalance moved on meanwhile
+        (``STALE_MEMBER_EPOCH`` under KIP-848, ``ILLEGAL_GENERATION`` / ``REBALANCE_IN_PROGRESS``,
+        an unknown coordinator) is made again within that budget: the heartbeat, which runs in
+        librdkafka's own thread, brings the member's new epoch (as the Java consumer retries its
+        commit before revocation, KAFKA-16033)."""
         c = self._c
         d = c._d
+        deadline = time.monotonic() + (0.0 if c._closing else c.config.revoke_timeout_s)
         if not c._closing:  # finish what lies below the highest finished offset first: no re-runs
             catching = [p for tp in partitions if (p := d.parts.get(tp)) is not None]
             for p in catching:
                 p.catching_up = True
-            c._catch_up(catching, c.config.revoke_timeout_s)
+            c._catch_up(catching, deadline)
         parts = d.begin_revoke(partitions)
         self._unpause(partitions)
         if not parts:
             return
-        timeout = 0.0 if c._closing else c.config.revoke_timeout_s
-        if not d.wait_idle(parts, timeout) and timeout:
-            log.warning("revoke: handlers of %s still running after %g s", partitions, timeout)
+        if c._stop_deadline is not None:
+            deadline = min(deadline, c._stop_deadline)
+        if not d.wait_idle(parts, max(0.0, deadline - time.monotonic())) and not c._closing:
+            log.warning("revoke: handlers of %s still running after %g s", partitions, c.config.revoke_timeout_s)
         final, meta = d.close_parts(parts)
         if final:
             # Store as well as commit: with auto commit librdkafka commits the *stored* offsets of
@@ -685,11 +765,27 @@ class _Listener:
                         self._client.store(topic, partition, offset, meta.get((topic, partition), ""))
                     except KafkaClientError as exc:
                         log.debug("store on revoke failed: %s", exc)
+            self._commit(final, meta, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
+        log.info("revoked %s, committed %s", partitions, final)
+
+    def _commit(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str], deadline: float) -> None:
+        """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
+        that moved on, until ``deadline`` (monotonic seconds)."""
+        pause = COMMIT_RETRY_S[0]
+        while True:
             try:
-                self._client.commit(final, meta)
+                self._client.commit(offsets, meta, timeout_s=max(0.5, deadline - time.monotonic()))
+                return
+            except CommitError as exc:
+                if exc.code not in _COMMIT_AGAIN or time.monotonic() + pause >= deadline:
+                    log.warning("commit on revoke failed: %s (what finished after the last commit runs again)", exc)
+                    return
+                log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
             except KafkaClientError as exc:
                 log.warning("commit on revoke failed: %s", exc)
-        log.info("revoked %s, committed %s", partitions, final)
+                return
+            time.sleep(pause)
+            pause = min(COMMIT_RETRY_S[1], pause * 2)
 
     def on_lost(self, partitions: list[TP]) -> None:
         log.warning("lost %s: dropping their messages without committing", partitions)

@@ -106,12 +106,17 @@ class Partition:
 
     __slots__ = (
         "topic", "partition", "group", "tracker", "state", "running", "stored", "lanes", "high", "parked", "catching_up",
-        "finished",
+        "finished", "owns",
     )
 
-    def __init__(self, tp: TP, lanes: Lanes, group: str = "", parked: bool = False) -> None:
+    def __init__(
+        self, tp: TP, lanes: Lanes, group: str = "", parked: bool = False,
+        owns: Callable[[Message], bool] | None = None,
+    ) -> None:
         self.topic, self.partition = tp
         self.group = group
+        # does a run of a message of this partition still count (Message.still_owned)
+        self.owns: Callable[[Message], bool] = owns or (lambda msg: True)
         self.tracker = OffsetTracker()
         self.state = ACTIVE
         self.running = 0  # taken by a worker and not finished
@@ -189,7 +194,7 @@ class Dispatcher:
         self.parked_results: list[tuple[Message, Outcome, bool]] = []
         # messages of a drained batch not started yet, per lease id: run one after the other
         self.parked_lanes: dict[str, deque[Message]] = {}
-        self.parked_part = Partition(("", -1), {}, group, parked=True)
+        self.parked_part = Partition(("", -1), {}, group, parked=True, owns=self.owns)
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -199,9 +204,22 @@ class Dispatcher:
         with self.lock:
             for tp in tps:
                 lanes = self._lanes_by_tp.setdefault(tp, {})
-                part = self.parts[tp] = Partition(tp, lanes, self.group)
+                part = self.parts[tp] = Partition(tp, lanes, self.group, owns=self.owns)
                 if finished:
                     part.finished = finished.get(tp)
+
+    def owns(self, msg: Message) -> bool:
+        """True while a run of ``msg`` (taken by a worker) still counts: its partition is assigned
+        (or being revoked: the revoke's commit covers it), this run of the consumer is not over,
+        and, with a lease-based sequencer, its key's lease is still this instance's."""
+        with self.lock:
+            part = msg._part
+            if self.closed or part.state == CLOSED:
+                return False
+            leases = self.leases
+            if leases is None or (msg._lanes is None and not part.parked):
+                return True
+            return leases.still_valid(msg, self.lid(msg))
 
     def commit_offsets(self, parts: Iterable[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
         """What to commit for ``parts`` (active or being revoked): ``([(topic, partition, watermark)],

@@ -39,13 +39,19 @@ class KafkaClient(Protocol):
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]: ...
     def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None: ...
-    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None: ...
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None: ...
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None: ...
     def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]: ...
     def pause(self, partitions: Sequence[TP]) -> None: ...
     def resume(self, partitions: Sequence[TP]) -> None: ...
     def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]: ...
     def check_brokers(self, timeout_s: float) -> None: ...
-    def close(self) -> None: ...
+    def close(self, timeout_s: float | None = None) -> bool: ...
 
 
 #: ``factory(librdkafka_config, on_error) -> KafkaClient``; ``on_error`` receives client errors.
@@ -57,6 +63,38 @@ _BENIGN_COMMIT = {KafkaError._NO_OFFSET}
 
 def _client_error(err: KafkaError, what: str) -> KafkaClientError:
     return KafkaClientError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal())
+
+
+class _NotDone(Exception):
+    """A bounded call did not return in time."""
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
+    """Call ``fn()`` in a daemon thread and return its result, or raise :class:`_NotDone` if it has
+    not returned within ``timeout_s`` seconds (it is then left to finish, or not, on its own).
+
+    librdkafka's synchronous commit and ``close()`` take no timeout and wait on the broker (a stopped
+    broker holds them up to ``socket.timeout.ms``, 60 s by default; confluent-kafka-python #1667,
+    librdkafka #1002); the handle may be used from several threads, so a caller can stop waiting.
+    """
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name=f"keyedconsumer-{name}", daemon=True).start()
+    if not done.wait(max(0.0, timeout_s)):
+        raise _NotDone()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _tp(topic: str, partition: int, offset: int, metadata: str) -> TopicPartition:
@@ -143,7 +181,45 @@ class _ConfluentClient:
         except KafkaException as exc:
             raise _client_error(exc.args[0], f"store_offsets topic={topic} partition={partition}") from None
 
-    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Commit ``(topic, partition, offset)`` synchronously, each with ``metadata[(topic, partition)]``.
+
+        ``timeout_s`` bounds the wait for the group coordinator's answer (``None``: librdkafka's own
+        request timeouts). A commit with nothing new is not an error (case C8). A broker refusing the
+        metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the offsets again without it.
+
+        Raises
+        ------
+        CommitError
+            Refused for at least one partition (named), or no answer within ``timeout_s`` (code
+            ``_TIMED_OUT``; the commit may still be applied later, and it is never past an
+            unfinished message, so that is safe).
+        """
+        if timeout_s is None:
+            self._commit(offsets, metadata)
+            return
+        try:
+            _bounded(lambda: self._commit(offsets, metadata), timeout_s, "commit")
+        except _NotDone:
+            where = ", ".join(f"{t}[{p}]@{o}" for t, p, o in offsets)
+            raise CommitError(f"commit of {where} not confirmed within {timeout_s:g} s", code="_TIMED_OUT") from None
+
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        """Send a commit without waiting for its answer (a failure is not reported: the caller
+        commits again later). Used for periodic commits of metadata only."""
+        meta = metadata or {}
+        try:
+            self._consumer.commit(offsets=[_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets],
+                                  asynchronous=True)
+        except KafkaException as exc:
+            log.debug("asynchronous commit not sent: %s", exc)
+
+    def _commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None) -> None:
         meta = metadata or {}
         tps = [_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets]
         try:
@@ -155,7 +231,7 @@ class _ConfluentClient:
             if err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE and meta:
                 # a broker with a lower offset.metadata.max.bytes: the offsets alone still count
                 log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
-                self.commit(offsets)
+                self._commit(offsets, None)
                 return
             raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
         failed = [
@@ -163,7 +239,7 @@ class _ConfluentClient:
         ]
         if meta and any(e.code() == KafkaError.OFFSET_METADATA_TOO_LARGE for _, e in failed):
             log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
-            self.commit([(tp.topic, tp.partition, tp.offset) for tp, _ in failed])
+            self._commit([(tp.topic, tp.partition, tp.offset) for tp, _ in failed], None)
             failed = [(tp, e) for tp, e in failed if e.code() != KafkaError.OFFSET_METADATA_TOO_LARGE]
         if failed:
             desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {e.name()}" for tp, e in failed)
@@ -232,8 +308,18 @@ class _ConfluentClient:
                 code=err.name(),
             ) from None
 
-    def close(self) -> None:
-        self._consumer.close()
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
+        offsets and leaves the group. Returns ``False`` if that did not end within ``timeout_s``
+        seconds (a stopped or unreachable broker): the close is then left to finish on its own."""
+        if timeout_s is None:
+            self._consumer.close()
+            return True
+        try:
+            _bounded(self._consumer.close, timeout_s, "close")
+        except _NotDone:
+            return False
+        return True
 
 
 def check_config(conf: dict[str, Any]) -> None:
@@ -263,19 +349,50 @@ class Publisher:
     acknowledged record is on every in-sync replica and a retried send is not duplicated. Safe to
     call from several threads at once. Used by the dead-letter middleware.
 
+    **The fate of a record is known before** :meth:`publish` **returns.** librdkafka keeps retrying
+    a record until its ``message.timeout.ms``; a caller that stopped waiting earlier would report a
+    failure for a record that is then delivered after all, and a second attempt would write it
+    twice (spring-kafka #1749, fixed by bounding the producer's delivery timeout by the wait, PR
+    #1750). So ``message.timeout.ms`` is set to ``delivery_timeout_s``, and ``publish`` waits for the
+    record's delivery report: success, or a failure after which librdkafka no longer sends it.
+
     Parameters
     ----------
     brokers:
         Bootstrap servers, ``host:port`` strings.
     config:
-        Other librdkafka producer properties (``acks`` and ``enable.idempotence`` may not be
-        weakened: they are set after these).
+        Other librdkafka producer properties (``acks``, ``enable.idempotence`` and
+        ``message.timeout.ms`` / ``delivery.timeout.ms`` are set after these).
+    delivery_timeout_s:
+        Seconds librdkafka tries to deliver a record (its ``message.timeout.ms``) before reporting
+        it failed; :meth:`publish` returns within about that long.
+
+    Raises
+    ------
+    PublishError
+        The producer could not be created (an invalid property).
+    ValueError
+        ``delivery_timeout_s`` not above 0.
     """
 
-    def __init__(self, brokers: Sequence[str], config: dict[str, Any] | None = None) -> None:
+    #: Seconds past ``message.timeout.ms`` that :meth:`publish` waits for the delivery report:
+    #: librdkafka checks for timed-out records about once a second.
+    REPORT_GRACE_S = 5.0
+
+    def __init__(
+        self, brokers: Sequence[str], config: dict[str, Any] | None = None, *, delivery_timeout_s: float = 30.0
+    ) -> None:
+        if not delivery_timeout_s > 0:
+            raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
+        self.delivery_timeout_s = float(delivery_timeout_s)
         conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
         conf.update(config or {})
-        conf.update({"acks": "all", "enable.idempotence": True})
+        conf.pop("delivery.timeout.ms", None)  # librdkafka's alias of message.timeout.ms
+        conf.update({
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": max(1, int(self.delivery_timeout_s * 1000)),
+        })
         try:
             self._producer = Producer(conf)
         except KafkaException as exc:
@@ -287,9 +404,12 @@ class Publisher:
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes | None]] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
     ) -> tuple[int, int]:
-        """Write one record and wait until the broker acknowledged it.
+        """Write one record and wait until the broker acknowledged it, or librdkafka gave it up.
+
+        ``timeout_s`` is accepted for compatibility and not used: the wait ends with the record's
+        delivery report, within ``delivery_timeout_s`` (plus :data:`REPORT_GRACE_S`).
 
         Returns
         -------
@@ -299,7 +419,9 @@ class Publisher:
         ------
         PublishError
             The broker refused the record (e.g. too large, not authorised), it could not be queued,
-            or no acknowledgement came within ``timeout_s`` seconds.
+            or it was not delivered within ``delivery_timeout_s`` (e.g. the topic does not exist and
+            is not created, the broker is unreachable); librdkafka then sends it no more. Only if
+            even the report does not come (it always does) does the error say the fate is unknown.
         """
         done = threading.Event()
         result: list[Any] = []
@@ -313,15 +435,18 @@ class Publisher:
             self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=on_delivery)
         except (KafkaException, BufferError) as exc:
             raise PublishError(f"cannot publish to {topic}: {exc}") from None
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + self.delivery_timeout_s + self.REPORT_GRACE_S
         while not done.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise PublishError(f"no acknowledgement from the broker for {topic} within {timeout_s:g} s")
+                raise PublishError(
+                    f"no delivery report for {topic} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
+                    "the record's fate is unknown (it may still be delivered)"
+                )
             self._producer.poll(min(left, 0.1))
         err, msg = result[0]
         if err is not None:
-            raise PublishError(f"the broker refused the record for {topic}: {err.name()}: {err.str()}")
+            raise PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
         return msg.partition(), msg.offset()
 
     def close(self, timeout_s: float = 10.0) -> None:

@@ -143,6 +143,21 @@ class Message:
         part = self._part
         return part.group if part is not None else ""
 
+    def still_owned(self) -> bool:
+        """True while this run's outcome still counts; check it before a side effect that must
+        happen once per message, such as a dead-letter publish (karafka PR #3220 guards its DLQ
+        dispatch the same way).
+
+        ``False`` once its partition was revoked or lost and the revoke stopped waiting for it
+        (``revoke_timeout_s``), once the consumer's run is over (``shutdown_timeout_s`` passed), or,
+        with a :class:`~keyedconsumer.RedisSequencer`, once its key's lease was lost or taken over.
+        The partition's (or the key's) new owner then runs the message again, so this run must not
+        act as if it were the last. A message not consumed by a :class:`~keyedconsumer.KeyedConsumer`
+        (built by hand) is always owned.
+        """
+        part = self._part
+        return part is None or bool(part.owns(self))
+
     @property
     def timestamp(self) -> datetime | None:
         """The record timestamp as an aware UTC ``datetime``, or ``None``."""

@@ -603,8 +603,14 @@ class FakeClient:
             self._stored[(topic, partition)] = offset
             self._stored_meta[(topic, partition)] = metadata
 
-    def commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
-        """Commit ``(topic, partition, offset)`` synchronously, with ``metadata[(topic, partition)]``.
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Commit ``(topic, partition, offset)`` synchronously, with ``metadata[(topic, partition)]``
+        (the in-memory broker answers at once: ``timeout_s`` is not needed).
 
         Raises
         ------
@@ -625,6 +631,14 @@ class FakeClient:
         if failed:
             raise CommitError(f"commit failed for {', '.join(failed)} (not assigned to this member)",
                               code="ILLEGAL_GENERATION")
+
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        """:meth:`commit` whose failure is not reported (as librdkafka's asynchronous commit
+        without an ``on_commit`` callback)."""
+        try:
+            self.commit(offsets, metadata)
+        except KafkaClientError:
+            pass
 
     def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]:
         """The group's committed ``(offset, metadata)`` of ``partitions`` (``-1001`` when none)."""
@@ -655,13 +669,14 @@ class FakeClient:
         """The in-memory broker always answers."""
         self._check_open("list_topics")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> bool:
         """Revoke the whole assignment (``on_revoke``, in this thread), auto-commit the stored offsets,
-        and leave the group, whose partitions go to the other members. A second call does nothing."""
+        and leave the group, whose partitions go to the other members. A second call does nothing.
+        Returns ``True`` (the in-memory broker always answers)."""
         b = self._broker
         with b._lock:
             if self._closed:
-                return
+                return True
             tps = sorted(self._assignment)
         try:
             if tps and self._listener is not None:
@@ -683,6 +698,7 @@ class FakeClient:
                     g.members.remove(self)
                     b._retarget(g, full=False)
                 b._bump()
+        return True
 
     # -- inside poll_batch ------------------------------------------------------------------------
 
@@ -806,6 +822,7 @@ class FakePublisher(Publisher):
     def __init__(self, broker: InMemoryBroker) -> None:  # no super().__init__(): there is no producer
         self._broker = broker
         self.error: PublishError | None = None
+        self.delivery_timeout_s = 0.0  # the in-memory broker answers at once
 
     def publish(
         self,
@@ -813,7 +830,7 @@ class FakePublisher(Publisher):
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes | None]] | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
     ) -> tuple[int, int]:
         """Append a record to the broker (partitioned like :meth:`InMemoryBroker.produce`).
 

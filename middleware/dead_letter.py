@@ -33,17 +33,27 @@ the dead-letter topic and ``msg.state[STATE_ERROR]`` the failure, for the middle
 The message counts as done only after the broker acknowledged the dead-letter record (``acks=all``,
 idempotent producer). If the publish fails, the middleware raises :class:`DeadLetterError`: nothing is
 marked done, and the engine's error path (``error_handler`` or stop) takes over.
+
+**One record per dead-lettered offset.** A failed publish is reported only once librdkafka has
+given the record up (the producer's ``message.timeout.ms`` is the middleware's ``timeout_s``), so a
+record reported failed is never delivered later behind a second attempt (spring-kafka #1749). And a
+run that no longer owns its message (``Message.still_owned()``: its partition was revoked while it
+ran past ``revoke_timeout_s``, or its key's Redis lease was lost) does not publish: the message's new
+owner runs it again and dead-letters it itself (karafka PR #3220). Left: a run that loses ownership
+*during* its publish (after the check) still writes its record; the check narrows that window to
+the publish itself.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import Message, Publisher, PublishError
+from keyedconsumer import Message, Publisher, PublishError, RetryLater
 
 from ._kind import around, failure_of
 
@@ -71,6 +81,9 @@ _MAX_MESSAGE_BYTES = 4096
 STATE_HEADERS = "dead_letter_headers"
 #: ``msg.state`` key of the failure that was dead-lettered (set after a publish).
 STATE_ERROR = "dead_letter_error"
+
+
+log = logging.getLogger("keyedconsumer.middleware.dead_letter")
 
 
 class DeadLetterError(Exception):
@@ -119,7 +132,9 @@ class DeadLetter:
     producer_config:
         Extra librdkafka producer properties for the built publisher.
     timeout_s:
-        Seconds to wait for the broker's acknowledgement before the publish counts as failed.
+        Seconds librdkafka tries to deliver a dead-letter record (the built publisher's
+        ``message.timeout.ms``) before the publish counts as failed; a given ``publisher`` uses its
+        own ``delivery_timeout_s``.
     max_stacktrace_bytes:
         Bound of the stack trace header.
 
@@ -146,7 +161,7 @@ class DeadLetter:
         self.topic = topic
         self.timeout_s = float(timeout_s)
         self.max_stacktrace_bytes = int(max_stacktrace_bytes)
-        self._publisher = publisher or Publisher(list(brokers or []), producer_config)
+        self._publisher = publisher or Publisher(list(brokers or []), producer_config, delivery_timeout_s=self.timeout_s)
         self.published = 0  # dead-letter records acknowledged so far
 
     def topic_for(self, msg: Message) -> str:
@@ -206,6 +221,11 @@ class DeadLetter:
     def _after(self, msg: Message, exc: BaseException | None, _state: Any) -> None:
         failure = failure_of(msg, exc)
         if failure is not None:
+            if not msg.still_owned():
+                # revoked (past revoke_timeout_s) or its key's lease lost: its new owner runs it
+                # again and dead-letters it; this run's outcome does not count anyway
+                log.warning("not dead-lettered: %r no longer belongs to this run (its new owner handles it)", msg)
+                raise RetryLater(0.0, "no longer owned") from failure
             self.publish(msg, failure)
             msg.ack_skip()
 

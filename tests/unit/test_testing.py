@@ -587,11 +587,11 @@ def test_a_final_commit_refused_during_a_rebalance_is_made_again_once_the_rebala
     class Rebalancing(FakeClient):
         """Refuses commits from the stop on, until it has been polled (which serves the rebalance)."""
 
-        def commit(self, offsets, metadata=None):  # type: ignore[no-untyped-def]
+        def commit(self, offsets, metadata=None, timeout_s=None):  # type: ignore[no-untyped-def]
             if stopping.is_set() and not served.is_set():
                 refusals.append("REBALANCE_IN_PROGRESS")
                 raise CommitError("commit failed: REBALANCE_IN_PROGRESS", code="REBALANCE_IN_PROGRESS")
-            return super().commit(offsets, metadata)
+            return super().commit(offsets, metadata, timeout_s)
 
         def poll_batch(self, max_messages, timeout_s):  # type: ignore[no-untyped-def]
             if refusals:
