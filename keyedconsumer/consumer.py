@@ -770,11 +770,17 @@ class _Listener:
 
     def _commit(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str], deadline: float) -> None:
         """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
-        that moved on, until ``deadline`` (monotonic seconds)."""
+        that moved on, until ``deadline`` (monotonic seconds).
+
+        The commit is made from this thread, the one serving the callback: librdkafka does not
+        serve a commit sent from another thread while a rebalance callback runs (measured here: it
+        waits until the callback returns), so a commit in a callback cannot be bounded by a helper
+        thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
+        """
         pause = COMMIT_RETRY_S[0]
         while True:
             try:
-                self._client.commit(offsets, meta, timeout_s=max(0.5, deadline - time.monotonic()))
+                self._client.commit(offsets, meta)
                 return
             except CommitError as exc:
                 if exc.code not in _COMMIT_AGAIN or time.monotonic() + pause >= deadline:
