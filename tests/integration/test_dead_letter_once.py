@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from keyedconsumer.middleware import DeadLetter
 
 from keyedconsumer import KeyedConsumer, Message, MessageError
-from keyedconsumer.middleware import DeadLetter
 
 from .kafkautil import committed, produce, read_all, wait_until
 
