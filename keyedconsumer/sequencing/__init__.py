@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .durations import redis_ms
 from .leases import LeaseTable
 
 if TYPE_CHECKING:
@@ -67,7 +68,10 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
 class RedisSequencerConfig(BaseModel):
     """Options of :class:`RedisSequencer` (a bad value raises ``pydantic.ValidationError``).
 
-    ``lease_ttl_s`` must be above three renewal intervals, so a lease survives two lost renewals.
+    ``lease_ttl_s`` must be above three renewal intervals, so a lease survives two lost renewals;
+    ``instance_timeout_s`` too, so an instance survives two lost check-ins. Durations that reach
+    Redis as milliseconds are rounded up and at least 1 ms (``PEXPIRE key 0`` would delete the key:
+    redis-py #4279); the bounds keep the smallest accepted value meaningful.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
@@ -75,7 +79,7 @@ class RedisSequencerConfig(BaseModel):
     url: str = Field(min_length=1, repr=False)
     namespace: str = Field(min_length=1, pattern=r"^[^{}:\s]+$")
     lease_ttl_s: float = Field(default=10.0, gt=0.05, le=3600)
-    renew_interval_s: float | None = Field(default=None, gt=0)
+    renew_interval_s: float | None = Field(default=None, ge=0.01)
     lease_linger_s: float = Field(default=1.0, ge=0)
     socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
     require_durable: bool = True
@@ -83,7 +87,7 @@ class RedisSequencerConfig(BaseModel):
     max_parked_bytes_per_key: int = Field(default=64 * 1024 * 1024, ge=1, strict=True)
     max_parked_total: int = Field(default=1_000_000, ge=1, strict=True)
     max_parked_bytes_total: int = Field(default=1024 * 1024 * 1024, ge=1, strict=True)
-    seen_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    seen_retention_s: float = Field(default=7 * 24 * 3600.0, ge=1.0)
     quarantine_on_dead_letter: bool = False
     max_drains: int = Field(default=64, ge=1, strict=True)
     instance_timeout_s: float | None = Field(default=None, gt=0)
@@ -117,6 +121,11 @@ class RedisSequencerConfig(BaseModel):
             )
         if self.instance_timeout_s is None:
             self.instance_timeout_s = 3 * self.lease_ttl_s
+        if not self.instance_timeout_s > 3 * self.renew_interval_s:
+            raise ValueError(
+                f"instance_timeout_s ({self.instance_timeout_s:g}) must be above three renew_interval_s "
+                f"({self.renew_interval_s:g}): an instance checks in once per renewal"
+            )
         return self
 
 
@@ -143,10 +152,11 @@ class RedisSequencer:
     namespace:
         Isolates consumer groups and tenants (no braces, colons or whitespace).
     lease_ttl_s:
-        Lease time to live in seconds.
+        Lease time to live in seconds (also the scheduler lease's), sent to Redis as whole
+        milliseconds rounded up, so Redis never drops a lease this instance still counts valid.
     renew_interval_s:
-        Seconds between renewals (default ``lease_ttl_s / 4``); ``lease_ttl_s`` must be above three
-        of them.
+        Seconds between renewals and check-ins (default ``lease_ttl_s / 4``; each is a Redis round
+        trip); ``lease_ttl_s`` must be above three of them.
     lease_linger_s:
         Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
         comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Another instance
@@ -168,7 +178,8 @@ class RedisSequencer:
     max_drains:
         Parked keys this instance drains at once.
     instance_timeout_s:
-        An instance silent this long (no check-in) is gone (default three lease TTLs).
+        An instance silent this long (no check-in) is gone (default three lease TTLs); must be
+        above three ``renew_interval_s``, so an instance survives two lost check-ins.
     scheduler:
         Take part in the scheduler election (drain parked keys, deliver scheduled messages).
 
@@ -310,7 +321,7 @@ class RedisSequencer:
                 store.release(releases)
             if asks:
                 asked_s = time.monotonic()
-                tokens = store.acquire(asks, int(self.config.lease_ttl_s * 1000))
+                tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
                 self.acquire_calls += len(asks)
                 now = time.monotonic()
                 with d.lock:
@@ -345,7 +356,7 @@ class RedisSequencer:
         now = time.monotonic()
         if self.config.scheduler and now >= self._sched_check_s:
             self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
-            ttl_ms = int(self.config.lease_ttl_s * 1000)
+            ttl_ms = redis_ms(self.config.lease_ttl_s)
             from . import keys
 
             was = self.is_scheduler
@@ -490,8 +501,8 @@ class RedisSequencer:
         assert d is not None and d.leases is not None
         leases = d.leases
         interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
-        ttl_ms = int(self.config.lease_ttl_s * 1000)
-        timeout_ms = int(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s) * 1000)
+        ttl_ms = redis_ms(self.config.lease_ttl_s)
+        timeout_ms = redis_ms(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s))
         first = True
         while first or not self._stop.wait(interval):
             first = False

@@ -31,6 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..message import Message
+from .durations import redis_ms
 from .keys import key_of, lease_id
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class Parker:
         self.max_key_bytes = max_parked_bytes_per_key
         self.max_total = max_parked_total
         self.max_total_bytes = max_parked_bytes_total
-        self.seen_ttl_ms = int(seen_retention_s * 1000)
+        self.seen_ttl_ms = redis_ms(seen_retention_s)
         self.quarantine = quarantine_on_dead_letter
         self.max_drains = max_drains
         self.draining: dict[str, float] = {}  # lease id -> its due-set score when taken
