@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .durations import redis_ms
+from .durations import at_ms, due_ms, redis_ms
 from .leases import LeaseTable
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
 
     Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
     "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
-    "quarantined": [str]}`` (times in seconds since the epoch).
+    "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis server's
+    clock; ``now_s`` is its time now).
 
     Raises
     ------
@@ -178,8 +179,9 @@ class RedisSequencer:
     max_drains:
         Parked keys this instance drains at once.
     instance_timeout_s:
-        An instance silent this long (no check-in) is gone (default three lease TTLs); must be
-        above three ``renew_interval_s``, so an instance survives two lost check-ins.
+        An instance silent this long (no check-in), on the Redis server's clock, is gone (default
+        three lease TTLs); must be above three ``renew_interval_s``, so an instance survives two lost
+        check-ins.
     scheduler:
         Take part in the scheduler election (drain parked keys, deliver scheduled messages).
 
@@ -191,6 +193,12 @@ class RedisSequencer:
     ``renew_interval_s``; one instance at a time holds the scheduler lease. When an instance dies,
     its leases expire after ``lease_ttl_s`` and the keys it was draining stay in the due set, so the
     scheduler (another instance's, once the dead one's scheduler lease expired) takes them over.
+
+    One clock: due times of scheduled messages and parked retries, which keys and messages are due,
+    misfires and check-ins are all kept on the Redis server's clock (``TIME``), read in the Lua
+    scripts that decide, never on an instance's wall clock, so instances whose clocks differ
+    neither fire early or late nor see each other as gone (rq-scheduler #246). Durations are sent
+    to Redis as whole milliseconds rounded up, at least 1.
 
     Raises
     ------
@@ -425,7 +433,12 @@ class RedisSequencer:
 
         It is delivered at least once, by whichever instance is the scheduler then, even if this
         one has died; a message due while no instance ran is delivered at start-up and counted as
-        a misfire. The handler sees it with ``partition == -1`` and ``offset == -1``.
+        a misfire (delivered more than 1 s after its due time). The handler sees it with
+        ``partition == -1`` and ``offset == -1``, and ``timestamp_ms`` the time it was scheduled.
+
+        Due times are kept on the Redis server's clock (``TIME``), not this machine's: the message
+        is delivered no earlier than its due time on that clock, whatever the clocks of the
+        instances, and typically within 50-100 ms after it while a scheduler runs.
 
         Parameters
         ----------
@@ -434,9 +447,11 @@ class RedisSequencer:
         key, value, headers:
             As a Kafka record's. A null key is sequenced with the null keys of partition -1.
         delay_s:
-            Due after this many seconds (>= 0); or give ``at``.
+            Due this many seconds (>= 0) after the Redis server's time when this is called; or
+            give ``at``.
         at:
-            Due at this time, seconds since the epoch.
+            Due at this absolute time, seconds since the epoch, read on the Redis server's clock (a
+            time in the past is due at once, and counted as a misfire if more than 1 s ago).
 
         Returns
         -------
@@ -445,7 +460,8 @@ class RedisSequencer:
         Raises
         ------
         ValueError
-            Neither or both of ``delay_s`` and ``at``, or a negative or non-finite time.
+            Neither or both of ``delay_s`` and ``at``, a negative ``delay_s``, or a NaN, infinite,
+            negative or too far (after year 2248) time.
         StoreUnavailable
             Redis did not answer (nothing was stored).
         """
@@ -457,16 +473,18 @@ class RedisSequencer:
 
         if (delay_s is None) == (at is None):
             raise ValueError("schedule() needs exactly one of delay_s and at")
-        when = time.time() + float(delay_s) if delay_s is not None else float(at)  # type: ignore[arg-type]
-        if not math.isfinite(when) or (delay_s is not None and float(delay_s) < 0):
-            raise ValueError(f"schedule() due time must be finite and not in the past by a delay: {delay_s or at!r}")
-        due_ms = int(when * 1000)
+        if isinstance(delay_s, bool) or isinstance(at, bool):
+            raise ValueError("schedule() delay_s and at are numbers of seconds, not booleans")
+        if delay_s is not None and not (math.isfinite(float(delay_s)) and float(delay_s) >= 0):
+            raise ValueError(f"schedule() delay_s must be finite and >= 0 seconds: {delay_s!r}")
+        due_at = at_ms(float(at)) if at is not None else None  # ValueError: NaN, infinite, negative, too far
         sid = new_schedule_id()
-        msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(time.time() * 1000))
-        entry = encode_entry(msg, due_ms, sid)
         store = self._store if self._store is not None else LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
         try:
-            store.schedule(sid, due_ms, entry)
+            now_ms = store.time_ms()  # the one clock: the Redis server's, never this machine's
+            due = due_at if due_at is not None else due_ms(now_ms, float(delay_s))  # type: ignore[arg-type]
+            msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(now_ms))
+            store.schedule(sid, due, encode_entry(msg, due, sid))
         finally:
             if store is not self._store:
                 store.close()
@@ -486,7 +504,7 @@ class RedisSequencer:
 
         store = LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
         try:
-            return store.release_quarantine(lease_id(key, "", 0), time.time() * 1000 + 0.5)
+            return store.release_quarantine(lease_id(key, "", 0))  # due now on the Redis server's clock
         finally:
             store.close()
 
@@ -506,8 +524,8 @@ class RedisSequencer:
         first = True
         while first or not self._stop.wait(interval):
             first = False
-            try:
-                gone = self._store.check_in(self.instance_id, int(time.time() * 1000), timeout_ms)
+            try:  # stamped and judged on the Redis server's clock: instances' clocks may differ
+                gone = self._store.check_in(self.instance_id, timeout_ms)
                 for g in gone:
                     log.warning("instance %s is gone (no check-in for %g s)", g, timeout_ms / 1000)
                 self.gone_instances.extend(gone)

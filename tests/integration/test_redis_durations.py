@@ -1,6 +1,7 @@
 """Durations that reach Redis: the smallest accepted value of each option works against the real
 Redis (``PEXPIRE key 0`` deletes the key, redis-py #4279; ``int(s * 1000)`` truncates 0.0009 s to
-0). The refusals just below each minimum are in ``tests/unit/test_bad_config.py``."""
+0), and a tiny delay never makes a due time earlier than the Redis server's time of the call.
+The refusals just below each minimum are in ``tests/unit/test_bad_config.py``."""
 
 from __future__ import annotations
 
@@ -160,3 +161,23 @@ def test_seen_retention_at_its_minimum_keeps_the_marker_that_long(
     else:  # only if this test was slower than the retention: it expired no earlier than promised
         assert pttl == -2 and now_ms >= failed_at[0] + 1000
     assert run.stop(30) and run.error is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("delay_s", [0.0, 1e-9, 0.0004, 0.0011])
+def test_a_tiny_schedule_delay_is_never_due_before_the_redis_time_of_the_call(delay_s: float, redis_url: str, r: redis.Redis) -> None:
+    # given a namespace without a scheduler (nothing moves the message)
+    ns = f"dur-{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns)
+    # when a message is scheduled with a delay below a millisecond (or none) and one at an absolute
+    # time that far ahead
+    t0 = _redis_ms(r)
+    by_delay = seq.schedule("t", b"k", b"v", delay_s=delay_s)
+    by_at = seq.schedule("t", b"k", b"v", at=(t0 + delay_s * 1000) / 1000)
+    # then each is due no earlier than the Redis server's time before the call plus the delay (to
+    # the microsecond, TIME's resolution), in whole milliseconds
+    for sid in (by_delay, by_at):
+        due = r.zscore(keys.sched_due(ns), sid)
+        assert due is not None and due == int(due)
+        assert due >= round(t0 + delay_s * 1000, 3), (due - t0, delay_s)
+    r.delete(keys.sched_due(ns), keys.sched_entries(ns))

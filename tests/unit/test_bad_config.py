@@ -219,7 +219,7 @@ def test_sequencer_durations_at_their_minimum_are_accepted() -> None:
 
 @pytest.mark.timeout(10)
 def test_seconds_become_redis_milliseconds_rounded_up_and_at_least_one() -> None:
-    from keyedconsumer.sequencing.durations import redis_ms
+    from keyedconsumer.sequencing.durations import MAX_DUE_MS, at_ms, due_ms, redis_ms
 
     # a duration: never 0 (PEXPIRE key 0 deletes the key), never shorter than asked
     assert [redis_ms(s) for s in (0.0, 0.0000001, 0.0009, 0.001, 0.0011, 0.0501, 0.0509, 2.0, 604800.0)] == [
@@ -228,6 +228,17 @@ def test_seconds_become_redis_milliseconds_rounded_up_and_at_least_one() -> None
     for bad in (-0.001, math.nan, math.inf):
         with pytest.raises(ValueError):
             redis_ms(bad)
+    # a due time: never earlier than now + the delay, capped far in the future
+    assert due_ms(1000.0, 0.0) == 1000 and due_ms(1000.25, 0.0) == 1001 and due_ms(1000.0, 1e-9) == 1001
+    assert due_ms(1000.0, 0.0004) == 1001 and due_ms(1000.0, 1.5) == 2500
+    assert due_ms(1000.0, 1e300) == MAX_DUE_MS and due_ms(1000.0, math.inf) == MAX_DUE_MS
+    for bad in (-0.001, math.nan):
+        with pytest.raises(ValueError):
+            due_ms(1000.0, bad)
+    assert at_ms(1.0) == 1000 and at_ms(1.0001) == 1001 and at_ms(0.0) == 0
+    for bad in (-1.0, math.nan, math.inf, 1e12):
+        with pytest.raises(ValueError):
+            at_ms(bad)
 
 
 # ------------------------------------------------------------------------------------------------
