@@ -191,4 +191,4 @@ def inspect_group(
         )
     console.print(f"total lag: {total}   * age of the record at the committed offset (now - its timestamp)")
     if info is not None:
-        _redis_tables(info, console, time.time())
+        _redis_tables(info, console, float(info.get("now_s") or time.time()))  # the Redis server's clock

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .durations import at_ms, due_ms, redis_ms
 from .leases import LeaseTable
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
 
     Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
     "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
-    "quarantined": [str]}`` (times in seconds since the epoch).
+    "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis server's
+    clock; ``now_s`` is its time now).
 
     Raises
     ------
@@ -67,7 +69,10 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
 class RedisSequencerConfig(BaseModel):
     """Options of :class:`RedisSequencer` (a bad value raises ``pydantic.ValidationError``).
 
-    ``lease_ttl_s`` must be above three renewal intervals, so a lease survives two lost renewals.
+    ``lease_ttl_s`` must be above three renewal intervals, so a lease survives two lost renewals;
+    ``instance_timeout_s`` too, so an instance survives two lost check-ins. Durations that reach
+    Redis as milliseconds are rounded up and at least 1 ms (``PEXPIRE key 0`` would delete the key:
+    redis-py #4279); the bounds keep the smallest accepted value meaningful.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
@@ -75,7 +80,7 @@ class RedisSequencerConfig(BaseModel):
     url: str = Field(min_length=1, repr=False)
     namespace: str = Field(min_length=1, pattern=r"^[^{}:\s]+$")
     lease_ttl_s: float = Field(default=10.0, gt=0.05, le=3600)
-    renew_interval_s: float | None = Field(default=None, gt=0)
+    renew_interval_s: float | None = Field(default=None, ge=0.01)
     lease_linger_s: float = Field(default=1.0, ge=0)
     socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
     require_durable: bool = True
@@ -83,7 +88,7 @@ class RedisSequencerConfig(BaseModel):
     max_parked_bytes_per_key: int = Field(default=64 * 1024 * 1024, ge=1, strict=True)
     max_parked_total: int = Field(default=1_000_000, ge=1, strict=True)
     max_parked_bytes_total: int = Field(default=1024 * 1024 * 1024, ge=1, strict=True)
-    seen_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    seen_retention_s: float = Field(default=7 * 24 * 3600.0, ge=1.0)
     quarantine_on_dead_letter: bool = False
     max_drains: int = Field(default=64, ge=1, strict=True)
     instance_timeout_s: float | None = Field(default=None, gt=0)
@@ -117,6 +122,11 @@ class RedisSequencerConfig(BaseModel):
             )
         if self.instance_timeout_s is None:
             self.instance_timeout_s = 3 * self.lease_ttl_s
+        if not self.instance_timeout_s > 3 * self.renew_interval_s:
+            raise ValueError(
+                f"instance_timeout_s ({self.instance_timeout_s:g}) must be above three renew_interval_s "
+                f"({self.renew_interval_s:g}): an instance checks in once per renewal"
+            )
         return self
 
 
@@ -143,10 +153,11 @@ class RedisSequencer:
     namespace:
         Isolates consumer groups and tenants (no braces, colons or whitespace).
     lease_ttl_s:
-        Lease time to live in seconds.
+        Lease time to live in seconds (also the scheduler lease's), sent to Redis as whole
+        milliseconds rounded up, so Redis never drops a lease this instance still counts valid.
     renew_interval_s:
-        Seconds between renewals (default ``lease_ttl_s / 4``); ``lease_ttl_s`` must be above three
-        of them.
+        Seconds between renewals and check-ins (default ``lease_ttl_s / 4``; each is a Redis round
+        trip); ``lease_ttl_s`` must be above three of them.
     lease_linger_s:
         Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
         comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Another instance
@@ -168,7 +179,9 @@ class RedisSequencer:
     max_drains:
         Parked keys this instance drains at once.
     instance_timeout_s:
-        An instance silent this long (no check-in) is gone (default three lease TTLs).
+        An instance silent this long (no check-in), on the Redis server's clock, is gone (default
+        three lease TTLs); must be above three ``renew_interval_s``, so an instance survives two lost
+        check-ins.
     scheduler:
         Take part in the scheduler election (drain parked keys, deliver scheduled messages).
 
@@ -180,6 +193,12 @@ class RedisSequencer:
     ``renew_interval_s``; one instance at a time holds the scheduler lease. When an instance dies,
     its leases expire after ``lease_ttl_s`` and the keys it was draining stay in the due set, so the
     scheduler (another instance's, once the dead one's scheduler lease expired) takes them over.
+
+    One clock: due times of scheduled messages and parked retries, which keys and messages are due,
+    misfires and check-ins are all kept on the Redis server's clock (``TIME``), read in the Lua
+    scripts that decide, never on an instance's wall clock, so instances whose clocks differ
+    neither fire early or late nor see each other as gone (rq-scheduler #246). Durations are sent
+    to Redis as whole milliseconds rounded up, at least 1.
 
     Raises
     ------
@@ -310,7 +329,7 @@ class RedisSequencer:
                 store.release(releases)
             if asks:
                 asked_s = time.monotonic()
-                tokens = store.acquire(asks, int(self.config.lease_ttl_s * 1000))
+                tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
                 self.acquire_calls += len(asks)
                 now = time.monotonic()
                 with d.lock:
@@ -345,7 +364,7 @@ class RedisSequencer:
         now = time.monotonic()
         if self.config.scheduler and now >= self._sched_check_s:
             self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
-            ttl_ms = int(self.config.lease_ttl_s * 1000)
+            ttl_ms = redis_ms(self.config.lease_ttl_s)
             from . import keys
 
             was = self.is_scheduler
@@ -414,7 +433,12 @@ class RedisSequencer:
 
         It is delivered at least once, by whichever instance is the scheduler then, even if this
         one has died; a message due while no instance ran is delivered at start-up and counted as
-        a misfire. The handler sees it with ``partition == -1`` and ``offset == -1``.
+        a misfire (delivered more than 1 s after its due time). The handler sees it with
+        ``partition == -1`` and ``offset == -1``, and ``timestamp_ms`` the time it was scheduled.
+
+        Due times are kept on the Redis server's clock (``TIME``), not this machine's: the message
+        is delivered no earlier than its due time on that clock, whatever the clocks of the
+        instances, and typically within 50-100 ms after it while a scheduler runs.
 
         Parameters
         ----------
@@ -423,9 +447,11 @@ class RedisSequencer:
         key, value, headers:
             As a Kafka record's. A null key is sequenced with the null keys of partition -1.
         delay_s:
-            Due after this many seconds (>= 0); or give ``at``.
+            Due this many seconds (>= 0) after the Redis server's time when this is called; or
+            give ``at``.
         at:
-            Due at this time, seconds since the epoch.
+            Due at this absolute time, seconds since the epoch, read on the Redis server's clock (a
+            time in the past is due at once, and counted as a misfire if more than 1 s ago).
 
         Returns
         -------
@@ -434,7 +460,8 @@ class RedisSequencer:
         Raises
         ------
         ValueError
-            Neither or both of ``delay_s`` and ``at``, or a negative or non-finite time.
+            Neither or both of ``delay_s`` and ``at``, a negative ``delay_s``, or a NaN, infinite,
+            negative or too far (after year 2248) time.
         StoreUnavailable
             Redis did not answer (nothing was stored).
         """
@@ -446,16 +473,18 @@ class RedisSequencer:
 
         if (delay_s is None) == (at is None):
             raise ValueError("schedule() needs exactly one of delay_s and at")
-        when = time.time() + float(delay_s) if delay_s is not None else float(at)  # type: ignore[arg-type]
-        if not math.isfinite(when) or (delay_s is not None and float(delay_s) < 0):
-            raise ValueError(f"schedule() due time must be finite and not in the past by a delay: {delay_s or at!r}")
-        due_ms = int(when * 1000)
+        if isinstance(delay_s, bool) or isinstance(at, bool):
+            raise ValueError("schedule() delay_s and at are numbers of seconds, not booleans")
+        if delay_s is not None and not (math.isfinite(float(delay_s)) and float(delay_s) >= 0):
+            raise ValueError(f"schedule() delay_s must be finite and >= 0 seconds: {delay_s!r}")
+        due_at = at_ms(float(at)) if at is not None else None  # ValueError: NaN, infinite, negative, too far
         sid = new_schedule_id()
-        msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(time.time() * 1000))
-        entry = encode_entry(msg, due_ms, sid)
         store = self._store if self._store is not None else LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
         try:
-            store.schedule(sid, due_ms, entry)
+            now_ms = store.time_ms()  # the one clock: the Redis server's, never this machine's
+            due = due_at if due_at is not None else due_ms(now_ms, float(delay_s))  # type: ignore[arg-type]
+            msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(now_ms))
+            store.schedule(sid, due, encode_entry(msg, due, sid))
         finally:
             if store is not self._store:
                 store.close()
@@ -475,7 +504,7 @@ class RedisSequencer:
 
         store = LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
         try:
-            return store.release_quarantine(lease_id(key, "", 0), time.time() * 1000 + 0.5)
+            return store.release_quarantine(lease_id(key, "", 0))  # due now on the Redis server's clock
         finally:
             store.close()
 
@@ -490,13 +519,13 @@ class RedisSequencer:
         assert d is not None and d.leases is not None
         leases = d.leases
         interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
-        ttl_ms = int(self.config.lease_ttl_s * 1000)
-        timeout_ms = int(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s) * 1000)
+        ttl_ms = redis_ms(self.config.lease_ttl_s)
+        timeout_ms = redis_ms(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s))
         first = True
         while first or not self._stop.wait(interval):
             first = False
-            try:
-                gone = self._store.check_in(self.instance_id, int(time.time() * 1000), timeout_ms)
+            try:  # stamped and judged on the Redis server's clock: instances' clocks may differ
+                gone = self._store.check_in(self.instance_id, timeout_ms)
                 for g in gone:
                     log.warning("instance %s is gone (no check-in for %g s)", g, timeout_ms / 1000)
                 self.gone_instances.extend(gone)

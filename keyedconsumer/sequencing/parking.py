@@ -15,6 +15,10 @@ The ideas are the Redis scheduler seed's (``shared/seeds/002``) and go-distr-ep'
   (or, with ``quarantine_on_dead_letter``, keeps its key parked until released).
 - **Schedule.** ``schedule()`` stores a message with its due time; when due, the scheduler appends
   it to its key's list, so it runs in the key's order, under the key's lease.
+- **One clock.** Every due time is on the Redis server's clock: a delay is added to its ``TIME``
+  (read just before), and the scripts that find due keys and due scheduled messages read ``TIME``
+  themselves. No instance's wall clock is read, so instances whose clocks differ neither run a
+  parked retry or a scheduled message early nor very late (rq-scheduler #246).
 
 Every method runs in the poll thread; Redis calls are made without the dispatcher's lock.
 """
@@ -31,6 +35,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..message import Message
+from .durations import due_ms, redis_ms
 from .keys import key_of, lease_id
 
 if TYPE_CHECKING:
@@ -84,10 +89,6 @@ def decode_entry(raw: bytes) -> tuple[Message, dict[str, Any]]:
     return msg, doc
 
 
-def _now_ms() -> float:
-    return time.time() * 1000.0
-
-
 class Parker:
     """Parks keys, drains due keys and moves due scheduled messages (owned by ``RedisSequencer``).
 
@@ -130,7 +131,7 @@ class Parker:
         self.max_key_bytes = max_parked_bytes_per_key
         self.max_total = max_parked_total
         self.max_total_bytes = max_parked_bytes_total
-        self.seen_ttl_ms = int(seen_retention_s * 1000)
+        self.seen_ttl_ms = redis_ms(seen_retention_s)
         self.quarantine = quarantine_on_dead_letter
         self.max_drains = max_drains
         self.draining: dict[str, float] = {}  # lease id -> its due-set score when taken
@@ -143,7 +144,8 @@ class Parker:
         self.parked = 0  # messages parked by this instance
         self.drained = 0  # parked messages finished (done) by this instance
         self.moved = 0  # scheduled messages moved to their key's list
-        self.misfires = 0  # scheduled messages moved later than due + ``MISFIRE_S``
+        self.misfires = 0  # scheduled messages moved later than due + ``MISFIRE_S`` (Redis time)
+        self.redis_now_ms = 0.0  # the Redis server's time as last read (ms): it has passed
 
     MISFIRE_S = 1.0
 
@@ -183,22 +185,28 @@ class Parker:
                     msgs.extend(q)
                     q.clear()
                 batches.append((lid, lease.owner, msgs, delay_s))
+        if not batches:
+            return
         if self._over_total and any(not leases.is_parked(lid) for lid, *_ in batches):
             self._put_back(batches, "the namespace's parked caps are reached")
             return
-        wall = _now_ms()
+        try:
+            now_ms = self.redis_now_ms = store.time_ms()  # delays count from the Redis server's time
+        except Exception as exc:  # StoreUnavailable: keep them, try again
+            self._put_back(batches, f"Redis unavailable: {exc}")
+            return
         calls = []
         for lid, owner, msgs, delay_s in batches:
             entries = []
             for i, m in enumerate(msgs):
-                due = int(wall + delay_s * 1000) if i == 0 else 0
+                due = due_ms(now_ms, delay_s) if i == 0 else 0
                 field = f"{m.topic.encode().hex()}.{m.partition}"
                 entries.append((field, m._off, encode_entry(m, due)))
             calls.append((lid, owner, entries))
         try:
             for lid, _owner, _msgs, delay_s in batches:
                 if not leases.is_parked(lid):  # the list may be empty: the due set first (invariant)
-                    store.set_due(lid, self.score(wall + delay_s * 1000))
+                    store.set_due(lid, self.score(due_ms(now_ms, delay_s)))
             results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes)
         except Exception as exc:  # StoreUnavailable: keep them, try again
             self._put_back(batches, f"Redis unavailable: {exc}")
@@ -286,10 +294,11 @@ class Parker:
     # -- the scheduler (only while this instance holds the scheduler lease) ---------------------
 
     def move_scheduled(self) -> None:
-        """Append due scheduled messages to their keys' lists."""
+        """Append due scheduled messages to their keys' lists (due and late on the Redis server's clock)."""
         store = self.store
-        now = _now_ms()
-        for sid, due_ms, raw in store.due_scheduled(now, 100):
+        now, rows = store.due_scheduled(100)
+        self.redis_now_ms = now
+        for sid, due, raw in rows:
             if raw is None:  # removed meanwhile
                 store.unschedule(sid)
                 continue
@@ -300,7 +309,7 @@ class Parker:
             store.unschedule(sid)
             if moved:
                 self.moved += 1
-                late_s = (now - due_ms) / 1000.0
+                late_s = (now - due) / 1000.0
                 if late_s > self.MISFIRE_S:
                     self.misfires += 1
                     log.warning("scheduled message %s delivered %.1f s after its due time (misfire)", sid, late_s)
@@ -313,7 +322,8 @@ class Parker:
             return
         leases = d.leases
         assert leases is not None
-        for lid, score in store.due_keys(_now_ms(), room + len(self.draining)):
+        self.redis_now_ms, rows = store.due_keys(room + len(self.draining))
+        for lid, score in rows:
             if lid in self.draining:
                 continue
             if room <= 0:
@@ -405,14 +415,16 @@ class Parker:
                 return
             self._next(current, lid)
             return
-        now = _now_ms()
-        if head_doc["due"] > now + 5:  # not due yet (a retry's back-off)
+        now = self.redis_now_ms  # a Redis time that has passed
+        if head_doc["due"] > now:
+            now = self.redis_now_ms = store.time_ms()
+        if head_doc["due"] > now:  # not due yet on the Redis server's clock (a retry's back-off)
             self._reschedule_end(current, lid, head_doc["due"])
             return
         msgs: list[Message] = []
         for raw in entries:
             msg, doc = decode_entry(raw)
-            if doc.get("q") or doc["due"] > now + 5:
+            if doc.get("q") or doc["due"] > now:
                 break
             msg._part = d.parked_part
             msg._lk = lid
@@ -465,7 +477,7 @@ class Parker:
         if isinstance(outcome, float) and outcome is not True:
             _, doc = decode_entry(raw)
             doc["a"] = msg.attempt + 1
-            doc["due"] = int(_now_ms() + float(outcome) * 1000)
+            doc["due"] = due_ms(store.time_ms(), float(outcome))  # on the Redis server's clock
             new = json.dumps(doc, separators=(",", ":")).encode()
             if store.replace_head(lid, owner, raw, new):
                 d.retries += 1

@@ -144,6 +144,46 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return 1
 """
+# One clock (rq-scheduler #246: scheduled jobs run early when instances' clocks differ): every
+# "is it due", "how late" and "is that instance gone" is decided on the Redis server's TIME, read by
+# the script that decides, never on an instance's wall clock. Each such script touches only the
+# namespace's {_sched} slot, so on a Redis Cluster the clock is that of the node holding it; with
+# Redis 7 a script may write after reading TIME (its effects are replicated, not the script).
+# Redis time in ms since the epoch, from TIME's {seconds, microseconds}: a Lua number (a double,
+# exact to a quarter of a microsecond here), which Redis passes on to commands without losing digits.
+_NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
+# KEYS[1] any {_sched} key (routes the call to the clock's node) -> {seconds, microseconds}
+_TIME = "return redis.call('TIME')"
+# KEYS[1] due; ARGV[1] limit -> {seconds, microseconds, {member, score, ...} due now, earliest first}
+_DUE_KEYS = _NOW + """
+return {t[1], t[2], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))}
+"""
+# KEYS[1] sdue, [2] entries; ARGV[1] limit -> {seconds, microseconds, {id, due ms, ...} due now,
+# {their entries (nil: removed meanwhile)}}
+_DUE_SCHEDULED = _NOW + """
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+local ids = {}
+for i = 1, #rows, 2 do ids[#ids + 1] = rows[i] end
+local entries = {}
+if #ids > 0 then entries = redis.call('HMGET', KEYS[2], unpack(ids)) end
+return {t[1], t[2], rows, entries}
+"""
+# KEYS[1] instances; ARGV[1] instance, [2] timeout ms -> {seconds, microseconds, {instances gone}}:
+# this instance's check-in is stamped with the server's time; those silent for the timeout are removed
+_CHECK_IN = _NOW + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+local cutoff = now - tonumber(ARGV[2])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff) end
+return {t[1], t[2], gone}
+"""
+# KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1 due now | 0 not quarantined
+_RELEASE_QUARANTINE = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+""" + _NOW + """
+redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
+return 1
+"""
 # KEYS[1] lease; ARGV[1] owner, [2] ttl ms -> 1 held (acquired or renewed) | 0 held by another
 _HOLD = """
 local cur = redis.call('GET', KEYS[1])
@@ -186,6 +226,11 @@ class LeaseStore:
         self._move_in = self._r.register_script(_MOVE_IN)
         self._unschedule = self._r.register_script(_UNSCHEDULE)
         self._hold = self._r.register_script(_HOLD)
+        self._time = self._r.register_script(_TIME)
+        self._due_keys = self._r.register_script(_DUE_KEYS)
+        self._due_scheduled = self._r.register_script(_DUE_SCHEDULED)
+        self._check_in = self._r.register_script(_CHECK_IN)
+        self._release_quarantine = self._r.register_script(_RELEASE_QUARANTINE)
 
     def check_durable(self) -> None:
         """Raise ``RuntimeError`` unless Redis persists each write before it answers.
@@ -354,13 +399,23 @@ class LeaseStore:
         """Remove the key from the due set unless its score changed since ``seen_score_ms``."""
         return bool(self._call(self._zrem_if, [keys.due(self.namespace)], [lid, repr(seen_score_ms)]))
 
-    def due_keys(self, now_ms: float, limit: int) -> list[tuple[str, float]]:
-        """Keys whose parked head is due at ``now_ms``: ``[(lease id, score)]``, earliest first."""
-        try:
-            rows = self._r.zrangebyscore(keys.due(self.namespace), "-inf", now_ms, start=0, num=limit, withscores=True)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-        return [(m.decode() if isinstance(m, bytes) else m, float(sc)) for m, sc in rows]
+    def time_ms(self) -> float:
+        """The Redis server's time (``TIME``), ms since the epoch (microsecond precision): the one
+        clock of the namespace, read from the node that holds its ``{_sched}`` keys.
+
+        Raises
+        ------
+        StoreUnavailable
+            Redis did not answer.
+        """
+        sec, usec = self._call(self._time, [keys.due(self.namespace)], [])
+        return _ms(sec, usec)
+
+    def due_keys(self, limit: int) -> tuple[float, list[tuple[str, float]]]:
+        """Keys whose parked head is due now on the Redis server's clock: ``(that time in ms,
+        [(lease id, score)])``, earliest first."""
+        sec, usec, rows = self._call(self._due_keys, [keys.due(self.namespace)], [limit])
+        return _ms(sec, usec), [(_text(rows[i]), float(rows[i + 1])) for i in range(0, len(rows), 2)]
 
     def totals(self) -> tuple[int, int]:
         """Messages and bytes parked in the namespace (kept beside the lists: approximate after a
@@ -376,18 +431,13 @@ class LeaseStore:
         ns = self.namespace
         self._call(self._schedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid, due_ms, entry])
 
-    def due_scheduled(self, now_ms: float, limit: int) -> list[tuple[str, float, bytes | None]]:
-        """Scheduled messages due at ``now_ms``: ``[(id, due ms, entry)]``."""
+    def due_scheduled(self, limit: int) -> tuple[float, list[tuple[str, float, bytes | None]]]:
+        """Scheduled messages due now on the Redis server's clock: ``(that time in ms, [(id, due ms,
+        entry or None if removed meanwhile)])``, in one round trip."""
         ns = self.namespace
-        try:
-            rows = self._r.zrangebyscore(keys.sched_due(ns), "-inf", now_ms, start=0, num=limit, withscores=True)
-            if not rows:
-                return []
-            ids = [m.decode() if isinstance(m, bytes) else m for m, _ in rows]
-            entries = self._r.hmget(keys.sched_entries(ns), ids)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-        return [(sid, float(sc), e) for sid, (_, sc), e in zip(ids, rows, entries, strict=True)]
+        sec, usec, rows, entries = self._call(self._due_scheduled, [keys.sched_due(ns), keys.sched_entries(ns)], [limit])
+        due = [(_text(rows[i]), float(rows[i + 1])) for i in range(0, len(rows), 2)]
+        return _ms(sec, usec), [(sid, sc, e) for (sid, sc), e in zip(due, entries or [], strict=True)]
 
     def move_in(self, lid: str, sid: str, entry: bytes, seen_ttl_ms: int) -> tuple[bool, int]:
         """Append a due scheduled message to its key's parked list, once per id (idempotent).
@@ -412,15 +462,11 @@ class LeaseStore:
         except redis.RedisError as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
-    def release_quarantine(self, lid: str, score_ms: float) -> bool:
-        """Make a quarantined key due again; ``False`` if it was not quarantined."""
-        try:
-            if not self._r.srem(keys.quarantine(self.namespace), lid):
-                return False
-            self._r.zadd(keys.due(self.namespace), {lid: score_ms})
-            return True
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+    def release_quarantine(self, lid: str) -> bool:
+        """Make a quarantined key due now (on the Redis server's clock), atomically; ``False`` if it
+        was not quarantined."""
+        ns = self.namespace
+        return bool(self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid]))
 
     def hold(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Acquire or renew a plain lease (the scheduler's) for ``owner``; ``False`` when held by another."""
@@ -429,18 +475,11 @@ class LeaseStore:
     def release_plain(self, key: str, owner: str) -> None:
         self._call(self._release, [key], [owner])
 
-    def check_in(self, instance: str, now_ms: int, timeout_ms: int) -> list[str]:
-        """Record this instance's heartbeat; remove and return instances silent for ``timeout_ms``."""
-        k = keys.instances(self.namespace)
-        try:
-            pipe = self._r.pipeline(transaction=True)
-            pipe.zadd(k, {instance: now_ms})
-            pipe.zrangebyscore(k, "-inf", now_ms - timeout_ms)
-            pipe.zremrangebyscore(k, "-inf", now_ms - timeout_ms)
-            _, gone, _ = pipe.execute()
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-        return [g.decode() if isinstance(g, bytes) else g for g in gone]
+    def check_in(self, instance: str, timeout_ms: int) -> list[str]:
+        """Record this instance's heartbeat at the Redis server's time; remove and return the
+        instances silent for ``timeout_ms`` on that clock."""
+        _sec, _usec, gone = self._call(self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms])
+        return [_text(g) for g in gone]
 
     def check_out(self, instance: str) -> None:
         try:
@@ -461,13 +500,24 @@ class LeaseStore:
         return f"LeaseStore(namespace={self.namespace!r})"
 
 
+def _ms(sec: Any, usec: Any) -> float:
+    """``TIME``'s seconds and microseconds as ms since the epoch."""
+    return int(sec) * 1000 + int(usec) / 1000
+
+
+def _text(b: Any) -> str:
+    return b.decode() if isinstance(b, bytes) else str(b)
+
+
 def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000) -> dict[str, Any]:
     """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
 
     Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
     "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": owner or
-    None, "quarantined": [key]}``; ``key`` is the Kafka key as text (``repr`` of the bytes when not
-    UTF-8) or ``partition:<topic>/<n>`` for a partition's lease; times are seconds since the epoch.
+    None, "quarantined": [key], "now_s": float}``; ``key`` is the Kafka key as text (``repr`` of the
+    bytes when not UTF-8) or ``partition:<topic>/<n>`` for a partition's lease; times are seconds
+    since the epoch on the Redis server's clock (``now_s``: its ``TIME`` now), the clock every due
+    time and check-in is kept on.
     At most ``limit`` leases and parked keys are listed (``SCAN``, never ``KEYS``).
 
     Raises
@@ -495,6 +545,7 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
                 sc = due.get(lid)
                 parked.append({"key": _show(lid), "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0})
         sched_owner = r.get(keys.scheduler(ns))
+        sec, usec = r.time()
         return {
             "leases": leases,
             "parked": parked,
@@ -504,6 +555,7 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             ],
             "scheduler": sched_owner.decode() if sched_owner else None,
             "quarantined": sorted(_show(m.decode()) for m in r.smembers(keys.quarantine(ns))),
+            "now_s": _ms(sec, usec) / 1000.0,
         }
     except redis.RedisError as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None

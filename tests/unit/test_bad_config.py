@@ -170,6 +170,78 @@ def test_lease_ttl_just_above_three_renewals_is_accepted() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# durations that reach Redis as milliseconds: below a meaningful minimum they are refused (PEXPIRE
+# key 0 deletes the key: redis-py #4279); at it, accepted (tests/integration/test_redis_durations.py
+# shows each minimum works against the real Redis)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "field,opts",
+    [("lease_ttl_s", {"lease_ttl_s": 0.05}), ("lease_ttl_s", {"lease_ttl_s": 0.0009}),
+     ("renew_interval_s", {"renew_interval_s": 0.0099}), ("renew_interval_s", {"renew_interval_s": 0.0009}),
+     ("seen_retention_s", {"seen_retention_s": 0.999}), ("seen_retention_s", {"seen_retention_s": 0.0009}),
+     ("instance_timeout_s", {"instance_timeout_s": 0.0}), ("instance_timeout_s", {"instance_timeout_s": -1.0})],
+    ids=["lease_ttl_s-0.05", "lease_ttl_s-0.0009", "renew_interval_s-0.0099", "renew_interval_s-0.0009",
+         "seen_retention_s-0.999", "seen_retention_s-0.0009", "instance_timeout_s-0", "instance_timeout_s-negative"],
+)
+def test_sequencer_duration_below_its_minimum_is_refused_naming_the_field(field: str, opts: dict[str, float]) -> None:
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", **opts)
+    assert fields(info.value) == {field}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "ttl,renew,timeout",
+    [(10.0, 2.5, 7.5), (10.0, 2.5, 0.0009), (10.0, None, 1.0), (0.0501, 0.01, 0.03)],
+    ids=["exactly-three-check-ins", "below-a-millisecond", "below-three-default-renewals", "smallest-exactly-three"],
+)
+def test_instance_timeout_not_above_three_check_ins_is_refused_naming_it(ttl: float, renew: float | None, timeout: float) -> None:
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=ttl, renew_interval_s=renew, instance_timeout_s=timeout)
+    text = str(info.value)
+    assert "instance_timeout_s" in text and "renew_interval_s" in text
+
+
+@pytest.mark.timeout(10)
+def test_sequencer_durations_at_their_minimum_are_accepted() -> None:
+    s = RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=0.0501, renew_interval_s=0.01,
+                       seen_retention_s=1.0, instance_timeout_s=0.0301)
+    c = s.config
+    assert (c.lease_ttl_s, c.renew_interval_s, c.seen_retention_s, c.instance_timeout_s) == (0.0501, 0.01, 1.0, 0.0301)
+    # the defaults derived from the smallest lease TTL are accepted too
+    d = RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=0.0501).config
+    assert d.renew_interval_s is not None and d.renew_interval_s >= 0.01
+    assert d.instance_timeout_s == pytest.approx(3 * 0.0501)
+
+
+@pytest.mark.timeout(10)
+def test_seconds_become_redis_milliseconds_rounded_up_and_at_least_one() -> None:
+    from keyedconsumer.sequencing.durations import MAX_DUE_MS, at_ms, due_ms, redis_ms
+
+    # a duration: never 0 (PEXPIRE key 0 deletes the key), never shorter than asked
+    assert [redis_ms(s) for s in (0.0, 0.0000001, 0.0009, 0.001, 0.0011, 0.0501, 0.0509, 2.0, 604800.0)] == [
+        1, 1, 1, 1, 2, 51, 51, 2000, 604_800_000]
+    assert redis_ms(2.007) >= 2007
+    for bad in (-0.001, math.nan, math.inf):
+        with pytest.raises(ValueError):
+            redis_ms(bad)
+    # a due time: never earlier than now + the delay, capped far in the future
+    assert due_ms(1000.0, 0.0) == 1000 and due_ms(1000.25, 0.0) == 1001 and due_ms(1000.0, 1e-9) == 1001
+    assert due_ms(1000.0, 0.0004) == 1001 and due_ms(1000.0, 1.5) == 2500
+    assert due_ms(1000.0, 1e300) == MAX_DUE_MS and due_ms(1000.0, math.inf) == MAX_DUE_MS
+    for bad in (-0.001, math.nan):
+        with pytest.raises(ValueError):
+            due_ms(1000.0, bad)
+    assert at_ms(1.0) == 1000 and at_ms(1.0001) == 1001 and at_ms(0.0) == 0
+    for bad in (-1.0, math.nan, math.inf, 1e12):
+        with pytest.raises(ValueError):
+            at_ms(bad)
+
+
+# ------------------------------------------------------------------------------------------------
 # wrong broker addresses and topic names: refused at construction, naming the field
 # ------------------------------------------------------------------------------------------------
 
