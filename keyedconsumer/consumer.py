@@ -20,8 +20,15 @@ from typing import Any
 from . import _testbugs, kafka
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
-from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError
-from .executors import AsyncExecutor, Executor, ThreadExecutor
+from .errors import (
+    CommitError,
+    HandlerContractError,
+    HandlerContractViolation,
+    KafkaClientError,
+    KeyedConsumerError,
+    MessageError,
+)
+from .executors import AsyncExecutor, Executor, ThreadExecutor, not_awaited
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
 from .offsets import FinishedOffsets
@@ -73,7 +80,9 @@ class KeyedConsumer:
     handler:
         ``def handle(msg: Message) -> None`` (run on a pool of ``concurrency`` threads) or
         ``async def`` (run as ``concurrency`` coroutines on one event loop). Raise, or call
-        ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip.
+        ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip. A plain function must not return
+        an awaitable (``lambda m: handle_async(m)``): nothing would await it, so the engine stops
+        the consumer and ``run()`` raises :class:`HandlerContractError` (see there).
     middlewares:
         Handler-in, handler-out callables; the first given is the outermost.
     error_handler:
@@ -117,7 +126,11 @@ class KeyedConsumer:
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
         self._sequencer = sequencer
         self._clock = clock
-        self._handler = compose(handler, middlewares)
+        #: Messages whose handler broke the contract (returned an awaitable), recorded where it
+        #: happened, so that no middleware can hide it: ``_settle`` stops the consumer for them.
+        self._broken: dict[Message, HandlerContractError] = {}
+        inner = handler if not callable(handler) or _is_async(handler) else self._checked(handler)
+        self._handler = compose(inner, middlewares)
         self._async = _is_async(self._handler)
         self._error_handler = error_handler
         self._factory: ClientFactory = client_factory or kafka.connect
@@ -135,6 +148,22 @@ class KeyedConsumer:
         #: liveness for health checks.
         self.polled_at_s = 0.0
 
+    def _checked(self, handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
+        """``handler`` (a plain function) checked right where it returns, inside every middleware: an
+        awaitable result is closed, recorded and raised as :class:`HandlerContractViolation` (a
+        ``BaseException``, which ``Retry``, ``DeadLetter`` and ``Recover`` let through)."""
+        broken = self._broken
+
+        def checked(msg: Message) -> Any:
+            result = handler(msg)
+            if result is not None and inspect.isawaitable(result):
+                violation = not_awaited(msg, result)
+                broken[msg] = violation.error
+                raise violation
+            return result
+
+        return checked
+
     # -- public ---------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -147,6 +176,10 @@ class KeyedConsumer:
         MessageError
             A message failed and nothing handled it (after the graceful stop; offsets were committed
             up to, never past, that message).
+        HandlerContractError
+            The handler (or the composed chain) returned an awaitable instead of running it: declare
+            the handler ``async def``. Stopped the same way; never retried, dead-lettered or given to
+            ``error_handler``.
         KafkaClientError
             A fatal client error, no answer from the brokers within ``startup_timeout_s``, or an
             invalid librdkafka property.
@@ -202,6 +235,7 @@ class KeyedConsumer:
         # It is cleared when a run ends.
         self._error = None
         self._closing = False
+        self._broken.clear()
         self._paused.clear()
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
         self._d.metadata_max_bytes = self.config.commit_metadata_max_bytes
@@ -316,8 +350,17 @@ class KeyedConsumer:
         """Decide a message's outcome after its handler ended (raised ``exc``, or ``None``).
 
         Returns ``True`` (done), ``False`` (not done: the consumer stops) or a ``float`` delay in
-        seconds (run it again then).
+        seconds (run it again then). A broken handler contract (:class:`HandlerContractError`)
+        stops the consumer whatever the middleware made of it, without ``error_handler``.
         """
+        broken = self._broken.get(msg) if self._broken else None
+        if broken is None and isinstance(exc, HandlerContractViolation):
+            broken = exc.error
+        if broken is not None:  # a programming error: not retried, not dead-lettered, not handled
+            msg.status = Status.FAIL
+            msg.error = broken
+            self._fail(broken)
+            return False
         if exc is None:
             if msg.status is Status.PENDING:
                 msg.status = Status.SUCCESS
