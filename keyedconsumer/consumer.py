@@ -56,15 +56,91 @@ ErrorHandler = Callable[[BaseException, Message | None], Any]
 
 
 def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:
-    """Wrap ``handler`` in ``middlewares``; the first given is the outermost (xkafka order)."""
+    """Wrap ``handler`` in ``middlewares``; the first given is the outermost (xkafka order).
+
+    Raises
+    ------
+    TypeError
+        ``handler`` is not callable; ``middlewares`` is not a list; one of them is not callable, is
+        a class passed instead of an instance (``[Retry]`` for ``[Retry(...)]``; a class whose
+        constructor takes the handler is a middleware), or returned something not callable.
+    """
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    if isinstance(middlewares, (str, bytes)) or callable(middlewares) or not hasattr(middlewares, "__iter__"):
+        raise TypeError(
+            f"middlewares must be a list of middleware, e.g. [Retry(...)], got {type(middlewares).__name__}"
+        )
+    chain = list(middlewares)
+    for i, mw in enumerate(chain):
+        if isinstance(mw, type) and not _takes_one_argument(mw):
+            raise TypeError(_class_given(i, mw))
+        if not callable(mw):
+            raise TypeError(
+                f"middlewares[{i}] is a {type(mw).__name__}, not a middleware: a middleware is a callable "
+                "that takes a handler and returns one, e.g. Retry(...)"
+            )
     wrapped: Any = handler
-    for mw in reversed(list(middlewares)):
-        wrapped = mw(wrapped)
+    for i in reversed(range(len(chain))):
+        mw = chain[i]
+        try:
+            wrapped = mw(wrapped)
+        except TypeError as exc:
+            if isinstance(mw, type):  # e.g. Typed, whose constructor wants a model, not the handler
+                raise TypeError(_class_given(i, mw)) from exc
+            raise
         if not callable(wrapped):
             raise TypeError(f"middleware {mw!r} returned a non-callable {type(wrapped).__name__}")
     return wrapped  # type: ignore[no-any-return]
+
+
+def _class_given(i: int, cls: type) -> str:
+    name = cls.__name__
+    return f"middlewares[{i}] is the class {name}: pass an instance, e.g. {name}(...)"
+
+
+def _takes_one_argument(fn: Any) -> bool:
+    """True when ``fn(x)`` binds (or the signature cannot be read)."""
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
+
+
+def _check_error_handler(error_handler: Any) -> None:
+    """Raise ``TypeError`` unless ``error_handler`` is ``None`` or a plain callable taking
+    ``(error, message)``."""
+    if error_handler is None:
+        return
+    if isinstance(error_handler, type):
+        name = error_handler.__name__
+        raise TypeError(
+            f"error_handler is the class {name}: pass an instance, e.g. {name}(...), "
+            "or a function `def on_error(error, message) -> None`"
+        )
+    if not callable(error_handler):
+        raise TypeError(
+            f"error_handler must be callable as error_handler(error, message), got a {type(error_handler).__name__}"
+        )
+    if _is_async(error_handler):
+        raise TypeError(
+            "error_handler must be a plain function: the engine calls it and does not await it, so an "
+            "async def one would never run (and every failure would count as handled)"
+        )
+    try:
+        signature = inspect.signature(error_handler)
+    except (TypeError, ValueError):  # no signature to read (some builtins): trust it
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"error_handler{signature} cannot be called as error_handler(error, message): write "
+            "`def on_error(error: BaseException, message: Message | None) -> None`"
+        ) from None
 
 
 def _is_async(fn: Any) -> bool:
@@ -84,10 +160,12 @@ class KeyedConsumer:
         an awaitable (``lambda m: handle_async(m)``): nothing would await it, so the engine stops
         the consumer and ``run()`` raises :class:`HandlerContractError` (see there).
     middlewares:
-        Handler-in, handler-out callables; the first given is the outermost.
+        A list of handler-in, handler-out callables (instances: ``Retry(...)``, not ``Retry``); the
+        first given is the outermost.
     error_handler:
         ``error_handler(error, message_or_None)`` for failures no middleware handled and for Kafka
-        client errors. Returning normally marks a failed message handled (status ``FAIL``, done);
+        client errors: a plain callable (not ``async def``: it is not awaited) taking these two
+        arguments. Returning normally marks a failed message handled (status ``FAIL``, done);
         raising, or no handler at all, stops the consumer and ``run()`` raises.
     client_factory:
         Builds the Kafka client (default: librdkafka via confluent-kafka); tests may pass another.
@@ -106,7 +184,10 @@ class KeyedConsumer:
     pydantic.ValidationError
         A bad option, naming the field.
     TypeError
-        ``handler`` or a middleware's result is not callable.
+        ``handler`` is not callable; ``middlewares`` is not a list, or one is not callable, is a
+        class passed instead of an instance (the message says what to write), or returned a
+        non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
+        ``(error, message)``.
     """
 
     def __init__(
@@ -124,6 +205,7 @@ class KeyedConsumer:
         self.config = settings if settings is not None else ConsumerConfig(**options)
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
+        _check_error_handler(error_handler)
         self._sequencer = sequencer
         self._clock = clock
         #: Messages whose handler broke the contract (returned an awaitable), recorded where it

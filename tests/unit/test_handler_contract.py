@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from keyedconsumer.middleware import DeadLetter, Logging, Recover, Retry
+from keyedconsumer.middleware import DeadLetter, Logging, Recover, Retry, Typed
 
 from keyedconsumer import KeyedConsumerError, Message
 from keyedconsumer.testing import InMemoryBroker
@@ -147,3 +147,92 @@ def test_a_handler_returning_a_plain_value_is_fine() -> None:
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     assert seen == [0, 1, 2] and broker.committed("g") == {("orders", 0): 3}
+
+
+# -- error_handler and middlewares are checked at construction ---------------------------------------
+
+
+class Timing:
+    """A middleware written as a class whose constructor takes the handler: the class itself is one."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+        self.calls = 0
+
+    def __call__(self, msg: Message) -> None:
+        self.calls += 1
+        self.handler(msg)
+
+
+class OnError:
+    def __call__(self, err: BaseException, msg: Message | None) -> None:
+        pass
+
+
+def build(**kw: Any) -> Any:
+    return InMemoryBroker().consumer(name="g", topics=["t"], handler=kw.pop("handler", lambda m: None), **kw)
+
+
+@pytest.mark.parametrize(
+    "middlewares,expected",
+    [
+        (lambda: [Retry], "middlewares[0] is the class Retry: pass an instance, e.g. Retry(...)"),
+        (lambda: [Recover(), DeadLetter], "middlewares[1] is the class DeadLetter: pass an instance, e.g. DeadLetter(...)"),
+        (lambda: [Recover], "middlewares[0] is the class Recover: pass an instance, e.g. Recover(...)"),
+        (lambda: [Logging(), Typed], "middlewares[1] is the class Typed: pass an instance, e.g. Typed(...)"),
+        (lambda: [Retry(), "retry"], "middlewares[1] is a str, not a middleware"),
+        (lambda: [None], "middlewares[0] is a NoneType, not a middleware"),
+        (lambda: Retry(), "middlewares must be a list of middleware, e.g. [Retry(...)]"),
+    ],
+    ids=["class-retry", "class-dead-letter", "class-recover", "class-typed", "a-string", "none", "not-a-list"],
+)
+def test_a_bad_middleware_is_refused_at_construction_saying_what_to_write(
+    middlewares: Callable[[], Any], expected: str
+) -> None:
+    with pytest.raises(TypeError) as info:
+        build(middlewares=middlewares())
+    assert expected in str(info.value)
+
+
+def test_a_middleware_class_whose_constructor_takes_the_handler_is_a_middleware() -> None:
+    broker = InMemoryBroker()
+    broker.create_topic("t", partitions=1)
+    broker.produce("t", "v", key="k")
+    seen: list[int] = []
+    consumer = broker.consumer(name="g", topics=["t"], handler=lambda m: seen.append(m.offset), middlewares=[Timing])
+    with broker.run(consumer) as run:
+        run.until_idle(timeout_s=10)
+    assert seen == [0]
+
+
+async def async_on_error(err: BaseException, msg: Message | None) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "error_handler,expected",
+    [
+        (OnError, "error_handler is the class OnError: pass an instance, e.g. OnError(...)"),
+        ("log", "error_handler must be callable as error_handler(error, message), got a str"),
+        (lambda err: None, "error_handler(err) cannot be called as error_handler(error, message)"),
+        (lambda: None, "error_handler() cannot be called as error_handler(error, message)"),
+        (lambda err, msg, extra: None, "error_handler(err, msg, extra) cannot be called as error_handler(error, message)"),
+        (async_on_error, "error_handler must be a plain function"),
+    ],
+    ids=["class", "string", "one-argument", "no-argument", "three-arguments", "async-def"],
+)
+def test_a_bad_error_handler_is_refused_at_construction_naming_the_signature(error_handler: Any, expected: str) -> None:
+    with pytest.raises(TypeError) as info:
+        build(error_handler=error_handler)
+    assert expected in str(info.value)
+    if "cannot be called" in expected:
+        assert "def on_error(error: BaseException, message: Message | None) -> None" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "error_handler",
+    [lambda err, msg: None, lambda *args: None, lambda err, msg=None, extra=1: None, OnError(), print, None],
+    ids=["two", "varargs", "defaults", "instance", "builtin", "none"],
+)
+def test_error_handlers_that_take_error_and_message_are_accepted(error_handler: Any) -> None:
+    build(error_handler=error_handler)
