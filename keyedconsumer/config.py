@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["ConsumerConfig", "Ordering", "SECRET_WORDS", "redact"]
@@ -176,6 +176,8 @@ class ConsumerConfig(BaseSettings):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
     config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    #: True when ``group_id`` was not given and follows ``name``.
+    _group_follows_name: bool = PrivateAttr(default=False)
 
     @field_validator("brokers", "topics", mode="before")
     @classmethod
@@ -228,6 +230,7 @@ class ConsumerConfig(BaseSettings):
     def _defaults(self) -> ConsumerConfig:
         if self.group_id is None:
             self.group_id = self.name
+            self._group_follows_name = True
         return self
 
     @field_validator("config", mode="after")
@@ -241,6 +244,22 @@ class ConsumerConfig(BaseSettings):
         conf.update(value)
         check_config(conf)
         return value
+
+    def override(self, **options: Any) -> ConsumerConfig:
+        """A new config: these fields, with ``options`` (field names) replacing them, validated again.
+        This one is left unchanged. A new ``name`` moves the group id too when it followed the name
+        (``group_id`` not given). ``KeyedConsumer(settings=cfg, **options)`` uses it.
+
+        Raises
+        ------
+        pydantic.ValidationError
+            A bad or unknown option, naming the field.
+        """
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        if "name" in options and "group_id" not in options and self._group_follows_name:
+            data["group_id"] = None
+        data.update(options)
+        return type(self).model_validate(data)
 
     @property
     def group(self) -> str:

@@ -175,9 +175,10 @@ class KeyedConsumer:
         Monotonic clock in seconds that times ``RetryLater`` delays (default ``time.monotonic``;
         :mod:`keyedconsumer.testing` passes a fake clock, so back-off runs without sleeping).
     settings:
-        A ready :class:`ConsumerConfig`; otherwise ``**options`` are its fields (``name``,
-        ``brokers``, ``topics``, ``concurrency``, ``ordering``, ``manual_commit``,
-        ``max_in_flight``, ``config`` ...), also readable from ``KEYEDCONSUMER_*`` variables.
+        A ready :class:`ConsumerConfig`. ``**options`` are its fields (``name``, ``brokers``,
+        ``topics``, ``concurrency``, ``ordering``, ``manual_commit``, ``max_in_flight``, ``config``
+        ...), also readable from ``KEYEDCONSUMER_*`` variables; given next to ``settings``, they
+        replace its fields and the result is validated again (:meth:`ConsumerConfig.override`).
 
     Raises
     ------
@@ -202,7 +203,10 @@ class KeyedConsumer:
         clock: Callable[[], float] = time.monotonic,
         **options: Any,
     ) -> None:
-        self.config = settings if settings is not None else ConsumerConfig(**options)
+        if settings is None:
+            self.config = ConsumerConfig(**options)
+        else:
+            self.config = settings.override(**options) if options else settings
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
         _check_error_handler(error_handler)
