@@ -2,18 +2,39 @@
 
 Every option can also come from an environment variable ``KEYEDCONSUMER_<FIELD>`` (for example
 ``KEYEDCONSUMER_CONCURRENCY=16``; lists as JSON or comma-separated). Keyword arguments win over the
-environment. A bad value raises :class:`pydantic.ValidationError` naming the field.
+environment. A bad value raises :class:`pydantic.ValidationError` naming the field, and so does a
+``KEYEDCONSUMER_*`` variable the package does not read (a typo): :data:`ENVIRONMENT_VARIABLES`
+lists every one it reads.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["ConsumerConfig", "Ordering", "SECRET_WORDS", "redact"]
+__all__ = [
+    "ConsumerConfig",
+    "Ordering",
+    "SECRET_WORDS",
+    "redact",
+    "ENV_PREFIX",
+    "CLI_SETTINGS",
+    "ENVIRONMENT_VARIABLES",
+]
+
+#: Prefix of every environment variable the package reads.
+ENV_PREFIX = "KEYEDCONSUMER_"
+
+#: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
+#: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``, and
+#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag).
+CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file")
 
 Ordering = Literal["key", "partition", "none"]
 
@@ -245,6 +266,10 @@ class ConsumerConfig(BaseSettings):
         check_config(conf)
         return value
 
+    def __init__(self, **values: Any) -> None:
+        _refuse_unknown_environment_variables(type(self).__name__)
+        super().__init__(**values)
+
     def override(self, **options: Any) -> ConsumerConfig:
         """A new config: these fields, with ``options`` (field names) replacing them, validated again.
         This one is left unchanged. A new ``name`` moves the group id too when it followed the name
@@ -300,3 +325,33 @@ class ConsumerConfig(BaseSettings):
     def __repr_args__(self) -> Any:
         for k, v in super().__repr_args__():
             yield (k, redact(v) if k == "config" and isinstance(v, dict) else v)
+
+
+#: Every environment variable the package reads: ``KEYEDCONSUMER_`` + a :class:`ConsumerConfig`
+#: field or one of :data:`CLI_SETTINGS`, upper case (pydantic-settings matches names in any case).
+#: :class:`ConsumerConfig` refuses any other ``KEYEDCONSUMER_*`` variable, as it refuses an unknown
+#: keyword: a misspelt one would otherwise be ignored without a word.
+ENVIRONMENT_VARIABLES = frozenset(ENV_PREFIX + name.upper() for name in (*ConsumerConfig.model_fields, *CLI_SETTINGS))
+
+
+def _refuse_unknown_environment_variables(title: str) -> None:
+    """Raise :class:`pydantic.ValidationError` naming each ``KEYEDCONSUMER_*`` variable that is
+    not in :data:`ENVIRONMENT_VARIABLES`. Its value is never shown (it may be a secret)."""
+    unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES)
+    if not unknown:
+        return
+    errors: list[InitErrorDetails] = []
+    for name in unknown:
+        known = sorted(v[len(ENV_PREFIX):] for v in ENVIRONMENT_VARIABLES)
+        close = difflib.get_close_matches(name.upper()[len(ENV_PREFIX):], known, n=1)
+        hint = f"did you mean {ENV_PREFIX}{close[0]}?" if close else f"it reads {ENV_PREFIX}<{'|'.join(known)}>"
+        errors.append({
+            "type": PydanticCustomError(
+                "unknown_environment_variable",
+                "unknown environment variable: keyedconsumer reads no such setting ({hint})",
+                {"hint": hint},
+            ),
+            "loc": (name,),
+            "input": SecretStr(os.environ[name]),
+        })
+    raise ValidationError.from_exception_data(title, errors, hide_input=True)

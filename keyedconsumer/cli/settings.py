@@ -15,10 +15,9 @@ import pydantic
 import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..config import SECRET_WORDS, ConsumerConfig
+from ..config import ENV_PREFIX, SECRET_WORDS, ConsumerConfig
 from .errors import CliError, _validation_message
 
-ENV_PREFIX = "KEYEDCONSUMER_"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 
 
@@ -56,6 +55,9 @@ _secrets = _Secrets()
 
 class RunOptions(BaseSettings):
     """Settings of ``keyedconsumer run`` that are not :class:`~keyedconsumer.ConsumerConfig` fields.
+
+    Their environment variables are listed in ``keyedconsumer.config.CLI_SETTINGS`` (so that
+    ``ConsumerConfig`` does not refuse them as typos): a new field must be added there too.
 
     Parameters
     ----------

@@ -315,6 +315,22 @@ def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "unknown setting(s) concurrancy" in result.output
 
 
+@pytest.mark.timeout(30)
+def test_unknown_environment_variable_is_refused_and_the_cli_own_ones_are_not(tmp_path: Path) -> None:
+    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "--app-dir", str(ROOT), "--print-settings"]
+    # given the command line's own variables (not ConsumerConfig fields): accepted
+    own = {"KEYEDCONSUMER_GROUP": "g-env", "KEYEDCONSUMER_NAMESPACE": "ns", "KEYEDCONSUMER_RETRY_ATTEMPTS": "2",
+           "KEYEDCONSUMER_CONFIG_FILE": str(tmp_path / "none.toml")}
+    (tmp_path / "none.toml").write_text("")
+    result = cli(*base, env=own)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "g-env"
+    # when a variable is misspelt, then it is refused naming it, exit code 2
+    result = cli(*base, "-g", "g", env={"KEYEDCONSUMER_CONCURENCY": "8"})
+    assert result.exit_code == 2, result.output
+    assert "KEYEDCONSUMER_CONCURENCY" in result.output and "KEYEDCONSUMER_CONCURRENCY" in result.output
+
+
 # -- inspect --------------------------------------------------------------------------------------------
 
 
