@@ -308,6 +308,43 @@ def test_settings_precedence_flags_env_toml_defaults(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_flags_beat_environment_variables_even_where_they_set_other_fields(tmp_path: Path) -> None:
+    handler = "tests.integration.procs.cli_handlers:handle"
+
+    def settings(*args: str, env: dict[str, str]) -> dict[str, Any]:
+        result = cli("run", handler, "--app-dir", str(ROOT), "--print-settings", *args, env=env)
+        assert result.exit_code == 0, result.output
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
+    env = {
+        "KEYEDCONSUMER_GROUP_ID": "g-env", "KEYEDCONSUMER_NAME": "n-env", "KEYEDCONSUMER_TOPICS": "t-env",
+        "KEYEDCONSUMER_BROKERS": "envhost:9092", "KEYEDCONSUMER_REDIS": "redis://envhost:6379/0",
+        "KEYEDCONSUMER_CONCURRENCY": "8",
+    }
+    # given environment variables for every setting, when flags are given too, then every flag wins:
+    # --group sets the name and the group id, which the environment sets as two variables
+    s = settings("--group", "g-flag", "-t", "t-flag", "--brokers", "flaghost:9092", "--redis",
+                 "redis://flaghost:6379/0", "--concurrency", "16", env=env)
+    assert (s["name"], s["group_id"], s["namespace"]) == ("g-flag", "g-flag", "g-flag")
+    assert (s["topics"], s["brokers"], s["redis"], s["concurrency"]) == (
+        ["t-flag"], ["flaghost:9092"], "redis://flaghost:6379/0", 16
+    )
+    # when no flag is given, then the environment decides, group_id over name for the group id
+    s = settings(env=env)
+    assert (s["name"], s["group_id"], s["topics"], s["brokers"], s["concurrency"]) == (
+        "n-env", "g-env", ["t-env"], ["envhost:9092"], 8
+    )
+    # and the environment beats the TOML file, whichever of group / group_id / name each one sets
+    toml = tmp_path / "kc.toml"
+    toml.write_text('group_id = "g-toml"\nname = "n-toml"\ntopics = ["t-toml"]\n')
+    s = settings("--config", str(toml), env={"KEYEDCONSUMER_GROUP": "g-env"})
+    assert (s["name"], s["group_id"], s["topics"]) == ("g-env", "g-env", ["t-toml"])
+    s = settings("--config", str(toml), env={})
+    assert (s["name"], s["group_id"]) == ("n-toml", "g-toml")
+
+
+@pytest.mark.timeout(30)
 def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "kc.toml"
     toml.write_text("concurrancy = 4\n")
