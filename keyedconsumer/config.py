@@ -12,9 +12,18 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -22,7 +31,10 @@ __all__ = [
     "ConsumerConfig",
     "Ordering",
     "SECRET_WORDS",
+    "is_secret",
     "redact",
+    "reveal",
+    "hide_secrets",
     "ENV_PREFIX",
     "CLI_SETTINGS",
     "ENVIRONMENT_VARIABLES",
@@ -53,9 +65,43 @@ _OWNED = {
 SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas", "oauthbearer.config")
 
 
-def redact(config: dict[str, Any]) -> dict[str, Any]:
+def is_secret(name: str) -> bool:
+    """True when a property or option named ``name`` holds a secret (it holds one of :data:`SECRET_WORDS`)."""
+    lower = name.lower()
+    return any(w in lower for w in SECRET_WORDS)
+
+
+def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of a librdkafka property dict with secret values replaced by ``'***'``."""
-    return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in config.items()}
+    return {k: ("***" if is_secret(k) or isinstance(v, SecretStr) else v) for k, v in config.items()}
+
+
+def reveal(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of a librdkafka property dict with each :class:`~pydantic.SecretStr` replaced by
+    its value (what librdkafka must get)."""
+    return {k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in config.items()}
+
+
+def hide_secrets(data: Any, secret_keys: tuple[str, ...] = ()) -> Any:
+    """The input ``data`` of a settings model with every secret value wrapped in
+    :class:`~pydantic.SecretStr` before pydantic sees it, so that no validation error's ``input``
+    (``errors()``, ``json()``) can show it: the secret-named properties of a ``config`` mapping, a
+    ``config`` given as a string, the ``secret_keys`` and any other secret-named key."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, value in data.items():
+        if isinstance(value, SecretStr) or value is None:
+            continue
+        if key == "config":
+            if isinstance(value, Mapping):
+                out[key] = {k: (SecretStr(str(v)) if is_secret(str(k)) and not isinstance(v, SecretStr) else v)
+                            for k, v in value.items()}
+            elif isinstance(value, str):  # not a mapping: refused, and shown as '**********'
+                out[key] = SecretStr(value)
+        elif key in secret_keys or is_secret(str(key)):
+            out[key] = SecretStr(str(value))
+    return out
 
 
 #: A Kafka topic name (Kafka's own rule: these characters, at most 249 of them).
@@ -169,7 +215,11 @@ class ConsumerConfig(BaseSettings):
     config:
         Any other librdkafka property, passed through unchanged. The properties the engine owns
         (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
-        are rejected here: use the fields above.
+        are rejected here: use the fields above. The value of a property whose name holds a secret
+        word (``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret`` ...; see
+        ``SECRET_WORDS``) is kept as a ``pydantic.SecretStr``: no repr, dump, JSON, log line or
+        validation error (``errors()`` and ``json()`` included) shows it. ``librdkafka()`` and
+        ``properties()`` give the real values.
     """
 
     model_config = SettingsConfigDict(
@@ -196,9 +246,10 @@ class ConsumerConfig(BaseSettings):
     startup_timeout_s: float = Field(default=30.0, gt=0)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
-    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    config: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
     #: True when ``group_id`` was not given and follows ``name``.
     _group_follows_name: bool = PrivateAttr(default=False)
+
 
     @field_validator("brokers", "topics", mode="before")
     @classmethod
@@ -262,9 +313,16 @@ class ConsumerConfig(BaseSettings):
         from .kafka import check_config
 
         conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
-        conf.update(value)
+        conf.update(reveal(value))
         check_config(conf)
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secrets_hidden(cls, data: Any, handler: ModelWrapValidatorHandler[ConsumerConfig]) -> ConsumerConfig:
+        # Defined last, so it runs first (outermost): secrets are wrapped before any validation, and
+        # no error's input (errors(), json()) can hold one.
+        return handler(hide_secrets(data))
 
     def __init__(self, **values: Any) -> None:
         _refuse_unknown_environment_variables(type(self).__name__)
@@ -319,8 +377,13 @@ class ConsumerConfig(BaseSettings):
         }
         if not self.uses_consumer_protocol:
             conf["partition.assignment.strategy"] = "cooperative-sticky"
-        conf.update(self.config)
+        conf.update(self.properties())
         return conf
+
+    def properties(self) -> dict[str, Any]:
+        """The ``config`` pass-through properties with the secret values revealed: what librdkafka
+        gets (for another client with the same security settings, e.g. a dead-letter producer)."""
+        return reveal(self.config)
 
     def __repr_args__(self) -> Any:
         for k, v in super().__repr_args__():

@@ -58,7 +58,7 @@ def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
                 middleware.DeadLetter(
                     brokers=settings.brokers,
                     topic=options.dead_letter_topic,
-                    producer_config=dict(settings.config),
+                    producer_config=settings.properties(),
                 )
             )
         except (PublishError, ValueError) as exc:

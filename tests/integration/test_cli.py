@@ -344,6 +344,34 @@ def test_flags_beat_environment_variables_even_where_they_set_other_fields(tmp_p
     assert (s["name"], s["group_id"]) == ("n-toml", "g-toml")
 
 
+@pytest.mark.timeout(60)
+def test_no_secret_in_print_settings_or_in_error_output() -> None:
+    sasl, redis_pw = "Qx9v-sasl-Pa55", "Rz7w-redis-Pa55"
+    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "-g", "g", "--app-dir", str(ROOT)]
+    printed = [
+        (["-X", f"sasl.password={sasl}", "-X", "sasl.username=u", "--redis", f"redis://:{redis_pw}@127.0.0.1:6379/0"], {}),
+        (["--redis", f"redis://127.0.0.1:6379/0?password={redis_pw}"], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl})}),
+    ]
+    for args, env in printed:
+        result = cli(*base, *args, "--print-settings", env=env)
+        assert result.exit_code == 0, result.output
+        assert sasl not in result.output and redis_pw not in result.output, result.output
+        shown = json.loads(result.stdout)
+        assert shown["config"]["sasl.password"] == "***" and "127.0.0.1:6379" in shown["redis"]
+    refused = [
+        (["-X", f"sasl.password={sasl}", "-X", "security.protocol=NOPE"], {}),  # the config field itself fails
+        (["-X", f"sasl.password={sasl}", "--concurrency", "0"], {}),  # another field fails
+        ([], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl, "no.such.property": 1})}),
+        ([], {"KEYEDCONSUMER_SASL_PASSWORD": sasl}),  # an unknown variable: its value is not shown
+        (["--redis", f"redis://:{redis_pw}@127.0.0.1:6379/0", "--ordering", "none"], {}),
+        (["--redis", f"http://:{redis_pw}@127.0.0.1:6379/0"], {}),
+    ]
+    for args, env in refused:  # refused before anything connects (nothing answers at 127.0.0.1:1 anyway)
+        result = cli(*base, *args, "-b", "127.0.0.1:1", env={"KEYEDCONSUMER_STARTUP_TIMEOUT_S": "1", **env})
+        assert result.exit_code == 2, result.output
+        assert sasl not in result.output and redis_pw not in result.output, result.output
+
+
 @pytest.mark.timeout(30)
 def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "kc.toml"
