@@ -11,13 +11,12 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import _testbugs, kafka
+from . import _testbugs, kafka, signals
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
 from .errors import (
@@ -255,7 +254,10 @@ class KeyedConsumer:
     def run(self) -> None:
         """Consume until :meth:`stop`, SIGINT/SIGTERM, or an unhandled error.
 
-        Installs SIGINT and SIGTERM handlers (restored on return) when called from the main thread.
+        While it runs, the consumer is registered with :mod:`keyedconsumer.signals`: SIGINT and
+        SIGTERM stop every registered consumer of the process. Their handler is installed when a
+        consumer registers from the main thread, and the previous handlers are restored when the
+        last one ends; a consumer run in another thread is stopped by it whenever it is installed.
 
         Raises
         ------
@@ -270,7 +272,7 @@ class KeyedConsumer:
             A fatal client error, no answer from the brokers within ``startup_timeout_s``, or an
             invalid librdkafka property.
         """
-        restore = self._install_signals()
+        signals.register(self)
         try:
             self._reset()
             executor: Executor
@@ -280,14 +282,16 @@ class KeyedConsumer:
                 executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
             self._serve(executor)
         finally:
-            restore()
+            signals.unregister(self)
 
     async def run_async(self) -> None:
         """Like :meth:`run`, awaited. ``async def`` handlers run on the caller's event loop.
 
-        SIGTERM stops it gracefully (a handler is installed on the loop when it runs in the main
-        thread). Cancelling the awaiting task (asyncio turns SIGINT into that) stops the consumer
-        gracefully, then re-raises the cancellation.
+        SIGINT and SIGTERM stop it gracefully, as :meth:`run` (registered with
+        :mod:`keyedconsumer.signals`; the handler is installed when it runs on the main thread's
+        loop, replacing asyncio's own SIGINT handler while any consumer runs), so
+        ``asyncio.gather(c1.run_async(), c2.run_async())`` stops both on one signal. Cancelling the
+        awaiting task stops the consumer gracefully, then re-raises the cancellation.
         """
         loop = asyncio.get_running_loop()
         self._reset()
@@ -297,13 +301,7 @@ class KeyedConsumer:
         else:
             executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
         fut = loop.run_in_executor(None, self._serve, executor)
-        sigterm = False
-        if threading.current_thread() is threading.main_thread():
-            try:
-                loop.add_signal_handler(signal.SIGTERM, self.stop)
-                sigterm = True
-            except (NotImplementedError, RuntimeError):  # not the main thread's loop, or Windows
-                pass
+        signals.register(self)
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -311,8 +309,7 @@ class KeyedConsumer:
             await fut
             raise
         finally:
-            if sigterm:
-                loop.remove_signal_handler(signal.SIGTERM)
+            signals.unregister(self)
 
     def _reset(self) -> None:
         if self._active:
@@ -732,19 +729,6 @@ class KeyedConsumer:
             for p in d.parts.values():
                 p.stored = p.tracker.watermark()
             return
-
-    def _install_signals(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, lambda _s, _f: self.stop())
-
-        def restore() -> None:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-
-        return restore
 
 
 @dataclasses.dataclass(frozen=True)
