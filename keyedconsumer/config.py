@@ -382,7 +382,9 @@ class ConsumerConfig(BaseSettings):
 
     def properties(self) -> dict[str, Any]:
         """The ``config`` pass-through properties with the secret values revealed: what librdkafka
-        gets (for another client with the same security settings, e.g. a dead-letter producer)."""
+        gets. Build another client with the same security settings from this, not from ``config``:
+        confluent-kafka would take a ``SecretStr`` as its masked text (``Publisher`` and
+        ``DeadLetter(producer_config=...)`` reveal it themselves)."""
         return reveal(self.config)
 
     def __repr_args__(self) -> Any:

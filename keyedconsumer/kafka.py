@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from .config import reveal
 from .errors import CommitError, KafkaClientError, PublishError
 from .message import Message
 
@@ -269,12 +270,13 @@ class Publisher:
         Bootstrap servers, ``host:port`` strings.
     config:
         Other librdkafka producer properties (``acks`` and ``enable.idempotence`` may not be
-        weakened: they are set after these).
+        weakened: they are set after these). A ``pydantic.SecretStr`` value (as in
+        ``ConsumerConfig.config``) is passed as its secret value.
     """
 
-    def __init__(self, brokers: Sequence[str], config: dict[str, Any] | None = None) -> None:
+    def __init__(self, brokers: Sequence[str], config: Mapping[str, Any] | None = None) -> None:
         conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
-        conf.update(config or {})
+        conf.update(reveal(config or {}))
         conf.update({"acks": "all", "enable.idempotence": True})
         try:
             self._producer = Producer(conf)

@@ -231,3 +231,16 @@ def test_redis_password_in_no_surface_of_a_validation_error(url: str, opts: dict
         RedisSequencerConfig(**kwargs)
     shown = surfaces_of_an_error(info.value)
     assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+
+
+@pytest.mark.timeout(10)
+def test_a_dead_letter_producer_built_from_the_config_gets_the_real_password(props: dict[str, Any]) -> None:
+    # the config keeps the password as a SecretStr; a producer built from it still gets the value
+    cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"], config=props)
+    assert cfg.properties() == props
+    # (confluent-kafka would take a SecretStr as its masked text: Publisher reveals it first)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=dict(cfg.config), timeout_s=1.0)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=cfg.properties(), timeout_s=1.0)
+    with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:  # librdkafka really got them
+        DeadLetter(brokers=[UNREACHABLE], producer_config={**cfg.config, "sasl.mechanism": "SCRAM-SHA-1024"})
+    assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
