@@ -82,11 +82,11 @@ def reveal(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in config.items()}
 
 
-def hide_secrets(data: Any, secret_keys: tuple[str, ...] = ()) -> Any:
+def hide_secrets(data: Any) -> Any:
     """The input ``data`` of a settings model with every secret value wrapped in
     :class:`~pydantic.SecretStr` before pydantic sees it, so that no validation error's ``input``
     (``errors()``, ``json()``) can show it: the secret-named properties of a ``config`` mapping, a
-    ``config`` given as a string, the ``secret_keys`` and any other secret-named key."""
+    ``config`` given as a string, and any other secret-named key."""
     if not isinstance(data, dict):
         return data
     out = dict(data)
@@ -99,7 +99,7 @@ def hide_secrets(data: Any, secret_keys: tuple[str, ...] = ()) -> Any:
                             for k, v in value.items()}
             elif isinstance(value, str):  # not a mapping: refused, and shown as '**********'
                 out[key] = SecretStr(value)
-        elif key in secret_keys or is_secret(str(key)):
+        elif is_secret(str(key)):
             out[key] = SecretStr(str(value))
     return out
 
@@ -249,7 +249,6 @@ class ConsumerConfig(BaseSettings):
     config: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
     #: True when ``group_id`` was not given and follows ``name``.
     _group_follows_name: bool = PrivateAttr(default=False)
-
 
     @field_validator("brokers", "topics", mode="before")
     @classmethod
