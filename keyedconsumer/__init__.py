@@ -5,7 +5,14 @@ Public names are listed in ``__all__``; everything else is internal.
 
 from .config import ConsumerConfig
 from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
-from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError, PublishError
+from .errors import (
+    CommitError,
+    HandlerContractError,
+    KafkaClientError,
+    KeyedConsumerError,
+    MessageError,
+    PublishError,
+)
 from .kafka import Publisher
 from .message import Message, Status
 from .outcomes import PermanentError, RetryLater, SkipMessage
@@ -21,6 +28,7 @@ __all__ = [
     "ErrorHandler",
     "KeyedConsumerError",
     "MessageError",
+    "HandlerContractError",
     "KafkaClientError",
     "CommitError",
     "RetryLater",

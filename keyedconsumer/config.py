@@ -2,18 +2,51 @@
 
 Every option can also come from an environment variable ``KEYEDCONSUMER_<FIELD>`` (for example
 ``KEYEDCONSUMER_CONCURRENCY=16``; lists as JSON or comma-separated). Keyword arguments win over the
-environment. A bad value raises :class:`pydantic.ValidationError` naming the field.
+environment. A bad value raises :class:`pydantic.ValidationError` naming the field, and so does a
+``KEYEDCONSUMER_*`` variable the package does not read (a typo): :data:`ENVIRONMENT_VARIABLES`
+lists every one it reads.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["ConsumerConfig", "Ordering", "SECRET_WORDS", "redact"]
+__all__ = [
+    "ConsumerConfig",
+    "Ordering",
+    "SECRET_WORDS",
+    "is_secret",
+    "redact",
+    "reveal",
+    "hide_secrets",
+    "ENV_PREFIX",
+    "CLI_SETTINGS",
+    "ENVIRONMENT_VARIABLES",
+]
+
+#: Prefix of every environment variable the package reads.
+ENV_PREFIX = "KEYEDCONSUMER_"
+
+#: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
+#: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``, and
+#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag).
+CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file")
 
 Ordering = Literal["key", "partition", "none"]
 
@@ -32,9 +65,43 @@ _OWNED = {
 SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas", "oauthbearer.config")
 
 
-def redact(config: dict[str, Any]) -> dict[str, Any]:
+def is_secret(name: str) -> bool:
+    """True when a property or option named ``name`` holds a secret (it holds one of :data:`SECRET_WORDS`)."""
+    lower = name.lower()
+    return any(w in lower for w in SECRET_WORDS)
+
+
+def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of a librdkafka property dict with secret values replaced by ``'***'``."""
-    return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in config.items()}
+    return {k: ("***" if is_secret(k) or isinstance(v, SecretStr) else v) for k, v in config.items()}
+
+
+def reveal(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of a librdkafka property dict with each :class:`~pydantic.SecretStr` replaced by
+    its value (what librdkafka must get)."""
+    return {k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in config.items()}
+
+
+def hide_secrets(data: Any) -> Any:
+    """The input ``data`` of a settings model with every secret value wrapped in
+    :class:`~pydantic.SecretStr` before pydantic sees it, so that no validation error's ``input``
+    (``errors()``, ``json()``) can show it: the secret-named properties of a ``config`` mapping, a
+    ``config`` given as a string, and any other secret-named key."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, value in data.items():
+        if isinstance(value, SecretStr) or value is None:
+            continue
+        if key == "config":
+            if isinstance(value, Mapping):
+                out[key] = {k: (SecretStr(str(v)) if is_secret(str(k)) and not isinstance(v, SecretStr) else v)
+                            for k, v in value.items()}
+            elif isinstance(value, str):  # not a mapping: refused, and shown as '**********'
+                out[key] = SecretStr(value)
+        elif is_secret(str(key)):
+            out[key] = SecretStr(str(value))
+    return out
 
 
 #: A Kafka topic name (Kafka's own rule: these characters, at most 249 of them).
@@ -148,7 +215,11 @@ class ConsumerConfig(BaseSettings):
     config:
         Any other librdkafka property, passed through unchanged. The properties the engine owns
         (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
-        are rejected here: use the fields above.
+        are rejected here: use the fields above. The value of a property whose name holds a secret
+        word (``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret`` ...; see
+        ``SECRET_WORDS``) is kept as a ``pydantic.SecretStr``: no repr, dump, JSON, log line or
+        validation error (``errors()`` and ``json()`` included) shows it. ``librdkafka()`` and
+        ``properties()`` give the real values.
     """
 
     model_config = SettingsConfigDict(
@@ -175,7 +246,9 @@ class ConsumerConfig(BaseSettings):
     startup_timeout_s: float = Field(default=30.0, gt=0)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
-    config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    config: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
+    #: True when ``group_id`` was not given and follows ``name``.
+    _group_follows_name: bool = PrivateAttr(default=False)
 
     @field_validator("brokers", "topics", mode="before")
     @classmethod
@@ -228,6 +301,7 @@ class ConsumerConfig(BaseSettings):
     def _defaults(self) -> ConsumerConfig:
         if self.group_id is None:
             self.group_id = self.name
+            self._group_follows_name = True
         return self
 
     @field_validator("config", mode="after")
@@ -238,9 +312,36 @@ class ConsumerConfig(BaseSettings):
         from .kafka import check_config
 
         conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
-        conf.update(value)
+        conf.update(reveal(value))
         check_config(conf)
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secrets_hidden(cls, data: Any, handler: ModelWrapValidatorHandler[ConsumerConfig]) -> ConsumerConfig:
+        # Defined last, so it runs first (outermost): secrets are wrapped before any validation, and
+        # no error's input (errors(), json()) can hold one.
+        return handler(hide_secrets(data))
+
+    def __init__(self, **values: Any) -> None:
+        _refuse_unknown_environment_variables(type(self).__name__)
+        super().__init__(**values)
+
+    def override(self, **options: Any) -> ConsumerConfig:
+        """A new config: these fields, with ``options`` (field names) replacing them, validated again.
+        This one is left unchanged. A new ``name`` moves the group id too when it followed the name
+        (``group_id`` not given). ``KeyedConsumer(settings=cfg, **options)`` uses it.
+
+        Raises
+        ------
+        pydantic.ValidationError
+            A bad or unknown option, naming the field.
+        """
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        if "name" in options and "group_id" not in options and self._group_follows_name:
+            data["group_id"] = None
+        data.update(options)
+        return type(self).model_validate(data)
 
     @property
     def group(self) -> str:
@@ -275,9 +376,46 @@ class ConsumerConfig(BaseSettings):
         }
         if not self.uses_consumer_protocol:
             conf["partition.assignment.strategy"] = "cooperative-sticky"
-        conf.update(self.config)
+        conf.update(self.properties())
         return conf
+
+    def properties(self) -> dict[str, Any]:
+        """The ``config`` pass-through properties with the secret values revealed: what librdkafka
+        gets. Build another client with the same security settings from this, not from ``config``:
+        confluent-kafka would take a ``SecretStr`` as its masked text (``Publisher`` and
+        ``DeadLetter(producer_config=...)`` reveal it themselves)."""
+        return reveal(self.config)
 
     def __repr_args__(self) -> Any:
         for k, v in super().__repr_args__():
             yield (k, redact(v) if k == "config" and isinstance(v, dict) else v)
+
+
+#: Every environment variable the package reads: ``KEYEDCONSUMER_`` + a :class:`ConsumerConfig`
+#: field or one of :data:`CLI_SETTINGS`, upper case (pydantic-settings matches names in any case).
+#: :class:`ConsumerConfig` refuses any other ``KEYEDCONSUMER_*`` variable, as it refuses an unknown
+#: keyword: a misspelt one would otherwise be ignored without a word.
+ENVIRONMENT_VARIABLES = frozenset(ENV_PREFIX + name.upper() for name in (*ConsumerConfig.model_fields, *CLI_SETTINGS))
+
+
+def _refuse_unknown_environment_variables(title: str) -> None:
+    """Raise :class:`pydantic.ValidationError` naming each ``KEYEDCONSUMER_*`` variable that is
+    not in :data:`ENVIRONMENT_VARIABLES`. Its value is never shown (it may be a secret)."""
+    unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES)
+    if not unknown:
+        return
+    errors: list[InitErrorDetails] = []
+    for name in unknown:
+        known = sorted(v[len(ENV_PREFIX):] for v in ENVIRONMENT_VARIABLES)
+        close = difflib.get_close_matches(name.upper()[len(ENV_PREFIX):], known, n=1)
+        hint = f"did you mean {ENV_PREFIX}{close[0]}?" if close else f"it reads {ENV_PREFIX}<{'|'.join(known)}>"
+        errors.append({
+            "type": PydanticCustomError(
+                "unknown_environment_variable",
+                "unknown environment variable: keyedconsumer reads no such setting ({hint})",
+                {"hint": hint},
+            ),
+            "loc": (name,),
+            "input": SecretStr(os.environ[name]),
+        })
+    raise ValidationError.from_exception_data(title, errors, hide_input=True)

@@ -11,17 +11,23 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import kafka
+from . import kafka, signals
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
-from .errors import CommitError, KafkaClientError, KeyedConsumerError, MessageError
-from .executors import AsyncExecutor, Executor, ThreadExecutor
+from .errors import (
+    CommitError,
+    HandlerContractError,
+    HandlerContractViolation,
+    KafkaClientError,
+    KeyedConsumerError,
+    MessageError,
+)
+from .executors import AsyncExecutor, Executor, ThreadExecutor, not_awaited
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message, Status
 from .offsets import FinishedOffsets
@@ -67,15 +73,91 @@ ErrorHandler = Callable[[BaseException, Message | None], Any]
 
 
 def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:
-    """Wrap ``handler`` in ``middlewares``; the first given is the outermost (xkafka order)."""
+    """Wrap ``handler`` in ``middlewares``; the first given is the outermost (xkafka order).
+
+    Raises
+    ------
+    TypeError
+        ``handler`` is not callable; ``middlewares`` is not a list; one of them is not callable, is
+        a class passed instead of an instance (``[Retry]`` for ``[Retry(...)]``; a class whose
+        constructor takes the handler is a middleware), or returned something not callable.
+    """
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    if isinstance(middlewares, (str, bytes)) or callable(middlewares) or not hasattr(middlewares, "__iter__"):
+        raise TypeError(
+            f"middlewares must be a list of middleware, e.g. [Retry(...)], got {type(middlewares).__name__}"
+        )
+    chain = list(middlewares)
+    for i, mw in enumerate(chain):
+        if isinstance(mw, type) and not _takes_one_argument(mw):
+            raise TypeError(_class_given(i, mw))
+        if not callable(mw):
+            raise TypeError(
+                f"middlewares[{i}] is a {type(mw).__name__}, not a middleware: a middleware is a callable "
+                "that takes a handler and returns one, e.g. Retry(...)"
+            )
     wrapped: Any = handler
-    for mw in reversed(list(middlewares)):
-        wrapped = mw(wrapped)
+    for i in reversed(range(len(chain))):
+        mw = chain[i]
+        try:
+            wrapped = mw(wrapped)
+        except TypeError as exc:
+            if isinstance(mw, type):  # e.g. Typed, whose constructor wants a model, not the handler
+                raise TypeError(_class_given(i, mw)) from exc
+            raise
         if not callable(wrapped):
             raise TypeError(f"middleware {mw!r} returned a non-callable {type(wrapped).__name__}")
     return wrapped  # type: ignore[no-any-return]
+
+
+def _class_given(i: int, cls: type) -> str:
+    name = cls.__name__
+    return f"middlewares[{i}] is the class {name}: pass an instance, e.g. {name}(...)"
+
+
+def _takes_one_argument(fn: Any) -> bool:
+    """True when ``fn(x)`` binds (or the signature cannot be read)."""
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
+
+
+def _check_error_handler(error_handler: Any) -> None:
+    """Raise ``TypeError`` unless ``error_handler`` is ``None`` or a plain callable taking
+    ``(error, message)``."""
+    if error_handler is None:
+        return
+    if isinstance(error_handler, type):
+        name = error_handler.__name__
+        raise TypeError(
+            f"error_handler is the class {name}: pass an instance, e.g. {name}(...), "
+            "or a function `def on_error(error, message) -> None`"
+        )
+    if not callable(error_handler):
+        raise TypeError(
+            f"error_handler must be callable as error_handler(error, message), got a {type(error_handler).__name__}"
+        )
+    if _is_async(error_handler):
+        raise TypeError(
+            "error_handler must be a plain function: the engine calls it and does not await it, so an "
+            "async def one would never run (and every failure would count as handled)"
+        )
+    try:
+        signature = inspect.signature(error_handler)
+    except (TypeError, ValueError):  # no signature to read (some builtins): trust it
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"error_handler{signature} cannot be called as error_handler(error, message): write "
+            "`def on_error(error: BaseException, message: Message | None) -> None`"
+        ) from None
 
 
 def _is_async(fn: Any) -> bool:
@@ -91,12 +173,16 @@ class KeyedConsumer:
     handler:
         ``def handle(msg: Message) -> None`` (run on a pool of ``concurrency`` threads) or
         ``async def`` (run as ``concurrency`` coroutines on one event loop). Raise, or call
-        ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip.
+        ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip. A plain function must not return
+        an awaitable (``lambda m: handle_async(m)``): nothing would await it, so the engine stops
+        the consumer and ``run()`` raises :class:`HandlerContractError` (see there).
     middlewares:
-        Handler-in, handler-out callables; the first given is the outermost.
+        A list of handler-in, handler-out callables (instances: ``Retry(...)``, not ``Retry``); the
+        first given is the outermost.
     error_handler:
         ``error_handler(error, message_or_None)`` for failures no middleware handled and for Kafka
-        client errors. Returning normally marks a failed message handled (status ``FAIL``, done);
+        client errors: a plain callable (not ``async def``: it is not awaited) taking these two
+        arguments. Returning normally marks a failed message handled (status ``FAIL``, done);
         raising, or no handler at all, stops the consumer and ``run()`` raises.
     client_factory:
         Builds the Kafka client (default: librdkafka via confluent-kafka); tests may pass another.
@@ -106,16 +192,20 @@ class KeyedConsumer:
         Monotonic clock in seconds that times ``RetryLater`` delays (default ``time.monotonic``;
         :mod:`keyedconsumer.testing` passes a fake clock, so back-off runs without sleeping).
     settings:
-        A ready :class:`ConsumerConfig`; otherwise ``**options`` are its fields (``name``,
-        ``brokers``, ``topics``, ``concurrency``, ``ordering``, ``manual_commit``,
-        ``max_in_flight``, ``config`` ...), also readable from ``KEYEDCONSUMER_*`` variables.
+        A ready :class:`ConsumerConfig`. ``**options`` are its fields (``name``, ``brokers``,
+        ``topics``, ``concurrency``, ``ordering``, ``manual_commit``, ``max_in_flight``, ``config``
+        ...), also readable from ``KEYEDCONSUMER_*`` variables; given next to ``settings``, they
+        replace its fields and the result is validated again (:meth:`ConsumerConfig.override`).
 
     Raises
     ------
     pydantic.ValidationError
         A bad option, naming the field.
     TypeError
-        ``handler`` or a middleware's result is not callable.
+        ``handler`` is not callable; ``middlewares`` is not a list, or one is not callable, is a
+        class passed instead of an instance (the message says what to write), or returned a
+        non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
+        ``(error, message)``.
     """
 
     def __init__(
@@ -130,12 +220,20 @@ class KeyedConsumer:
         clock: Callable[[], float] = time.monotonic,
         **options: Any,
     ) -> None:
-        self.config = settings if settings is not None else ConsumerConfig(**options)
+        if settings is None:
+            self.config = ConsumerConfig(**options)
+        else:
+            self.config = settings.override(**options) if options else settings
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
+        _check_error_handler(error_handler)
         self._sequencer = sequencer
         self._clock = clock
-        self._handler = compose(handler, middlewares)
+        #: Messages whose handler broke the contract (returned an awaitable), recorded where it
+        #: happened, so that no middleware can hide it: ``_settle`` stops the consumer for them.
+        self._broken: dict[Message, HandlerContractError] = {}
+        inner = handler if not callable(handler) or _is_async(handler) else self._checked(handler)
+        self._handler = compose(inner, middlewares)
         self._async = _is_async(self._handler)
         self._error_handler = error_handler
         self._factory: ClientFactory = client_factory or kafka.connect
@@ -156,23 +254,46 @@ class KeyedConsumer:
         #: liveness for health checks.
         self.polled_at_s = 0.0
 
+    def _checked(self, handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
+        """``handler`` (a plain function) checked right where it returns, inside every middleware: an
+        awaitable result is closed, recorded and raised as :class:`HandlerContractViolation` (a
+        ``BaseException``, which ``Retry``, ``DeadLetter`` and ``Recover`` let through)."""
+        broken = self._broken
+
+        def checked(msg: Message) -> Any:
+            result = handler(msg)
+            if result is not None and inspect.isawaitable(result):
+                violation = not_awaited(msg, result)
+                broken[msg] = violation.error
+                raise violation
+            return result
+
+        return checked
+
     # -- public ---------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Consume until :meth:`stop`, SIGINT/SIGTERM, or an unhandled error.
 
-        Installs SIGINT and SIGTERM handlers (restored on return) when called from the main thread.
+        While it runs, the consumer is registered with :mod:`keyedconsumer.signals`: SIGINT and
+        SIGTERM stop every registered consumer of the process. Their handler is installed when a
+        consumer registers from the main thread, and the previous handlers are restored when the
+        last one ends; a consumer run in another thread is stopped by it whenever it is installed.
 
         Raises
         ------
         MessageError
             A message failed and nothing handled it (after the graceful stop; offsets were committed
             up to, never past, that message).
+        HandlerContractError
+            The handler (or the composed chain) returned an awaitable instead of running it: declare
+            the handler ``async def``. Stopped the same way; never retried, dead-lettered or given to
+            ``error_handler``.
         KafkaClientError
             A fatal client error, no answer from the brokers within ``startup_timeout_s``, or an
             invalid librdkafka property.
         """
-        restore = self._install_signals()
+        signals.register(self)
         try:
             self._reset()
             executor: Executor
@@ -182,14 +303,16 @@ class KeyedConsumer:
                 executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
             self._serve(executor)
         finally:
-            restore()
+            signals.unregister(self)
 
     async def run_async(self) -> None:
         """Like :meth:`run`, awaited. ``async def`` handlers run on the caller's event loop.
 
-        SIGTERM stops it gracefully (a handler is installed on the loop when it runs in the main
-        thread). Cancelling the awaiting task (asyncio turns SIGINT into that) stops the consumer
-        gracefully, then re-raises the cancellation.
+        SIGINT and SIGTERM stop it gracefully, as :meth:`run` (registered with
+        :mod:`keyedconsumer.signals`; the handler is installed when it runs on the main thread's
+        loop, replacing asyncio's own SIGINT handler while any consumer runs), so
+        ``asyncio.gather(c1.run_async(), c2.run_async())`` stops both on one signal. Cancelling the
+        awaiting task stops the consumer gracefully, then re-raises the cancellation.
         """
         loop = asyncio.get_running_loop()
         self._reset()
@@ -199,13 +322,7 @@ class KeyedConsumer:
         else:
             executor = ThreadExecutor(self._d, self._handler, self._settler(), self.config.concurrency)
         fut = loop.run_in_executor(None, self._serve, executor)
-        sigterm = False
-        if threading.current_thread() is threading.main_thread():
-            try:
-                loop.add_signal_handler(signal.SIGTERM, self.stop)
-                sigterm = True
-            except (NotImplementedError, RuntimeError):  # not the main thread's loop, or Windows
-                pass
+        signals.register(self)
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -213,8 +330,7 @@ class KeyedConsumer:
             await fut
             raise
         finally:
-            if sigterm:
-                loop.remove_signal_handler(signal.SIGTERM)
+            signals.unregister(self)
 
     def _reset(self) -> None:
         if self._active:
@@ -223,6 +339,7 @@ class KeyedConsumer:
         # It is cleared when a run ends.
         self._error = None
         self._closing = False
+        self._broken.clear()
         self._paused.clear()
         self._meta_sent.clear()
         self._d = Dispatcher(self.config.ordering, self.config.concurrency, self.config.group, self._clock)
@@ -344,8 +461,17 @@ class KeyedConsumer:
         """Decide a message's outcome after its handler ended (raised ``exc``, or ``None``).
 
         Returns ``True`` (done), ``False`` (not done: the consumer stops) or a ``float`` delay in
-        seconds (run it again then).
+        seconds (run it again then). A broken handler contract (:class:`HandlerContractError`)
+        stops the consumer whatever the middleware made of it, without ``error_handler``.
         """
+        broken = self._broken.get(msg) if self._broken else None
+        if broken is None and isinstance(exc, HandlerContractViolation):
+            broken = exc.error
+        if broken is not None:  # a programming error: not retried, not dead-lettered, not handled
+            msg.status = Status.FAIL
+            msg.error = broken
+            self._fail(broken)
+            return False
         if exc is None:
             if msg.status is Status.PENDING:
                 msg.status = Status.SUCCESS
@@ -671,19 +797,6 @@ class KeyedConsumer:
             for p in d.parts.values():
                 p.stored = p.tracker.watermark()
             return
-
-    def _install_signals(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, lambda _s, _f: self.stop())
-
-        def restore() -> None:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-
-        return restore
 
 
 @dataclasses.dataclass(frozen=True)

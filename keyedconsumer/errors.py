@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["KeyedConsumerError", "MessageError", "KafkaClientError", "CommitError", "PublishError"]
+__all__ = [
+    "KeyedConsumerError",
+    "MessageError",
+    "HandlerContractError",
+    "HandlerContractViolation",
+    "KafkaClientError",
+    "CommitError",
+    "PublishError",
+]
 
 
 class KeyedConsumerError(Exception):
@@ -25,6 +33,48 @@ class MessageError(KeyedConsumerError):
             f"unhandled failure of message topic={topic} partition={partition} offset={offset}: "
             f"{type(cause).__name__}: {cause}"
         )
+
+
+class HandlerContractError(KeyedConsumerError):
+    """The handler broke the handler contract: it returned an awaitable that nothing awaits.
+
+    A plain ``def`` handler is called in a worker thread and its result is not awaited, so one that
+    returns a coroutine (``handler=lambda m: handle_async(m)`` where ``handle_async`` is
+    ``async def``) would never run its body while the message counted as done. This is a
+    programming error, not a failure of the message: the engine closes the coroutine (no "never
+    awaited" warning), never retries, dead-letters or passes it to ``error_handler``, and stops the
+    consumer as for an unhandled failure (offsets committed up to, never past, the message);
+    ``run()`` raises this error. The same holds when the composed chain (a middleware, or an
+    ``async def`` handler) returns an awaitable. ``topic``, ``partition`` and ``offset`` name the
+    message; ``returned`` is the type name of what was returned.
+    """
+
+    def __init__(self, topic: str, partition: int, offset: int, returned: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.returned = returned
+        super().__init__(
+            f"the handler of message topic={topic} partition={partition} offset={offset} returned a "
+            f"{returned} instead of running it: nothing awaits a handler's result, so its body never ran. "
+            "Declare the handler `async def` and await inside it (e.g. `async def handle(msg): await "
+            "handle_async(msg)`), or make it a plain function that does the work itself"
+        )
+
+
+class HandlerContractViolation(BaseException):
+    """Carries a :class:`HandlerContractError` out through the middleware chain.
+
+    Raised right where the user's handler returned an awaitable (the innermost level, inside every
+    middleware). A ``BaseException`` that is not an ``Exception``, like ``KeyboardInterrupt``: the
+    built-in middleware (``Retry``, ``DeadLetter``, ``Recover``) and ``except Exception`` blocks let
+    it through. A middleware that swallows it anyway changes nothing: the engine recorded the
+    violation before raising it, and stops. ``error`` is the :class:`HandlerContractError`.
+    """
+
+    def __init__(self, error: HandlerContractError) -> None:
+        self.error = error
+        super().__init__(str(error))
 
 
 class KafkaClientError(KeyedConsumerError):

@@ -8,6 +8,7 @@ poll thread.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections import deque
@@ -15,9 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .dispatch import Dispatcher, Outcome, Slot
+from .errors import HandlerContractError, HandlerContractViolation
 from .message import Message
 
-__all__ = ["ThreadExecutor", "AsyncExecutor", "Executor"]
+__all__ = ["ThreadExecutor", "AsyncExecutor", "Executor", "not_awaited"]
 
 #: ``settle(msg, exception_or_None) -> outcome``: ``True`` done, ``False`` not done, a ``float``:
 #: run again after that many seconds (see :class:`~keyedconsumer.outcomes.RetryLater`).
@@ -30,6 +32,18 @@ def _cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return True if cancelling is None else bool(cancelling())
+
+
+def not_awaited(msg: Message, result: object) -> HandlerContractViolation:
+    """The violation of a handler that returned the awaitable ``result`` for ``msg``; a coroutine
+    (or anything with a ``close()``) is closed first, so it never warns "never awaited"."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # closing is a courtesy: the error below is what matters
+            pass
+    return HandlerContractViolation(HandlerContractError(msg.topic, msg.partition, msg.offset, type(result).__name__))
 
 
 class Executor:
@@ -100,11 +114,14 @@ class ThreadExecutor(Executor):
                         done = (msg, False)
                         continue
                     try:
-                        handler(msg)
+                        result = handler(msg)
                     except BaseException as exc:  # a handler's exception concerns its message only
                         done = (msg, settle(msg, exc))
                     else:
-                        done = (msg, settle(msg, None))
+                        if result is not None and inspect.isawaitable(result):  # nothing awaits it
+                            done = (msg, settle(msg, not_awaited(msg, result)))
+                        else:
+                            done = (msg, settle(msg, None))
                 chunk = finish_many(slot.unload(), clock() - t0)
 
 
@@ -230,7 +247,7 @@ class AsyncExecutor(Executor):
                         done = (msg, False)
                         continue
                     try:
-                        await handler(msg)
+                        result = await handler(msg)
                     except asyncio.CancelledError as exc:
                         if not _cancelling():
                             # the handler raised CancelledError itself (e.g. it awaited something
@@ -247,7 +264,10 @@ class AsyncExecutor(Executor):
                     except BaseException as exc:  # a handler's exception concerns its message only
                         done = (msg, settle(msg, exc))
                     else:
-                        done = (msg, settle(msg, None))
+                        if result is not None and inspect.isawaitable(result):  # returned, not awaited
+                            done = (msg, settle(msg, not_awaited(msg, result)))
+                        else:
+                            done = (msg, settle(msg, None))
                 results = slot.unload()
                 chunk = finish_many(results, clock() - t0)
                 # A chunk is about CHUNK_QUANTUM_S of handler time: yield after each, so handlers

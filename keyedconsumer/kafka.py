@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from .config import reveal
 from .errors import CommitError, KafkaClientError, PublishError
 from .message import Message
 
@@ -363,7 +364,8 @@ class Publisher:
         Bootstrap servers, ``host:port`` strings.
     config:
         Other librdkafka producer properties (``acks``, ``enable.idempotence`` and
-        ``message.timeout.ms`` / ``delivery.timeout.ms`` are set after these).
+        ``message.timeout.ms`` / ``delivery.timeout.ms`` are set after these). A
+        ``pydantic.SecretStr`` value (as in ``ConsumerConfig.config``) is passed as its secret value.
     delivery_timeout_s:
         Seconds librdkafka tries to deliver a record (its ``message.timeout.ms``) before reporting
         it failed; :meth:`publish` returns within about that long.
@@ -381,13 +383,13 @@ class Publisher:
     REPORT_GRACE_S = 5.0
 
     def __init__(
-        self, brokers: Sequence[str], config: dict[str, Any] | None = None, *, delivery_timeout_s: float = 30.0
+        self, brokers: Sequence[str], config: Mapping[str, Any] | None = None, *, delivery_timeout_s: float = 30.0
     ) -> None:
         if not delivery_timeout_s > 0:
             raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
         self.delivery_timeout_s = float(delivery_timeout_s)
         conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
-        conf.update(config or {})
+        conf.update(reveal(config or {}))
         conf.pop("delivery.timeout.ms", None)  # librdkafka's alias of message.timeout.ms
         conf.update({
             "acks": "all",

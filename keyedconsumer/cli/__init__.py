@@ -11,7 +11,8 @@
 ``KEYEDCONSUMER_CONFIG='{"security.protocol": "SASL_SSL"}'``), the TOML file given with ``--config``
 (or ``KEYEDCONSUMER_CONFIG_FILE``), then the defaults. librdkafka properties (``-X key=value``, the
 ``KEYEDCONSUMER_CONFIG`` JSON object, the TOML ``[config]`` table) are merged property by property
-with the same precedence.
+with the same precedence. ``--group`` (``group``) sets the consumer's ``name`` and ``group_id``: the
+group comes whole from the first source naming it (``--group`` beats ``KEYEDCONSUMER_GROUP_ID``).
 
 **Exit codes**: 0 done (``run``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
 failed and nothing handled it, the brokers did not answer, a replay left records behind), 2 bad

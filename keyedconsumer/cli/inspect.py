@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import kafka
+from ..config import ENV_PREFIX
 from ..sequencing import redact_url
 from .errors import CliError
 from .output import _age, _Level, _out_console, _print_json, _reports_errors, _setup_logging
-from .settings import ENV_PREFIX, BrokersOpt, ConfigOpt, PropsOpt, _client_conf, _env_or_toml, _secrets
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf, _env_or_toml, _secrets
 
 
 def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:

@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 
 import typer
 
-from ..config import ConsumerConfig, redact
+from ..config import ENV_PREFIX, ConsumerConfig, redact
 from ..errors import KeyedConsumerError, PublishError
 from ..sequencing import redact_url
 from .errors import CliError
 from .handler import load_handler
 from .output import _Level, _print_json, _reports_errors, _setup_logging
-from .settings import ENV_PREFIX, BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _resolve_run
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _resolve_run
 
 log = logging.getLogger("keyedconsumer.cli")
 
@@ -58,7 +58,7 @@ def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
                 middleware.DeadLetter(
                     brokers=settings.brokers,
                     topic=options.dead_letter_topic,
-                    producer_config=dict(settings.config),
+                    producer_config=settings.properties(),
                 )
             )
         except (PublishError, ValueError) as exc:

@@ -15,10 +15,9 @@ import pydantic
 import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..config import SECRET_WORDS, ConsumerConfig
+from ..config import ENV_PREFIX, SECRET_WORDS, ConsumerConfig
 from .errors import CliError, _validation_message
 
-ENV_PREFIX = "KEYEDCONSUMER_"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 
 
@@ -56,6 +55,9 @@ _secrets = _Secrets()
 
 class RunOptions(BaseSettings):
     """Settings of ``keyedconsumer run`` that are not :class:`~keyedconsumer.ConsumerConfig` fields.
+
+    Their environment variables are listed in ``keyedconsumer.config.CLI_SETTINGS`` (so that
+    ``ConsumerConfig`` does not refuse them as typos): a new field must be added there too.
 
     Parameters
     ----------
@@ -121,8 +123,36 @@ def _load_toml(path: Path | None) -> dict[str, Any]:
 
 
 def _env_set(field: str) -> bool:
+    return _env_value(field) is not None
+
+
+def _env_value(field: str) -> str | None:
     name = f"{ENV_PREFIX}{field}".upper()
-    return any(k.upper() == name for k in os.environ)
+    return next((v for k, v in os.environ.items() if k.upper() == name), None)
+
+
+#: The settings that name the consumer group: ``group`` (``--group``) sets ``name`` and ``group_id``.
+_GROUP_KEYS = ("group", "group_id", "name")
+
+
+def _group(flags: dict[str, Any], toml: dict[str, Any]) -> tuple[Any, Any] | None:
+    """``(name, group_id)`` from the first source that names the group at all: the ``--group`` flag,
+    then the environment, then the TOML file; ``None`` when none does.
+
+    The source is chosen as a whole, because ``--group`` (or ``group``) stands for two fields: taken
+    field by field, ``KEYEDCONSUMER_GROUP_ID`` would beat ``--group`` (it sets ``name``), and a TOML
+    ``group_id`` would beat ``KEYEDCONSUMER_GROUP``. Within one source ``group`` sets both fields,
+    ``group_id`` beats it for the group id, and ``name`` alone lets the group id follow the name.
+    """
+    if flags.get("group") is not None:
+        return flags["group"], flags["group"]
+    env = {k: v for k in _GROUP_KEYS if (v := _env_value(k)) is not None}
+    for source in (env, {k: toml[k] for k in _GROUP_KEYS if k in toml}):
+        if source:
+            group = source.get("group")
+            name = group if group is not None else source.get("name", source.get("group_id"))
+            return name, source.get("group_id", group)
+    return None
 
 
 def _parse_properties(props: Iterable[str]) -> dict[str, str]:
@@ -219,17 +249,19 @@ ConfigOpt = Annotated[
 def _resolve_run(
     flags: dict[str, Any], props: list[str], config_file: Path | None
 ) -> tuple[ConsumerConfig, RunOptions]:
+    """The settings of ``run``: each from the first of flags > environment > TOML file > defaults
+    that sets it (the group as a whole: :func:`_group`; librdkafka properties one by one)."""
     toml = _load_toml(config_file)
     options = RunOptions(**_layer(toml, flags, _RUN_KEYS))
     _secrets.add_url(options.redis)
-    values = _layer(toml, flags, _CONSUMER_KEYS - {"config"})
+    values = _layer(toml, flags, _CONSUMER_KEYS - {"config", "name", "group_id"})
     values["config"] = _librdkafka_config(toml, props)
-    if options.group is not None:
-        values["name"] = options.group
-    elif "name" not in values and not _env_set("name"):
+    group = _group(flags, toml)
+    if group is None:
         raise CliError(
             f"no consumer group: pass --group, set {ENV_PREFIX}GROUP, or 'group' in the TOML file", 2
         )
+    values["name"], values["group_id"] = group
     if "topics" not in values and not _env_set("topics"):
         raise CliError(f"no topic: pass --topic, set {ENV_PREFIX}TOPICS, or 'topics' in the TOML file", 2)
     try:

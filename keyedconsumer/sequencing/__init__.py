@@ -18,15 +18,24 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    Secret,
+    field_validator,
+    model_validator,
+)
 
+from ..config import hide_secrets
 from .durations import at_ms, due_ms, redis_ms
 from .leases import LeaseTable
 
 if TYPE_CHECKING:
     from ..dispatch import Dispatcher
 
-__all__ = ["RedisSequencer", "RedisSequencerConfig", "redact_url", "inspect_redis"]
+__all__ = ["RedisSequencer", "RedisSequencerConfig", "RedisUrl", "redact_url", "inspect_redis"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -45,6 +54,15 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class RedisUrl(Secret[str]):
+    """A Redis URL that shows only with its password replaced by ``***`` (:func:`redact_url`): in a
+    repr, ``str()``, ``model_dump_json()`` and validation errors. ``get_secret_value()`` is the URL
+    itself, what redis-py gets."""
+
+    def _display(self) -> str:
+        return redact_url(self.get_secret_value())
 
 
 def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> dict[str, Any]:
@@ -77,7 +95,7 @@ class RedisSequencerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 
-    url: str = Field(min_length=1, repr=False)
+    url: RedisUrl = Field(repr=False)
     namespace: str = Field(min_length=1, pattern=r"^[^{}:\s]+$")
     lease_ttl_s: float = Field(default=10.0, gt=0.05, le=3600)
     renew_interval_s: float | None = Field(default=None, ge=0.01)
@@ -93,6 +111,13 @@ class RedisSequencerConfig(BaseModel):
     max_drains: int = Field(default=64, ge=1, strict=True)
     instance_timeout_s: float | None = Field(default=None, gt=0)
     scheduler: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url_not_empty(cls, value: RedisUrl) -> RedisUrl:
+        if not value.get_secret_value():
+            raise ValueError("the Redis URL is empty")
+        return value
 
     @field_validator(
         "lease_ttl_s", "renew_interval_s", "lease_linger_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s",
@@ -129,6 +154,17 @@ class RedisSequencerConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secrets_hidden(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RedisSequencerConfig]
+    ) -> RedisSequencerConfig:
+        # Defined last, so it runs first (outermost): the URL is wrapped before any validation, and
+        # no error's input (errors(), json()) can show it.
+        if isinstance(data, dict) and isinstance(data.get("url"), str):
+            data = {**data, "url": RedisUrl(data["url"])}
+        return handler(hide_secrets(data))
+
 
 class RedisSequencer:
     """Per-key leases with fencing tokens in Redis (``KeyedConsumer(..., sequencer=...)``).
@@ -149,7 +185,9 @@ class RedisSequencer:
     Parameters
     ----------
     url:
-        ``redis://`` or ``rediss://`` URL, password included if any (never shown in a repr or log).
+        ``redis://`` or ``rediss://`` URL, password included if any. Kept as a :class:`RedisUrl`:
+        a repr, dump, JSON, log line or validation error (``errors()`` and ``json()`` included)
+        shows it with the password replaced by ``***``; redis-py gets the real URL.
     namespace:
         Isolates consumer groups and tenants (no braces, colons or whitespace).
     lease_ttl_s:
@@ -207,7 +245,7 @@ class RedisSequencer:
     """
 
     def __init__(self, url: str, namespace: str, **options: Any) -> None:
-        self.config = RedisSequencerConfig(url=url, namespace=namespace, **options)
+        self.config = RedisSequencerConfig.model_validate({"url": url, "namespace": namespace, **options})
         self._d: Dispatcher | None = None
         self._store: Any = None
         self._fatal: Callable[[BaseException], None] = lambda e: None
@@ -232,7 +270,7 @@ class RedisSequencer:
 
     def __repr__(self) -> str:
         c = self.config
-        return f"RedisSequencer(url={redact_url(c.url)!r}, namespace={c.namespace!r}, lease_ttl_s={c.lease_ttl_s:g})"
+        return f"RedisSequencer(url={str(c.url)!r}, namespace={c.namespace!r}, lease_ttl_s={c.lease_ttl_s:g})"
 
     # -- engine side (the poll thread) ----------------------------------------------------------
 
@@ -263,7 +301,7 @@ class RedisSequencer:
         self._checked = False
         from .parking import Parker
 
-        self._store = LeaseStore(c.url, c.namespace, c.socket_timeout_s)
+        self._store = LeaseStore(c.url.get_secret_value(), c.namespace, c.socket_timeout_s)
         d.leases = LeaseTable(c.lease_ttl_s, min(c.lease_linger_s, c.lease_ttl_s / 2))
         d.parking = True
         d.quarantine = c.quarantine_on_dead_letter
@@ -479,7 +517,7 @@ class RedisSequencer:
             raise ValueError(f"schedule() delay_s must be finite and >= 0 seconds: {delay_s!r}")
         due_at = at_ms(float(at)) if at is not None else None  # ValueError: NaN, infinite, negative, too far
         sid = new_schedule_id()
-        store = self._store if self._store is not None else LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
+        store = self._store if self._store is not None else LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
         try:
             now_ms = store.time_ms()  # the one clock: the Redis server's, never this machine's
             due = due_at if due_at is not None else due_ms(now_ms, float(delay_s))  # type: ignore[arg-type]
@@ -502,7 +540,7 @@ class RedisSequencer:
         from .keys import lease_id
         from .store import LeaseStore
 
-        store = LeaseStore(self.config.url, self.config.namespace, self.config.socket_timeout_s)
+        store = LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
         try:
             return store.release_quarantine(lease_id(key, "", 0))  # due now on the Redis server's clock
         finally:
@@ -510,7 +548,7 @@ class RedisSequencer:
 
     def inspect(self) -> dict[str, Any]:
         """What this namespace holds in Redis now (see :func:`inspect_redis`)."""
-        return inspect_redis(self.config.url, self.config.namespace, self.config.socket_timeout_s)
+        return inspect_redis(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
 
     def _renew_loop(self) -> None:
         from .store import StoreUnavailable

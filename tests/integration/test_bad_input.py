@@ -670,6 +670,43 @@ def test_base_exceptions_with_error_handler_do_not_kill_the_only_worker(kafka_bo
     assert committed(kafka_bootstrap, group, topic, 1) == {0: n}
 
 
+@pytest.mark.timeout(60)
+def test_sync_handler_returning_a_coroutine_stops_naming_the_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given one message, a plain handler that forgets to await an async def function, DeadLetter +
+    # Retry around it, and an error_handler that would mark any failure handled
+    import warnings
+
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"k", b"v", 0)])
+    group = gid("not-awaited")
+    ran: list[int] = []
+    reported: list[BaseException] = []
+    dl = DeadLetter(brokers=[kafka_bootstrap], timeout_s=20)
+
+    async def handle_async(msg: Message) -> None:
+        ran.append(msg.offset)
+
+    def error_handler(err: BaseException, msg: Message | None) -> None:
+        reported.append(err)
+
+    c = consumer(kafka_bootstrap, topic, group, lambda m: handle_async(m), error_handler=error_handler,
+                 middlewares=[dl, Retry(max_attempts=3, initial_delay_s=0.01)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = start(c)
+        # then the consumer stops by itself, and run() raises the contract error naming the message
+        assert r.join(30), "the consumer did not stop: the returned coroutine counted as a success"
+        gc.collect()
+    err = r.error
+    assert isinstance(err, KeyedConsumerError) and type(err).__name__ == "HandlerContractError", repr(err)
+    assert (err.topic, err.partition, err.offset) == (topic, 0, 0)  # type: ignore[attr-defined]
+    assert f"topic={topic} partition=0 offset=0" in str(err) and "async def" in str(err)
+    # and the body never ran, nothing was retried, reported or dead-lettered, nothing committed past it
+    assert ran == [] and reported == [] and dl.published == 0
+    assert committed(kafka_bootstrap, group, topic, 1)[0] in (None, 0)
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
 # ------------------------------------------------------------------------------------------------
 # a wrong broker address at run time; secrets
 # ------------------------------------------------------------------------------------------------

@@ -308,11 +308,92 @@ def test_settings_precedence_flags_env_toml_defaults(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_flags_beat_environment_variables_even_where_they_set_other_fields(tmp_path: Path) -> None:
+    handler = "tests.integration.procs.cli_handlers:handle"
+
+    def settings(*args: str, env: dict[str, str]) -> dict[str, Any]:
+        result = cli("run", handler, "--app-dir", str(ROOT), "--print-settings", *args, env=env)
+        assert result.exit_code == 0, result.output
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
+    env = {
+        "KEYEDCONSUMER_GROUP_ID": "g-env", "KEYEDCONSUMER_NAME": "n-env", "KEYEDCONSUMER_TOPICS": "t-env",
+        "KEYEDCONSUMER_BROKERS": "envhost:9092", "KEYEDCONSUMER_REDIS": "redis://envhost:6379/0",
+        "KEYEDCONSUMER_CONCURRENCY": "8",
+    }
+    # given environment variables for every setting, when flags are given too, then every flag wins:
+    # --group sets the name and the group id, which the environment sets as two variables
+    s = settings("--group", "g-flag", "-t", "t-flag", "--brokers", "flaghost:9092", "--redis",
+                 "redis://flaghost:6379/0", "--concurrency", "16", env=env)
+    assert (s["name"], s["group_id"], s["namespace"]) == ("g-flag", "g-flag", "g-flag")
+    assert (s["topics"], s["brokers"], s["redis"], s["concurrency"]) == (
+        ["t-flag"], ["flaghost:9092"], "redis://flaghost:6379/0", 16
+    )
+    # when no flag is given, then the environment decides, group_id over name for the group id
+    s = settings(env=env)
+    assert (s["name"], s["group_id"], s["topics"], s["brokers"], s["concurrency"]) == (
+        "n-env", "g-env", ["t-env"], ["envhost:9092"], 8
+    )
+    # and the environment beats the TOML file, whichever of group / group_id / name each one sets
+    toml = tmp_path / "kc.toml"
+    toml.write_text('group_id = "g-toml"\nname = "n-toml"\ntopics = ["t-toml"]\n')
+    s = settings("--config", str(toml), env={"KEYEDCONSUMER_GROUP": "g-env"})
+    assert (s["name"], s["group_id"], s["topics"]) == ("g-env", "g-env", ["t-toml"])
+    s = settings("--config", str(toml), env={})
+    assert (s["name"], s["group_id"]) == ("n-toml", "g-toml")
+
+
+@pytest.mark.timeout(60)
+def test_no_secret_in_print_settings_or_in_error_output() -> None:
+    sasl, redis_pw = "Qx9v-sasl-Pa55", "Rz7w-redis-Pa55"
+    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "-g", "g", "--app-dir", str(ROOT)]
+    printed = [
+        (["-X", f"sasl.password={sasl}", "-X", "sasl.username=u", "--redis", f"redis://:{redis_pw}@127.0.0.1:6379/0"], {}),
+        (["--redis", f"redis://127.0.0.1:6379/0?password={redis_pw}"], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl})}),
+    ]
+    for args, env in printed:
+        result = cli(*base, *args, "--print-settings", env=env)
+        assert result.exit_code == 0, result.output
+        assert sasl not in result.output and redis_pw not in result.output, result.output
+        shown = json.loads(result.stdout)
+        assert shown["config"]["sasl.password"] == "***" and "127.0.0.1:6379" in shown["redis"]
+    refused = [
+        (["-X", f"sasl.password={sasl}", "-X", "security.protocol=NOPE"], {}),  # the config field itself fails
+        (["-X", f"sasl.password={sasl}", "--concurrency", "0"], {}),  # another field fails
+        ([], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl, "no.such.property": 1})}),
+        ([], {"KEYEDCONSUMER_SASL_PASSWORD": sasl}),  # an unknown variable: its value is not shown
+        (["--redis", f"redis://:{redis_pw}@127.0.0.1:6379/0", "--ordering", "none"], {}),
+        (["--redis", f"http://:{redis_pw}@127.0.0.1:6379/0"], {}),
+    ]
+    for args, env in refused:  # refused before anything connects (nothing answers at 127.0.0.1:1 anyway)
+        result = cli(*base, *args, "-b", "127.0.0.1:1", env={"KEYEDCONSUMER_STARTUP_TIMEOUT_S": "1", **env})
+        assert result.exit_code == 2, result.output
+        assert sasl not in result.output and redis_pw not in result.output, result.output
+
+
+@pytest.mark.timeout(30)
 def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "kc.toml"
     toml.write_text("concurrancy = 4\n")
     result = cli("run", "json:dumps", "-t", "t", "-g", "g", "--config", str(toml))
     assert result.exit_code == 2 and "unknown setting(s) concurrancy" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_unknown_environment_variable_is_refused_and_the_cli_own_ones_are_not(tmp_path: Path) -> None:
+    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "--app-dir", str(ROOT), "--print-settings"]
+    # given the command line's own variables (not ConsumerConfig fields): accepted
+    own = {"KEYEDCONSUMER_GROUP": "g-env", "KEYEDCONSUMER_NAMESPACE": "ns", "KEYEDCONSUMER_RETRY_ATTEMPTS": "2",
+           "KEYEDCONSUMER_CONFIG_FILE": str(tmp_path / "none.toml")}
+    (tmp_path / "none.toml").write_text("")
+    result = cli(*base, env=own)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "g-env"
+    # when a variable is misspelt, then it is refused naming it, exit code 2
+    result = cli(*base, "-g", "g", env={"KEYEDCONSUMER_CONCURENCY": "8"})
+    assert result.exit_code == 2, result.output
+    assert "KEYEDCONSUMER_CONCURENCY" in result.output and "KEYEDCONSUMER_CONCURRENCY" in result.output
 
 
 # -- inspect --------------------------------------------------------------------------------------------

@@ -347,3 +347,62 @@ def test_redis_password_as_a_url_query_argument_never_in_a_repr() -> None:
     # redis-py takes the password from the query string too: redis://host:6379/0?password=...
     s = RedisSequencer("redis://127.0.0.1:6379/0?password=" + SECRET, "ns")
     assert SECRET not in repr(s)
+
+
+# ------------------------------------------------------------------------------------------------
+# an unknown KEYEDCONSUMER_* environment variable (a typo) is refused like an unknown keyword
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", ["KEYEDCONSUMER_CONCURENCY", "keyedconsumer_concurency"])
+def test_an_unknown_environment_variable_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, "4")
+    err = refused()
+    assert fields(err) == {name}
+    assert "KEYEDCONSUMER_CONCURRENCY" in str(err)  # the likely meant one
+    with pytest.raises(ValidationError) as info:
+        KeyedConsumer(handler=lambda m: None, name="n", topics=["t"])
+    assert fields(info.value) == {name}
+
+
+@pytest.mark.timeout(10)
+def test_the_value_of_an_unknown_environment_variable_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYEDCONSUMER_SASL_PASSWORD", SECRET)
+    err = refused()
+    assert fields(err) == {"KEYEDCONSUMER_SASL_PASSWORD"}
+    for text in (str(err), repr(err), err.json(), str(err.errors()), str(err.errors(include_input=False))):
+        assert SECRET not in text, text
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "name,value",
+    [("GROUP", "g"), ("HANDLER", "app:handle"), ("REDIS", "redis://127.0.0.1:6379/0"), ("NAMESPACE", "ns"),
+     ("DEAD_LETTER_TOPIC", "t.dlq"), ("RETRY_ATTEMPTS", "3"), ("PARK", "true"), ("CONFIG_FILE", "/dev/null"),
+     ("CONCURRENCY", "2"), ("CONFIG", "{}")],
+)
+def test_every_variable_the_package_reads_is_accepted(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the command line's own settings (RunOptions, --config) are not ConsumerConfig fields, but not typos
+    monkeypatch.setenv("KEYEDCONSUMER_" + name, value)
+    assert ConsumerConfig(name="n", topics=["t"]).name == "n"
+
+
+@pytest.mark.timeout(10)
+def test_the_list_of_environment_variables_names_every_one_the_package_reads() -> None:
+    import pathlib
+    import re
+
+    from keyedconsumer.cli import RunOptions
+    from keyedconsumer.config import ENVIRONMENT_VARIABLES
+
+    assert {"KEYEDCONSUMER_" + f.upper() for f in ConsumerConfig.model_fields} <= ENVIRONMENT_VARIABLES
+    assert {"KEYEDCONSUMER_" + f.upper() for f in RunOptions.model_fields} <= ENVIRONMENT_VARIABLES
+    # every name spelled out in the package's sources (KEYEDCONSUMER_X, f"{ENV_PREFIX}X")
+    package = pathlib.Path(__file__).resolve().parents[2] / "keyedconsumer"
+    spelled = set()
+    for path in package.rglob("*.py"):
+        for name in re.findall(r"(?:KEYEDCONSUMER_|\{ENV_PREFIX\})([A-Z][A-Z_]*[A-Z])", path.read_text()):
+            spelled.add("KEYEDCONSUMER_" + name)
+    assert spelled - ENVIRONMENT_VARIABLES == set()
+    assert {"KEYEDCONSUMER_CONFIG_FILE", "KEYEDCONSUMER_GROUP", "KEYEDCONSUMER_BROKERS"} <= spelled

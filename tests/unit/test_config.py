@@ -118,3 +118,33 @@ def test_options_the_consumer_protocol_rejects_fail_at_construction(prop: str, v
     with pytest.raises(ValidationError) as info:
         ConsumerConfig(name="n", topics=["t"], config={"group.protocol": "consumer", prop: value})
     assert "config" in fields(info.value) and prop in str(info.value)
+
+
+# -- settings= and keyword options together (issue 12 §8) ------------------------------------------
+
+
+def test_keyword_options_override_the_settings_object() -> None:
+    # given a settings object and, next to it, keyword options
+    cfg = ConsumerConfig(name="orders", topics=["orders"], concurrency=4, max_in_flight=100)
+    consumer = KeyedConsumer(handler=handler, settings=cfg, concurrency=64, ordering="partition")
+    # then the keywords win, the rest comes from the settings object, which is left unchanged
+    got = consumer.config
+    assert (got.concurrency, got.ordering, got.max_in_flight, got.name, got.topics) == (64, "partition", 100, "orders", ["orders"])
+    assert (cfg.concurrency, cfg.ordering) == (4, "key")
+
+
+@pytest.mark.parametrize("field,value", [("concurrency", 0), ("ordering", "random"), ("no_such_option", 1)])
+def test_keyword_options_next_to_settings_are_validated_again(field: str, value: object) -> None:
+    cfg = ConsumerConfig(name="orders", topics=["orders"])
+    with pytest.raises(ValidationError) as info:
+        KeyedConsumer(handler=handler, settings=cfg, **{field: value})
+    assert fields(info.value) == {field}
+
+
+def test_a_new_name_next_to_settings_moves_the_group_only_when_the_group_followed_the_name() -> None:
+    follows = ConsumerConfig(name="a", topics=["t"])
+    assert KeyedConsumer(handler=handler, settings=follows, name="b").config.group == "b"
+    pinned = ConsumerConfig(name="a", group_id="g", topics=["t"])
+    assert KeyedConsumer(handler=handler, settings=pinned, name="b").config.group == "g"
+    same = ConsumerConfig(name="a", group_id="a", topics=["t"])  # given explicitly, even if equal to the name
+    assert KeyedConsumer(handler=handler, settings=same, name="b").config.group == "a"

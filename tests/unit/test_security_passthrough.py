@@ -8,6 +8,7 @@ with the ``openssl`` command line.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -125,4 +126,121 @@ def test_dead_letter_producer_takes_the_same_properties(props: dict[str, Any]) -
     # librdkafka really got them: the same properties with an unsupported mechanism are refused
     with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:
         DeadLetter(brokers=[UNREACHABLE], producer_config={**props, "sasl.mechanism": "SCRAM-SHA-1024"})
+    assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
+
+
+# -- no public surface shows a secret (issue 12 §8): ConsumerConfig and RedisSequencerConfig ---------
+
+
+def surfaces_of_an_error(err: ValidationError) -> list[str]:
+    """Every way a ValidationError is shown or read: ``errors()`` carries each input unless hidden."""
+    return [str(err), repr(err), err.json(), str(err.errors()), repr(err.errors()),
+            str(err.errors(include_input=False)), json.dumps(err.errors(), default=str)]
+
+
+def surfaces_of_a_model(model: Any) -> list[str]:
+    return [repr(model), str(model), f"{model}", str(model.model_dump()), repr(model.model_dump()),
+            model.model_dump_json(), json.dumps(model.model_dump(mode="json")), repr(model.__dict__)]
+
+
+@pytest.mark.timeout(10)
+def test_password_on_no_surface_of_the_config_and_the_client_still_gets_it(props: dict[str, Any]) -> None:
+    # given a config with a SASL password, and one made from it with keyword options next to it
+    cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"], config=props)
+    merged = KeyedConsumer(handler=lambda m: None, settings=cfg, concurrency=2).config
+    for model in (cfg, merged):
+        # then neither its repr, dumps, JSON, nor the pass-through dict shows the password
+        shown = surfaces_of_a_model(model) + [str(model.config), repr(model.config),
+                                              str(model.config["sasl.password"]), repr(model.config["sasl.password"])]
+        assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+        # and the rest stays readable, while librdkafka gets the real value
+        assert model.config["sasl.username"] == "u" and model.config["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert model.librdkafka()["sasl.password"] == PASSWORD
+    assert merged.concurrency == 2
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"concurrency": 0},  # another field fails
+        {"config": {"security.protocol": "NOPE"}},  # the config field itself fails, next to the password
+        {"config": {"group.id": "g"}},  # an owned property next to the password
+        {"name": None},  # a required field is missing: pydantic's input is the whole input
+        {"no_such_option": 1},  # an unknown keyword
+    ],
+    ids=["other-field", "bad-librdkafka-value", "owned-property", "missing-field", "unknown-keyword"],
+)
+def test_password_in_no_surface_of_a_validation_error(props: dict[str, Any], opts: dict[str, Any]) -> None:
+    kwargs: dict[str, Any] = {"name": "n", "brokers": [UNREACHABLE], "topics": ["t"]}
+    kwargs.update(opts)
+    kwargs["config"] = {**props, **opts.get("config", {})}
+    if kwargs["name"] is None:
+        del kwargs["name"]
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(**kwargs)
+    shown = surfaces_of_an_error(info.value)
+    assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+
+
+@pytest.mark.timeout(10)
+def test_password_from_the_environment_in_no_surface_of_a_validation_error(
+    props: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYEDCONSUMER_CONFIG", json.dumps(props))
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(topics=["t"])  # name missing: the input shown would hold the parsed config
+    shown = surfaces_of_an_error(info.value)
+    assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+
+
+REDIS_URLS = [
+    f"redis://:{PASSWORD}@127.0.0.1:6379/0",
+    f"redis://alice:{PASSWORD}@127.0.0.1:6379/0",
+    f"redis://127.0.0.1:6379/0?password={PASSWORD}",
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("url", REDIS_URLS, ids=["password", "user-password", "query"])
+def test_redis_password_on_no_surface_of_the_sequencer_config(url: str) -> None:
+    from keyedconsumer import RedisSequencer
+
+    seq = RedisSequencer(url, "ns")
+    cfg = seq.config
+    shown = surfaces_of_a_model(cfg) + [str(cfg.url), repr(cfg.url), repr(seq), str(seq)]
+    assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+    assert "127.0.0.1:6379" in str(cfg.url)  # the rest of the URL stays readable
+    assert cfg.url.get_secret_value() == url  # what redis-py gets
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("url", REDIS_URLS, ids=["password", "user-password", "query"])
+@pytest.mark.parametrize(
+    "opts",
+    [{"namespace": "bad{ns}"}, {"lease_ttl_s": 1.0, "renew_interval_s": 1.0}, {"namespace": None}, {"no_such": 1}],
+    ids=["bad-namespace", "ttl-not-above-three-renewals", "missing-namespace", "unknown-keyword"],
+)
+def test_redis_password_in_no_surface_of_a_validation_error(url: str, opts: dict[str, Any]) -> None:
+    from keyedconsumer import RedisSequencerConfig
+
+    kwargs: dict[str, Any] = {"url": url, "namespace": "ns", **opts}
+    if kwargs["namespace"] is None:
+        del kwargs["namespace"]
+    with pytest.raises(ValidationError) as info:
+        RedisSequencerConfig(**kwargs)
+    shown = surfaces_of_an_error(info.value)
+    assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
+
+
+@pytest.mark.timeout(10)
+def test_a_dead_letter_producer_built_from_the_config_gets_the_real_password(props: dict[str, Any]) -> None:
+    # the config keeps the password as a SecretStr; a producer built from it still gets the value
+    cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"], config=props)
+    assert cfg.properties() == props
+    # (confluent-kafka would take a SecretStr as its masked text: Publisher reveals it first)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=dict(cfg.config), timeout_s=1.0)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=cfg.properties(), timeout_s=1.0)
+    with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:  # librdkafka really got them
+        DeadLetter(brokers=[UNREACHABLE], producer_config={**cfg.config, "sasl.mechanism": "SCRAM-SHA-1024"})
     assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
