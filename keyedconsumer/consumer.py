@@ -618,6 +618,14 @@ class KeyedConsumer:
         todo = [(t, p, o) for t, p, o in offsets if (t, p) in meta and sent.get((t, p)) != (o, meta[(t, p)])]
         if not todo:
             return
+        if not self.config.manual_commit:
+            # stored first: librdkafka's own auto commit, should it send the stored offset meanwhile,
+            # then names as much as this commit does (a commit never names fewer than the one before)
+            for t, p, o in todo:
+                try:
+                    client.store(t, p, o, meta[(t, p)])
+                except KafkaClientError as exc:
+                    log.debug("offset not stored: %s", exc)
         client.commit_async(todo, meta)
         for t, p, o in todo:
             sent[(t, p)] = (o, meta[(t, p)])
@@ -665,22 +673,26 @@ class KeyedConsumer:
                 p.high = highs.get(p.tp)
 
     def _store(self, client: KafkaClient) -> None:
+        """Store (or, with ``manual_commit``, commit) the partitions whose first unfinished offset
+        moved, each with the metadata naming what finished above it."""
         advances = self._d.advances()
         if not advances:
             return
         if self.config.manual_commit:
+            meta = {(p.topic, p.partition): m for p, _, m in advances if m}
             try:
-                client.commit([(p.topic, p.partition, wm) for p, wm in advances], timeout_s=self._budget(BLOCKING_CALL_S))
+                client.commit([(p.topic, p.partition, wm) for p, wm, _ in advances], meta,
+                              timeout_s=self._budget(BLOCKING_CALL_S))
             except KafkaClientError as exc:
                 self._on_client_error(exc)
-                self._d.mark_dirty([p for p, _ in advances])
+                self._d.mark_dirty([p for p, _, _ in advances])
                 return
-            for p, wm in advances:
+            for p, wm, _ in advances:
                 p.stored = wm
             return
-        for p, wm in advances:
+        for p, wm, m in advances:
             try:
-                client.store(p.topic, p.partition, wm)
+                client.store(p.topic, p.partition, wm, m)
                 p.stored = wm
             except KafkaClientError as exc:  # e.g. the partition is no longer assigned
                 log.debug("offset not stored: %s", exc)

@@ -235,7 +235,7 @@ class Dispatcher:
                 if wm is None:
                     continue
                 offsets.append((part.topic, part.partition, wm))
-                text = encode_finished(part.tracker, self.metadata_max_bytes)
+                text = encode_finished(part.tracker, self.metadata_max_bytes, part.finished)
                 if text:
                     meta[part.tp] = text
         return offsets, meta
@@ -450,8 +450,10 @@ class Dispatcher:
             if added:
                 self.wake(added)
 
-    def advances(self) -> list[tuple[Partition, int]]:
-        """Partitions whose watermark moved past what was stored: ``[(partition, offset)]``."""
+    def advances(self) -> list[tuple[Partition, int, str]]:
+        """Partitions whose watermark moved past what was stored: ``[(partition, offset, metadata)]``,
+        the metadata naming what finished above the offset (as :meth:`commit_offsets`), so every
+        store and commit names at least what the one before it named."""
         with self.lock:
             if not self._dirty:
                 return []
@@ -460,7 +462,7 @@ class Dispatcher:
                 if part.state == ACTIVE:
                     wm = part.tracker.watermark()
                     if wm is not None and (part.stored is None or wm > part.stored):
-                        out.append((part, wm))
+                        out.append((part, wm, encode_finished(part.tracker, self.metadata_max_bytes, part.finished)))
             self._dirty.clear()
             return out
 

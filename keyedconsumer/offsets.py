@@ -124,6 +124,11 @@ class OffsetTracker:
         runs.append(high - last)
         return base, runs
 
+    @property
+    def received_end(self) -> int | None:
+        """The last received offset + 1 (``None`` before the first)."""
+        return self._next
+
     def oldest_received_s(self) -> float | None:
         """When the first unfinished offset was received (``time.monotonic()`` s), or ``None``."""
         return self._since[0] if self._since else None
@@ -156,17 +161,23 @@ def _encode(base: int, runs: list[int]) -> str:
     return METADATA_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
 
 
-def encode_finished(tracker: OffsetTracker, max_bytes: int) -> str:
+def encode_finished(tracker: OffsetTracker, max_bytes: int, inherited: FinishedOffsets | None = None) -> str:
     """Commit metadata naming the offsets done above ``tracker``'s watermark, so the partition's
     next owner skips them instead of running them again (the approach of Confluent's Parallel
     Consumer: Kafka stores a metadata string with each committed offset, up to the broker's
     ``offset.metadata.max.bytes``, 4096 by default).
+
+    ``inherited``: the offsets the partition's previous owner finished (read from its commit
+    metadata); those not received yet are named too, so a commit never names fewer finished offsets
+    than the one before it.
 
     Returns ``""`` when nothing above the watermark is done or ``max_bytes`` is 0. When the runs do
     not fit in ``max_bytes`` (ASCII characters), only the first runs are kept: offsets left out run
     again (at-least-once), none is ever named done that is not.
     """
     found = tracker.finished_runs() if max_bytes > 0 else None
+    if inherited is not None and max_bytes > 0:
+        found = _with_inherited(tracker, found, inherited)
     if found is None:
         return ""
     base, runs = found
@@ -181,6 +192,38 @@ def encode_finished(tracker: OffsetTracker, max_bytes: int) -> str:
         else:
             hi = mid
     return _encode(base, runs[: 2 * lo]) if lo else ""
+
+
+def _with_inherited(
+    tracker: OffsetTracker, found: tuple[int, list[int]] | None, inherited: FinishedOffsets
+) -> tuple[int, list[int]] | None:
+    """``found`` (the tracker's runs) with the inherited runs at or above the first offset not
+    received yet added (what lies below is the tracker's to say: it marked them done on arrival)."""
+    base, received_end = tracker.watermark(), tracker.received_end
+    if base is None or received_end is None:
+        return found
+    spans: list[tuple[int, int]] = []
+    if found is not None:
+        pos = found[0]
+        for i, n in enumerate(found[1]):
+            if i % 2:
+                spans.append((pos, pos + n))
+            pos += n
+    for start, end in inherited.spans():
+        start = max(start, received_end)
+        if start < end:
+            if spans and spans[-1][1] >= start:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+            else:
+                spans.append((start, end))
+    if not spans:
+        return None
+    runs: list[int] = []
+    pos = base
+    for start, end in spans:
+        runs += [start - pos, end - start]  # the first unfinished run may be 0: base is done by inheritance
+        pos = end
+    return base, runs
 
 
 class FinishedOffsets:
@@ -232,9 +275,13 @@ class FinishedOffsets:
         if shift or len(values) < 3 or len(values) % 2 == 0 or values[0] != committed:
             return None
         runs = values[1:]
-        if any(n <= 0 for n in runs):
+        if runs[0] < 0 or any(n <= 0 for n in runs[1:]):  # only the first run may be empty
             return None
         return cls(committed, runs)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The finished offsets as ``[(first, last + 1)]``, in order."""
+        return list(zip(self._starts, self._ends, strict=True))
 
     def covers(self, offset: int) -> bool:
         """True when ``offset`` was finished by the previous owner."""

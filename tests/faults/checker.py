@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from keyedconsumer.offsets import FinishedOffsets
+
 from .common import SIZES, key_names, load_json
 
 INF = float("inf")
@@ -163,8 +165,10 @@ class Logs:
                 p, o, key, _att = line.split()
                 if p != "None":
                     self.dlq.append((int(p), int(o), key))
-        # committed offsets: per partition, [(recv_ns, offset)] in sampling order
+        # committed offsets: per partition, [(recv_ns, offset)] in sampling order, and the commit
+        # metadata of each sample (the offsets finished above the committed one, or None)
         self.commits: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.commit_meta: dict[int, list[FinishedOffsets | None]] = defaultdict(list)
         self.samples = 0
         self.sample_errors = 0
         if (d / "commits.log").exists():
@@ -175,10 +179,12 @@ class Logs:
                     continue
                 self.samples += 1
                 recv = int(x[1])
+                meta = dict(item.split("=", 1) for item in x[3].split(";")) if len(x) > 3 and x[3] != "-" else {}
                 if x[2] != "-":
                     for item in x[2].split(","):
                         p, o = item.split(":")
                         self.commits[int(p)].append((recv, int(o)))
+                        self.commit_meta[int(p)].append(FinishedOffsets.decode(int(o), meta.get(p)))
         self.commit_t = {p: [t for t, _ in v] for p, v in self.commits.items()}
         self.commit_o = {p: [o for _, o in v] for p, v in self.commits.items()}
         self.commit_max = {p: _running_max(v) for p, v in self.commit_o.items()}
@@ -190,6 +196,23 @@ class Logs:
             return -1
         i = bisect.bisect_left(ts, t)
         return self.commit_max[p][i - 1] if i > 0 else -1
+
+
+    def covered_before(self, p: int, o: int, t: float) -> bool:
+        """Whether offset ``o`` of ``p`` was covered by the group's commit as last observed (sample
+        answered) before ``t``: below the committed offset, or named finished by its metadata. A
+        partition's next owner reads at least that much: every commit names at least what the one
+        before it named (the engine stores and commits its metadata with every offset)."""
+        ts = self.commit_t.get(p)
+        if not ts:
+            return False
+        i = bisect.bisect_left(ts, t) - 1
+        if i < 0:
+            return False
+        if o < self.commit_max[p][i]:
+            return True
+        fin = self.commit_meta[p][i]
+        return fin is not None and fin.covers(o)
 
 
 def _running_max(xs: list[int]) -> list[int]:
@@ -244,7 +267,7 @@ def check_commits_safe(g: Logs) -> Check:
     for k, t in g.parked.items():  # parked in Redis (acknowledged on disk): done for the offset
         first_done[k] = min(first_done.get(k, INF), t)
     t0 = min((t for t, *_ in g.faults), default=0)
-    ahead, backwards, ev = 0, 0, []
+    ahead, backwards, named, ev = 0, 0, 0, []
     by_part: dict[int, list[int]] = defaultdict(list)
     for p, o in g.acked:
         by_part[p].append(o)
@@ -256,7 +279,22 @@ def check_commits_safe(g: Logs) -> Check:
             m = max(m, first_done.get((p, o), INF))
             pm.append(m)
         prev = -1
-        for recv, c in samples:
+        metas = g.commit_meta.get(p, [])
+        last_named: tuple[int, tuple[tuple[int, int], ...]] | None = None
+        for j, (recv, c) in enumerate(samples):
+            fin = metas[j] if j < len(metas) else None
+            spans = tuple(fin.spans()) if fin is not None else ()
+            if spans and (c, spans) != last_named:  # the metadata names only finished offsets
+                last_named = (c, spans)
+                for lo, hi in spans:
+                    for o in offs[bisect.bisect_left(offs, lo): bisect.bisect_left(offs, hi)]:
+                        if first_done.get((p, o), INF) > recv:
+                            named += 1
+                            if len(ev) < 40:
+                                key, seq, _f = g.acked[(p, o)]
+                                ev.append(f"named finished: p{p} committed {c} at {_sec(recv, t0)} with metadata "
+                                          f"naming p{p}@{o} ({key}#{seq}) finished, which it was not "
+                                          f"(first done {_sec(first_done.get((p, o), INF), t0)})")
             if c < prev:
                 backwards += 1
                 if len(ev) < 40:
@@ -271,9 +309,11 @@ def check_commits_safe(g: Logs) -> Check:
                     ev.append(f"ahead: p{p} committed {c} at {_sec(recv, t0)} while p{p}@{o} ({key}#{seq}) was "
                               f"unfinished (first done {_sec(first_done.get((p, o), INF), t0)})")
     n = sum(len(v) for v in g.commits.values())
-    return Check(3, "commits never ahead of an unfinished message, never backwards", ahead == 0 and backwards == 0 and n > 0,
+    return Check(3, "commits never ahead of an unfinished message, never backwards",
+                 ahead == 0 and backwards == 0 and named == 0 and n > 0,
                  f"{_n(g.samples)} samples ({_n(n)} partition offsets, {_n(g.sample_errors)} failed while the broker "
-                 f"was down), {_n(ahead)} ahead of an unfinished message, {_n(backwards)} backwards", ev)
+                 f"was down), {_n(ahead)} ahead of an unfinished message, {_n(named)} unfinished named finished "
+                 f"by the commit metadata, {_n(backwards)} backwards", ev)
 
 
 def check_order(g: Logs) -> Check:
@@ -436,10 +476,10 @@ def check_duplicates(g: Logs) -> Check:
 
     def cause(p: int, o: int, t1: float, pid: int, t2: float, s1: float = 0.0) -> str | None:
         k = kills.get(pid)
-        if k is not None and t1 <= k <= t2 and o >= g.committed_before(p, k):
+        if k is not None and t1 <= k <= t2 and not g.covered_before(p, o, k):
             return "kill"
         for s, c in g.stops.get(pid, []):
-            if s <= t2 and t1 <= c + max_run and (t1 >= s or o >= g.committed_before(p, s)):
+            if s <= t2 and t1 <= c + max_run and (t1 >= s or not g.covered_before(p, o, s)):
                 return "stop"
         if from_redis(p, o, s1):
             # run from a parked list: its entry is removed from Redis just after it ends, so a kill
@@ -459,13 +499,13 @@ def check_duplicates(g: Logs) -> Check:
             if tk > t2:
                 continue
             k = kills.get(parker)
-            if k is not None and tk <= k <= t2 and o >= g.committed_before(p, k):
+            if k is not None and tk <= k <= t2 and not g.covered_before(p, o, k):
                 return "kill"
             for s, c in g.stops.get(parker, []):
-                if s <= t2 and tk <= c + max_run and (tk >= s or o >= g.committed_before(p, s)):
+                if s <= t2 and tk <= c + max_run and (tk >= s or not g.covered_before(p, o, s)):
                     return "stop"
         for k2, up in g.kafka_windows:
-            if t1 <= up + session + 10 * S_NS and t2 >= k2 and o >= g.committed_before(p, k2):
+            if t1 <= up + session + 10 * S_NS and t2 >= k2 and not g.covered_before(p, o, k2):
                 return "broker"
         for k3, up in g.redis_windows:
             if k3 <= t1 <= up + ttl + 2 * S_NS:
@@ -509,18 +549,18 @@ def check_duplicates(g: Logs) -> Check:
                 redis_runs[pid].append(t)
     bound = 0
     for pid, k in kills.items():
-        bound += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and o >= g.committed_before(p, k))
-        bound += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and o >= g.committed_before(p, k))
+        bound += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k))
+        bound += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k))
         bound += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
     for pid, ivs in g.stops.items():
         for s, c in ivs:
             bound += sum(1 for t, p, o in by_pid.get(pid, [])
-                         if t <= c + max_run and (t >= s or o >= g.committed_before(p, s)))
+                         if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
             bound += sum(1 for t, p, o in parked_by.get(pid, [])
-                         if t <= c + max_run and (t >= s or o >= g.committed_before(p, s)))
+                         if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
             bound += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
     for k2, up in g.kafka_windows:
-        bound += sum(1 for t, p, o in every if t <= up + session + 10 * S_NS and o >= g.committed_before(p, k2))
+        bound += sum(1 for t, p, o in every if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2))
     for k3, up in g.redis_windows:
         bound += sum(1 for t, _p, _o in every if k3 <= t <= up + ttl + 2 * S_NS)
         bound += sum(1 for ts in redis_runs.values() for t in ts if k3 - PARKED_SETTLE_NS <= t < k3)

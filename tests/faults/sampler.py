@@ -2,8 +2,8 @@
 
     python -m tests.faults.sampler RUN_DIR
 
-Appends ``sent_ns recv_ns p:offset,...`` (or ``sent_ns recv_ns ERR name``) to ``commits.log`` until
-SIGTERM. A process of its own: librdkafka's admin client can abort the process on a request that
+Appends ``sent_ns recv_ns p:offset,... p=metadata;...`` (the commit metadata of the partitions that
+have one, or ``-``; or ``sent_ns recv_ns ERR name``) to ``commits.log`` until SIGTERM. A process of its own: librdkafka's admin client can abort the process on a request that
 times out while the broker is down (``rd_kafka_enq_once_del_source_return`` assertion, seen with
 librdkafka 2.16.0), and the orchestrator must survive that; it restarts this sampler. After a broker
 restart an admin client can also keep failing every request: it is replaced after 3 failures.
@@ -47,7 +47,10 @@ def main() -> int:
             try:
                 res = admin.list_consumer_group_offsets(req, request_timeout=2.0)[cfg["group"]].result(3.0)
                 got = {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
-                f.write(f"{sent} {time.monotonic_ns()} {','.join(f'{p}:{o}' for p, o in sorted(got.items())) or '-'}\n")
+                meta = {tp.partition: tp.metadata for tp in res.topic_partitions if tp.offset >= 0 and tp.metadata}
+                offsets = ",".join(f"{p}:{o}" for p, o in sorted(got.items())) or "-"
+                metadata = ";".join(f"{p}={m}" for p, m in sorted(meta.items())) or "-"
+                f.write(f"{sent} {time.monotonic_ns()} {offsets} {metadata}\n")
                 failures = 0
             except Exception as exc:
                 f.write(f"{sent} {time.monotonic_ns()} ERR {type(exc).__name__}\n")

@@ -171,3 +171,38 @@ def test_no_metadata_when_nothing_above_the_watermark_is_done() -> None:
     assert encode_finished(t, 0) == ""
     fin = FinishedOffsets.decode(2, encode_finished(t, 4096))
     assert fin is not None and [o for o in range(6) if fin.covers(o)] == [3] and fin.end == 4
+
+
+@given(
+    prev_done=st.lists(st.booleans(), min_size=60, max_size=60),
+    received=st.integers(min_value=0, max_value=60),
+    now_done=st.lists(st.booleans(), min_size=60, max_size=60),
+)
+def test_a_new_owner_names_what_its_predecessor_finished_until_it_received_it(
+    prev_done: list[bool], received: int, now_done: list[bool]
+) -> None:
+    # given the metadata of a previous owner, committed at 100, naming some of 101..159 finished
+    prev = OffsetTracker()
+    for o in range(100, 160):
+        prev.add(o)
+    for o in range(101, 160):
+        if prev_done[o - 100]:
+            prev.done(o)
+    inherited = FinishedOffsets.decode(100, encode_finished(prev, 4096))
+    named_before = {o for o in range(100, 160) if inherited is not None and inherited.covers(o)}
+    # when the new owner has received 100..100+received, skipping what was named and running some of the rest
+    t = OffsetTracker()
+    for o in range(100, 100 + received):
+        t.add(o)
+        if o in named_before or now_done[o - 100]:
+            t.done(o)
+    wm = t.watermark()
+    if wm is None or inherited is None:
+        return
+    # then its metadata names every inherited offset it has not received yet, and nothing unfinished
+    fin = FinishedOffsets.decode(wm, encode_finished(t, 4096, inherited))
+    named = {o for o in range(100, 200) if fin is not None and fin.covers(o)}
+    assert {o for o in named_before if o >= 100 + received} <= named
+    finished_here = {o for o in range(100, 100 + received) if o in named_before or now_done[o - 100]}
+    assert named <= finished_here | {o for o in named_before if o >= 100 + received}
+    assert all(o >= wm for o in named)
