@@ -11,7 +11,8 @@ file (in the run dir)      lines
 ``acks-*.log``             ``partition offset key seq id flag ack_ns`` per acknowledged record
 ``events/<pid>.log``       consumer records (below), one file per consumer process
 ``faults.log``             ``ns kind pid detail`` per fault and per process start/exit
-``commits.log``            ``sent_ns recv_ns p:offset,...`` committed offsets (or ``... ERR text``)
+``commits.log``            ``sent_ns recv_ns p:offset,... p=metadata;...`` committed offsets and their commit
+                           metadata, or ``-`` (or ``... ERR text``)
 ``resources.log``          ``ns rss pid:kib,...`` and ``ns redis used_memory_bytes``
 ``dlq.log``                ``orig_partition orig_offset key attempts`` per dead-letter record
 ``final.json``             end offsets, final commits, Redis keys left, drain time, exits

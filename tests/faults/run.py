@@ -281,7 +281,7 @@ class Run:
             return {}
         for line in reversed(lines[1:] or lines):
             x = line.split()
-            if len(x) == 3 and x[2] != "ERR":
+            if len(x) >= 3 and x[2] != "ERR":
                 return {int(a): int(b) for a, b in (i.split(":") for i in x[2].split(","))} if x[2] != "-" else {}
         return {}
 
