@@ -61,6 +61,10 @@ CLOSE_TIMEOUT_S = 5.0
 #: of ``stop()``, whatever the broker does: the final commit, the bounded close, releasing Redis
 #: leases and joining the workers fit in the margin.
 SHUTDOWN_MARGIN_S = 10.0
+#: Share of ``shutdown_timeout_s`` (of ``revoke_timeout_s`` for a revoke) during which a stop (revoke)
+#: still starts messages below their partition's highest finished offset (the catch-up); the rest is
+#: left to the handlers running then, so a long one started late is not cut short by the commit.
+CATCH_UP_SHARE = 0.5
 #: Pause between attempts of a commit the group refused during a rebalance (seconds).
 COMMIT_RETRY_S = (0.05, 0.5)
 
@@ -715,12 +719,15 @@ class KeyedConsumer:
 
     def _catch_up(self, parts: list[Partition], deadline: float) -> None:
         """Let the messages below each partition's highest finished offset run (only those start:
-        ``Dispatcher.may_start``), until ``deadline`` (monotonic seconds; or the deadline of a stop
-        requested meanwhile), so the offset stored next covers every finished message. Retries due
+        ``Dispatcher.may_start``), until ``deadline`` (monotonic seconds; or the end of the catch-up
+        share of a stop requested meanwhile, :data:`CATCH_UP_SHARE`), so the offset stored next
+        covers every finished message. Retries due
         within the time left run too; longer back-offs are not waited for. Serves the Redis
         sequencer meanwhile (this runs in the poll thread, which does not poll Kafka here)."""
         d, seq = self._d, self._sequencer
-        while time.monotonic() < min(deadline, self._stop_deadline or deadline):
+        if self._stop_deadline is not None:  # a stop under way: its own catch-up share
+            deadline = min(deadline, self._stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE))
+        while time.monotonic() < deadline:
             now = self._clock()
             with d.lock:
                 behind = [p for p in parts if p.state == ACTIVE and p.tracker.behind_done()]
@@ -744,7 +751,7 @@ class KeyedConsumer:
         deadline = self._stop_deadline or time.monotonic() + cfg.shutdown_timeout_s
         if started and self._error is None:
             d.stopping = True
-            self._catch_up(list(d.parts.values()), deadline)
+            self._catch_up(list(d.parts.values()), deadline)  # its share of the time: see _catch_up
         d.halt()
         if started and not d.wait_idle(None, max(0.0, deadline - time.monotonic())):
             log.warning(
@@ -866,12 +873,13 @@ class _Listener:
         commit before revocation, KAFKA-16033)."""
         c = self._c
         d = c._d
-        deadline = time.monotonic() + (0.0 if c._closing else c.config.revoke_timeout_s)
+        timeout_s = 0.0 if c._closing else c.config.revoke_timeout_s
+        deadline = time.monotonic() + timeout_s
         if not c._closing:  # finish what lies below the highest finished offset first: no re-runs
             catching = [p for tp in partitions if (p := d.parts.get(tp)) is not None]
             for p in catching:
                 p.catching_up = True
-            c._catch_up(catching, deadline)
+            c._catch_up(catching, deadline - timeout_s * (1 - CATCH_UP_SHARE))
         parts = d.begin_revoke(partitions)
         self._unpause(partitions)
         if not parts:

@@ -71,7 +71,7 @@ class Size:
     kafka_down_s: float = 2.0
     lease_ttl_s: float = 3.0
     session_timeout_ms: int = 6000
-    auto_commit_interval_ms: int = 1000
+    auto_commit_interval_ms: int = 200
     concurrency: int = 16
     max_in_flight: int = 5000
     consumers: int = 3
