@@ -547,30 +547,34 @@ def check_duplicates(g: Logs) -> Check:
         for t, pid, s1 in cs:
             if from_redis(p, o, s1):
                 redis_runs[pid].append(t)
-    bound = 0
+    bounds: dict[str, int] = defaultdict(int)
     for pid, k in kills.items():
-        bound += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k))
-        bound += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k))
-        bound += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
+        bounds["kill"] += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k))
+        bounds["kill"] += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k))
+        bounds["kill"] += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
     for pid, ivs in g.stops.items():
         for s, c in ivs:
-            bound += sum(1 for t, p, o in by_pid.get(pid, [])
-                         if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
-            bound += sum(1 for t, p, o in parked_by.get(pid, [])
-                         if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
-            bound += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
+            bounds["stop"] += sum(1 for t, p, o in by_pid.get(pid, [])
+                                  if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
+            bounds["stop"] += sum(1 for t, p, o in parked_by.get(pid, [])
+                                  if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
+            bounds["stop"] += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
     for k2, up in g.kafka_windows:
-        bound += sum(1 for t, p, o in every if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2))
+        bounds["broker"] += sum(1 for t, p, o in every
+                                if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2))
     for k3, up in g.redis_windows:
-        bound += sum(1 for t, _p, _o in every if k3 <= t <= up + ttl + 2 * S_NS)
-        bound += sum(1 for ts in redis_runs.values() for t in ts if k3 - PARKED_SETTLE_NS <= t < k3)
+        bounds["redis"] += sum(1 for t, _p, _o in every if k3 <= t <= up + ttl + 2 * S_NS)
+        bounds["redis"] += sum(1 for ts in redis_runs.values() for t in ts if k3 - PARKED_SETTLE_NS <= t < k3)
+    bound = sum(bounds.values())
     total = sum(dups.values())
     graceful = dups.get("graceful", 0)
     parts = ", ".join(f"{k} {_n(v)}" for k, v in sorted(dups.items()) if k != "graceful") or "none"
+    bound_parts = ", ".join(f"{k} {_n(v)}" for k, v in sorted(bounds.items())) or "none"
     return Check(6, "duplicates only from kills, within the bound", graceful == 0 and total <= bound,
                  f"{_n(total)} duplicate completions ({parts}); {_n(graceful)} not explained by a kill "
                  f"(after SIGTERM/join/leave or nothing; must be 0); "
-                 f"bound {_n(bound)} = messages done but not committed when a kill hit", ev)
+                 f"bound {_n(bound)} ({bound_parts}) = messages done and not covered by the commit "
+                 f"(offset or metadata) when a kill hit", ev)
 
 
 def check_memory(g: Logs) -> Check:
