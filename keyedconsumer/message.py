@@ -8,6 +8,7 @@ The outcome vocabulary follows the xkafka proposal (``shared/seeds/003``): a mes
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,12 +19,14 @@ class Status(enum.Enum):
     """Outcome of one message.
 
     ``PENDING`` until the handler ends; then ``SUCCESS`` (returned normally or ``ack_success()``),
-    ``SKIP`` (``ack_skip()``) or ``FAIL`` (raised, or ``ack_fail(error)``).
+    ``SKIP`` (``ack_skip()``), ``DEAD_LETTERED`` (``ack_dead_lettered()``: published to a
+    dead-letter topic; done, like ``SKIP``) or ``FAIL`` (raised, or ``ack_fail(error)``).
     """
 
     PENDING = "PENDING"
     SUCCESS = "SUCCESS"
     SKIP = "SKIP"
+    DEAD_LETTERED = "DEAD_LETTERED"
     FAIL = "FAIL"
 
 
@@ -51,6 +54,11 @@ class Message:
         The error that caused the last retry (``RetryLater``'s ``__cause__``), or ``None``.
     state:
         A free ``dict`` for middleware (retry state, decoded payloads, timings).
+    fencing_token:
+        With a :class:`~keyedconsumer.RedisSequencer`, the fencing token of the key's lease this run
+        holds (guard external writes with it); ``None`` otherwise.
+    group_id:
+        The consumer group that consumed it (``""`` when not consumed by the engine).
     """
 
     __slots__ = (
@@ -65,14 +73,12 @@ class Message:
         "last_error",
         "payload",
         "fencing_token",
+        "group_id",
         "_headers",
         "_ts",
         "_state",
-        "_size",
-        "_part",
-        "_lanes",
-        "_lk",
-        "_off",
+        "_owns",
+        "_delivery",
     )
 
     def __init__(
@@ -102,11 +108,11 @@ class Message:
         self._headers = headers
         self._ts = timestamp_ms
         self._state: dict[str, Any] | None = None
-        self._size = (len(key) if key else 0) + (len(value) if value else 0)
-        self._part: Any = None  # the engine's per-partition record (internal)
-        self._lanes: Any = None  # the engine's per-key queues of this partition (internal)
-        self._lk: Any = None  # its lane key, fixed when admitted (a handler may change .key)
-        self._off = offset  # its offset, fixed when admitted (a handler may change .offset)
+        #: The consumer group that consumed it (``""`` when not consumed by the engine).
+        self.group_id = ""
+        # the engine's ownership check of this run and its record of the message (Message.still_owned)
+        self._owns: Callable[[Any], bool] | None = None
+        self._delivery: Any = None
 
     @property
     def headers(self) -> list[tuple[str, bytes | None]]:
@@ -137,12 +143,6 @@ class Message:
             st = self._state = {}
         return st
 
-    @property
-    def group_id(self) -> str:
-        """The consumer group that consumed this message (``""`` when not consumed by the engine)."""
-        part = self._part
-        return part.group if part is not None else ""
-
     def still_owned(self) -> bool:
         """True while this run's outcome still counts; check it before a side effect that must
         happen once per message, such as a dead-letter publish (karafka PR #3220 guards its DLQ
@@ -155,8 +155,13 @@ class Message:
         act as if it were the last. A message not consumed by a :class:`~keyedconsumer.KeyedConsumer`
         (built by hand) is always owned.
         """
-        part = self._part
-        return part is None or bool(part.owns(self))
+        owns = self._owns
+        return owns is None or owns(self._delivery)
+
+    def _bind(self, owns: Callable[[Any], bool], delivery: Any) -> None:
+        """Set by the engine when it admits the message: how :meth:`still_owned` asks it."""
+        self._owns = owns
+        self._delivery = delivery
 
     @property
     def timestamp(self) -> datetime | None:
@@ -180,6 +185,12 @@ class Message:
     def ack_skip(self) -> None:
         """Mark the message ``SKIP``: it is done, its offset may be stored, nothing else happens."""
         self.status = Status.SKIP
+        self.error = None
+
+    def ack_dead_lettered(self) -> None:
+        """Mark the message ``DEAD_LETTERED``: it was published to a dead-letter topic and is done
+        (the dead-letter middleware calls it once the broker acknowledged the record)."""
+        self.status = Status.DEAD_LETTERED
         self.error = None
 
     def ack_fail(self, error: BaseException) -> None:

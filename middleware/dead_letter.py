@@ -227,7 +227,7 @@ class DeadLetter:
                 log.warning("not dead-lettered: %r no longer belongs to this run (its new owner handles it)", msg)
                 raise RetryLater(0.0, "no longer owned") from failure
             self.publish(msg, failure)
-            msg.ack_skip()
+            msg.ack_dead_lettered()
 
     def __call__(self, handler: Any) -> Any:
         # publishing waits for the broker: for async handlers it runs in a worker thread

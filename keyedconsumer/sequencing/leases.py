@@ -5,6 +5,9 @@ key, or its partition for null keys). One lease serves, one after the other, eve
 that id (the same key on several partitions), and the lane's later messages run under it without a
 Redis round trip. A lease is released when no local lane needs it.
 
+A lease's *holders* are the lane heads (:class:`~keyedconsumer.engine.delivery.Delivery`) and the
+drain jobs of a parked key that wait for it or run under it: anything with a ``fencing_token``.
+
 All methods run under the dispatcher's lock.
 """
 
@@ -15,10 +18,12 @@ import os
 import time
 import uuid
 from collections import deque
+from typing import Any
 
-from ..message import Message
+__all__ = ["Lease", "LeaseTable", "Holder"]
 
-__all__ = ["Lease", "LeaseTable"]
+#: A lease holder: a lane head or a drain job, with a ``fencing_token`` attribute.
+Holder = Any
 
 #: The shortest wait before asking again for a lease another instance holds (seconds).
 RETRY_MIN_S = 0.02
@@ -35,8 +40,8 @@ class Lease:
         self.fence = 0
         self.held = False
         self.renewed_s = 0.0  # when Redis last confirmed it (monotonic seconds)
-        self.active: Message | None = None  # the lane head running (or ready, or delayed) under it
-        self.waiting: deque[Message] = deque()  # lane heads waiting for it
+        self.active: Holder | None = None  # the lane head running (or ready, or delayed) under it
+        self.waiting: deque[Holder] = deque()  # lane heads waiting for it
         self.retry_s = 0.0  # not asked again before this time
         self.parked = False  # the key has a parked list in Redis (known while the lease is held)
 
@@ -58,7 +63,7 @@ class LeaseTable:
 
     # -- lanes ----------------------------------------------------------------------------------
 
-    def admit_head(self, msg: Message, lid: str) -> bool:
+    def admit_head(self, msg: Holder, lid: str) -> bool:
         """A lane got a head. ``True``: it may be made ready now (the lease is held and free)."""
         lease = self.by_id.get(lid)
         if lease is None:
@@ -73,14 +78,14 @@ class LeaseTable:
             self.want.add(lid)
         return False
 
-    def handover(self, msg: Message, nxt: Message, lid: str) -> None:
+    def handover(self, msg: Holder, nxt: Holder, lid: str) -> None:
         """The lane's next message runs under the same lease."""
         nxt.fencing_token = msg.fencing_token
         lease = self.by_id.get(lid)
         if lease is not None:
             lease.active = nxt
 
-    def lane_dry(self, msg: Message, lid: str) -> Message | None:
+    def lane_dry(self, msg: Holder, lid: str) -> Holder | None:
         """The lane of ``msg`` ran dry. Returns another local lane head that takes the lease over."""
         lease = self.by_id.get(lid)
         if lease is None:
@@ -99,17 +104,14 @@ class LeaseTable:
                 self._forget(lease)
         return None
 
-    def still_valid(self, msg: Message, lid: str) -> bool:
+    def still_valid(self, msg: Holder, lid: str) -> bool:
         """True if ``msg`` ran under a lease this instance still holds (its result may count)."""
         lease = self.by_id.get(lid)
-        return (
-            lease is not None
-            and lease.active is msg
-            and msg.fencing_token == lease.fence
-            and self.valid(lease, time.monotonic())
-        )
+        if lease is None or lease.active is not msg:
+            return False
+        return bool(getattr(msg, "fencing_token", None) == lease.fence) and self.valid(lease, time.monotonic())
 
-    def requeue(self, msg: Message, lid: str) -> None:
+    def requeue(self, msg: Holder, lid: str) -> None:
         """``msg`` ran under a lost lease: it waits, first in line, to run again once re-acquired."""
         lease = self.by_id.get(lid)
         if lease is None:
@@ -121,7 +123,7 @@ class LeaseTable:
         self.want.add(lid)
         self.idle.pop(lid, None)
 
-    def drop(self, msg: Message, lid: str) -> None:
+    def drop(self, msg: Holder, lid: str) -> None:
         """Forget a lane head that will never run here (revoked partition, halt)."""
         lease = self.by_id.get(lid)
         if lease is None:
@@ -138,8 +140,63 @@ class LeaseTable:
             else:
                 self._forget(lease)
 
-    def waiting_heads(self) -> list[Message]:
+    def waiting_heads(self) -> list[Holder]:
         return [m for lease in self.by_id.values() for m in lease.waiting]
+
+    def drop_waiting(self, drop: Any) -> list[Holder]:
+        """Remove the waiting holders for which ``drop(holder)`` is true; returns them."""
+        out: list[Holder] = []
+        for lease in list(self.by_id.values()):
+            gone = [m for m in lease.waiting if drop(m)]
+            for m in gone:
+                self.drop(m, lease.lid)
+            out.extend(gone)
+        return out
+
+    def owner(self, lid: str) -> str | None:
+        """The owner token of the lease ``lid`` while this instance holds it, else ``None``."""
+        lease = self.by_id.get(lid)
+        return lease.owner if lease is not None and lease.held else None
+
+    def activate(self, lid: str, current: Holder, nxt: Holder) -> bool:
+        """``nxt`` runs under the held lease ``lid`` in place of ``current`` (or of nobody).
+        ``False``: the lease is not held here, or another holder is active."""
+        lease = self.by_id.get(lid)
+        if lease is None or not lease.held or (lease.active is not current and lease.active is not None):
+            return False
+        lease.active = nxt
+        nxt.fencing_token = lease.fence
+        return True
+
+    def step_aside(self, lid: str, head: Holder) -> Holder | None:
+        """``head`` cannot go on now (its key's parked list is full): it waits for the lease again,
+        behind whoever already waits, who takes the lease over (returned: it may run now)."""
+        lease = self.by_id.get(lid)
+        if lease is None:
+            return None
+        head.fencing_token = lease.fence
+        lease.active = None
+        other = None
+        if lease.waiting:  # a drain job (or another lane) goes first
+            other = lease.waiting.popleft()
+            lease.active = other
+            other.fencing_token = lease.fence
+        lease.waiting.append(head)
+        return other
+
+    def take_free(self, lid: str) -> Holder | None:
+        """The first waiting holder of ``lid``, made active, when the lease is held and free."""
+        lease = self.by_id.get(lid)
+        if lease is None or not lease.waiting or lease.active is not None or not lease.held:
+            return None
+        head = lease.waiting.popleft()
+        lease.active = head
+        head.fencing_token = lease.fence
+        return head
+
+    def has_waiting(self, lid: str) -> bool:
+        lease = self.by_id.get(lid)
+        return lease is not None and bool(lease.waiting)
 
     # -- Redis round trips (the caller calls the store between these) ---------------------------
 
@@ -168,7 +225,7 @@ class LeaseTable:
 
     def acquired(
         self, lid: str, owner: str, token: int, asked_s: float, now: float, depth: int = 0
-    ) -> Message | None:
+    ) -> Holder | None:
         """Redis answered an acquire sent at ``asked_s``: ``token`` > 0 granted, else
         ``-(ms left on the holder's lease)``; ``depth``: the key's parked messages. Returns a lane
         head to route."""

@@ -32,17 +32,21 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..engine.delivery import Delivery
+from ..engine.outcome import Done, Outcome, Park, Retry
 from ..message import Message
 from .durations import due_ms, redis_ms
-from .keys import key_of, lease_id
+from .keys import lease_id
+from .leases import LeaseTable
 
 if TYPE_CHECKING:
-    from ..dispatch import Dispatcher
+    from ..engine.dispatcher import Dispatcher
     from .store import LeaseStore
 
-__all__ = ["Parker", "encode_entry", "decode_entry", "new_schedule_id"]
+__all__ = ["Parker", "DrainJob", "encode_entry", "decode_entry", "new_schedule_id"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -89,13 +93,39 @@ def decode_entry(raw: bytes) -> tuple[Message, dict[str, Any]]:
     return msg, doc
 
 
+class DrainJob:
+    """A drain of one parked key: waits for the key's lease like a lane head, then runs the key's
+    list (:meth:`Parker.drain`)."""
+
+    __slots__ = ("lid", "fencing_token")
+
+    def __init__(self, lid: str) -> None:
+        self.lid = lid
+        self.fencing_token: int | None = None
+
+    def __repr__(self) -> str:
+        return f"DrainJob({self.lid})"
+
+
 class Parker:
     """Parks keys, drains due keys and moves due scheduled messages (owned by ``RedisSequencer``).
 
+    Its in-memory state (the heads waiting to be parked, the drain jobs holding their lease, the
+    drained batches running, their results) is guarded by the engine's lock: the methods marked
+    *lock held* are called by the sequencer under it; the others run in the poll thread and take
+    it around their own steps, never across a Redis call.
+
     Parameters
     ----------
-    d, store:
-        The dispatcher and the Redis store.
+    engine:
+        The dispatcher (its ``*_locked`` methods: lanes, offsets counted done, messages made ready).
+    leases:
+        The instance's lease table (the sequencer's).
+    store:
+        The Redis store.
+    route:
+        ``route(holder)``: a lease holder that may go on now goes where it must (a drain job to
+        :meth:`add_drain`, a head of a parked key to :meth:`park`); returns a head to make ready.
     max_parked_per_key, max_parked_bytes_per_key:
         Caps of one key's list (messages, bytes of entries). At a cap nothing is parked: the
         messages wait in memory (their offsets stay unfinished) and fetching pauses at
@@ -114,8 +144,10 @@ class Parker:
 
     def __init__(
         self,
-        d: Dispatcher,
+        engine: Dispatcher,
+        leases: LeaseTable,
         store: LeaseStore,
+        route: Callable[[Any], Delivery | None],
         *,
         max_parked_per_key: int,
         max_parked_bytes_per_key: int,
@@ -125,8 +157,10 @@ class Parker:
         quarantine_on_dead_letter: bool,
         max_drains: int,
     ) -> None:
-        self.d = d
+        self.engine = engine
+        self.leases = leases
         self.store = store
+        self._route = route
         self.max_key = max_parked_per_key
         self.max_key_bytes = max_parked_bytes_per_key
         self.max_total = max_parked_total
@@ -134,6 +168,10 @@ class Parker:
         self.seen_ttl_ms = redis_ms(seen_retention_s)
         self.quarantine = quarantine_on_dead_letter
         self.max_drains = max_drains
+        self._to_park: list[tuple[Delivery, float]] = []  # heads whose key goes to Redis, with their delay
+        self._drains: list[DrainJob] = []  # drain jobs that got their key's lease
+        self._results: list[tuple[Delivery, Outcome, bool]] = []  # (run from a list, outcome, last of its batch)
+        self._batches: dict[str, deque[Delivery]] = {}  # lease id -> the drained batch's messages not started
         self.draining: dict[str, float] = {}  # lease id -> its due-set score when taken
         self.heads: dict[int, bytes] = {}  # id(message run from a list) -> its entry as read
         self.capped: dict[str, float] = {}  # lease id -> when its lane tries to park again
@@ -153,38 +191,94 @@ class Parker:
         """A unique due-set score at ``due_ms``: a compare-and-remove never mistakes a newer ZADD."""
         return float(int(due_ms)) + (next(self._uniq) % 1000 + 1) / 1024.0
 
+    # -- the engine's side (lock held) ------------------------------------------------------------
+
+    def park(self, head: Delivery, delay_s: float) -> None:
+        """``head`` (and its lane's queued messages) go to its key's list (lock held)."""
+        self._to_park.append((head, delay_s))
+
+    def add_drain(self, job: DrainJob) -> None:
+        """A drain job holds its key's lease now (lock held)."""
+        self._drains.append(job)
+
+    def on_external_end(self, d: Delivery, outcome: Outcome) -> Delivery | None:
+        """A message run from a parked list ended (lock held). Returns the next of its batch, to
+        run under the same lease, when it succeeded; else the batch ends here (what did not start
+        is read again later) and its end is settled in Redis at the next tick."""
+        lid = d.lease_id or ""
+        batch = self._batches.get(lid)
+        dead = self.quarantine and isinstance(outcome, Done) and outcome.dead_lettered
+        if batch and isinstance(outcome, Done) and not dead and not self.engine.halted:
+            self._results.append((d, outcome, False))
+            nxt = batch.popleft()
+            if not batch:
+                del self._batches[lid]
+            self.leases.handover(d, nxt, lid)
+            return nxt
+        if batch is not None:
+            self.engine.forget_locked(self._batches.pop(lid))
+        self._results.append((d, outcome, True))
+        return None
+
+    def drop(self, keep: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Drop the heads waiting to be parked that ``keep`` refuses, and (when ``keep`` refuses
+        messages run from lists) the drained batches' messages not started (lock held)."""
+        out: list[Delivery] = []
+        stay: list[tuple[Delivery, float]] = []
+        for head, delay_s in self._to_park:
+            if keep(head):
+                stay.append((head, delay_s))
+            else:
+                self.leases.drop(head, head.lease_id or "")
+                out.append(head)
+        self._to_park = stay
+        for lid in list(self._batches):
+            batch = self._batches[lid]
+            if batch and not keep(batch[0]):
+                out.extend(self._batches.pop(lid))
+        return out
+
+    @property
+    def busy(self) -> bool:
+        """Heads wait to be parked (lock held or not: a snapshot)."""
+        return bool(self._to_park)
+
+    @property
+    def has_work(self) -> bool:
+        """Anything under way: parking, drains, results to settle, keys draining or capped."""
+        return bool(self._to_park or self._drains or self._results or self.draining or self.capped)
+
+    def _make_ready(self, holder: Any) -> None:
+        """Route a lease holder that may go on (lock held)."""
+        if holder is not None:
+            d = self._route(holder)
+            if d is not None:
+                self.engine.make_ready_locked(d)
+
     # -- parking (the poll thread) --------------------------------------------------------------
 
     def park_pending(self) -> None:
         """Send the lanes waiting to be parked to Redis, one pipelined round trip."""
-        d, store = self.d, self.store
-        leases = d.leases
-        assert leases is not None
+        engine, store, leases = self.engine, self.store, self.leases
         now = time.monotonic()
-        if not d.to_park or now < self._blocked_until:
+        if not self._to_park or now < self._blocked_until:
             return
         if now - self._totals_at > 1.0:
             n, nbytes = store.totals()
             self._totals_at = now
             self._over_total = n >= self.max_total or nbytes >= self.max_total_bytes
-        with d.lock:
-            work = d.to_park
-            d.to_park = []
-            batches: list[tuple[str, str, list[Message], float]] = []
+        with engine.lock:
+            work, self._to_park = self._to_park, []
+            batches: list[tuple[str, str, list[Delivery], float]] = []
             for head, delay_s in work:
-                lid = d.lid(head)
-                lease = leases.by_id.get(lid)
-                if lease is None or not lease.held:
+                lid = head.lease_id or ""
+                owner = leases.owner(lid)
+                if owner is None:
                     # lost meanwhile: it waits, first in line, for the lease again (the lease
                     # table only marks a lost lease wanted; its active head must be put back)
                     leases.requeue(head, lid)
                     continue
-                msgs = [head]
-                q = head._lanes.get(head._lk) if head._lanes is not None else None
-                if q:
-                    msgs.extend(q)
-                    q.clear()
-                batches.append((lid, lease.owner, msgs, delay_s))
+                batches.append((lid, owner, [head, *engine.lane_rest_locked(head)], delay_s))
         if not batches:
             return
         if self._over_total and any(not leases.is_parked(lid) for lid, *_ in batches):
@@ -196,98 +290,65 @@ class Parker:
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
         calls = []
-        for lid, owner, msgs, delay_s in batches:
+        for lid, owner, ds, delay_s in batches:
             entries = []
-            for i, m in enumerate(msgs):
+            for i, d in enumerate(ds):
                 due = due_ms(now_ms, delay_s) if i == 0 else 0
-                field = f"{m.topic.encode().hex()}.{m.partition}"
-                entries.append((field, m._off, encode_entry(m, due)))
+                field = f"{d.msg.topic.encode().hex()}.{d.msg.partition}"
+                entries.append((field, d.offset, encode_entry(d.msg, due)))
             calls.append((lid, owner, entries))
         try:
-            for lid, _owner, _msgs, delay_s in batches:
+            for lid, _owner, _ds, delay_s in batches:
                 if not leases.is_parked(lid):  # the list may be empty: the due set first (invariant)
                     store.set_due(lid, self.score(due_ms(now_ms, delay_s)))
             results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes)
         except Exception as exc:  # StoreUnavailable: keep them, try again
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
-        with d.lock:
-            for (lid, _owner, msgs, _delay), (status, _before, taken, _bytes) in zip(batches, results, strict=True):
-                if status == 0:
-                    d.lease_lost(msgs, lid)
+        with engine.lock:
+            for (lid, _owner, ds, _delay), (status, _before, taken, _bytes) in zip(batches, results, strict=True):
+                head = ds[0]
+                if status == 0:  # Redis refused: the lease is not ours; they wait for it again
+                    engine.lane_put_back_locked(head, ds[1:])
+                    leases.requeue(head, lid)
                     continue
                 leases.set_parked(lid, True)
                 self.parked += taken
-                for m in msgs[:taken]:
-                    d.done_parked(m)
-                head = msgs[0]
-                q = head._lanes.get(head._lk) if head._lanes is not None else None
-                rest = msgs[taken:]
+                engine.parked_locked(ds[:taken])
+                rest = ds[taken:]
                 if rest:  # the key's list is full: the rest waits in memory, unfinished
-                    if q is None:
-                        q = head._lanes[head._lk] = deque[Message]()
-                    q.extendleft(reversed(rest[1:]))
-                    self._yield_capped(head, rest[0], lid, now)
-                elif q:  # arrived meanwhile: parked next, as the lane's head under the lease
-                    nxt = q.popleft()
+                    engine.lane_put_back_locked(head, rest[1:])
+                    self._make_ready(leases.step_aside(lid, rest[0]))
+                    self.capped[lid] = now + CAPPED_RETRY_S
+                    if rest[0] is not head:
+                        log.info("key %s: parked list at its cap; later messages wait in memory", lid)
+                    continue
+                nxt = engine.lane_advance_locked(head)  # arrived meanwhile: parked next, under the lease
+                if nxt is not None:
                     leases.handover(head, nxt, lid)
-                    d.to_park.append((nxt, 0.0))
-                else:
-                    d.lane_end(head, lid)
-
-    def _yield_capped(self, done_head: Message, head: Message, lid: str, now: float) -> None:
-        """The key's list is at its cap: ``head`` (the first message not parked) waits, and the
-        lease goes to whoever else waits for it (the drain that makes room) (lock held)."""
-        d = self.d
-        leases = d.leases
-        assert leases is not None
-        lease = leases.by_id.get(lid)
-        if lease is None:
-            return
-        head.fencing_token = lease.fence
-        lease.active = None
-        if lease.waiting:  # a drain job (or another lane) goes first
-            other = lease.waiting.popleft()
-            lease.active = other
-            other.fencing_token = lease.fence
-            d.route(other)
-        lease.waiting.append(head)
-        self.capped[lid] = now + CAPPED_RETRY_S
-        if done_head is not head:
-            log.info("key %s: parked list at its cap; later messages wait in memory", lid)
+                    self._to_park.append((nxt, 0.0))
 
     def retry_capped(self) -> None:
         """Lanes that waited for room in their key's list try again when their lease is free."""
-        d = self.d
-        leases = d.leases
-        assert leases is not None
         now = time.monotonic()
-        with d.lock:
+        leases = self.leases
+        with self.engine.lock:
             for lid, due in list(self.capped.items()):
                 if due > now:
                     continue
-                lease = leases.by_id.get(lid)
-                if lease is None or not lease.waiting:
+                if not leases.has_waiting(lid):
                     del self.capped[lid]
                     continue
-                if lease.active is None and lease.held:
+                head = leases.take_free(lid)
+                if head is not None:
                     del self.capped[lid]
-                    head = lease.waiting.popleft()
-                    lease.active = head
-                    head.fencing_token = lease.fence
-                    d.route(head)
+                    self._make_ready(head)
 
-    def _put_back(self, batches: list[tuple[str, str, list[Message], float]], why: str) -> None:
-        d = self.d
-        with d.lock:
-            for _lid, _owner, msgs, delay_s in batches:
-                head = msgs[0]
-                q = head._lanes.get(head._lk) if head._lanes is not None else None
-                if q is not None:
-                    q.extendleft(reversed(msgs[1:]))
-                elif len(msgs) > 1 and head._lanes is not None:
-                    head._lanes[head._lk] = deque(msgs[1:])
-                d.to_park.append((head, delay_s))
+    def _put_back(self, batches: list[tuple[str, str, list[Delivery], float]], why: str) -> None:
+        with self.engine.lock:
+            for _lid, _owner, ds, delay_s in batches:
+                self.engine.lane_put_back_locked(ds[0], ds[1:])
+                self._to_park.append((ds[0], delay_s))
         self._blocked_until = time.monotonic() + 1.0
         log.warning("parking waits 1 s: %s", why)
 
@@ -316,13 +377,10 @@ class Parker:
 
     def take_due_keys(self) -> None:
         """Start draining due keys (each waits for its key's lease)."""
-        d, store = self.d, self.store
         room = self.max_drains - len(self.draining)
         if room <= 0:
             return
-        leases = d.leases
-        assert leases is not None
-        self.redis_now_ms, rows = store.due_keys(room + len(self.draining))
+        self.redis_now_ms, rows = self.store.due_keys(room + len(self.draining))
         for lid, score in rows:
             if lid in self.draining:
                 continue
@@ -330,12 +388,10 @@ class Parker:
                 break
             room -= 1
             self.draining[lid] = score
-            job = Message("", -1, -1, key_of(lid))
-            job._part = d.parked_part
-            job._lk = lid
-            with d.lock:
-                if leases.admit_head(job, lid):
-                    d.route(job)
+            job = DrainJob(lid)
+            with self.engine.lock:
+                if self.leases.admit_head(job, lid):
+                    self._make_ready(job)
 
     # -- draining (whoever holds the key's lease runs its list) ---------------------------------
 
@@ -344,74 +400,68 @@ class Parker:
         results of parked messages that ran."""
         from .store import StoreUnavailable
 
-        d = self.d
-        with d.lock:
-            jobs, d.drains = d.drains, []
-            results, d.parked_results = d.parked_results, []
+        with self.engine.lock:
+            jobs, self._drains = self._drains, []
+            results, self._results = self._results, []
         i = 0
         try:
             for i, job in enumerate(jobs):  # noqa: B007 (i is read after an error)
-                self._next(job, job._lk)
+                self._next(job, job.lid)
             i = len(jobs)
         except StoreUnavailable:
-            with d.lock:  # Redis is down: the rest waits for the next tick, nothing is lost
-                d.drains[:0] = jobs[i:]
-                d.parked_results[:0] = results
+            with self.engine.lock:  # Redis is down: the rest waits for the next tick, nothing is lost
+                self._drains[:0] = jobs[i:]
+                self._results[:0] = results
             raise
         i = 0
         while i < len(results):
-            msg, outcome, last = results[i]
+            d, outcome, last = results[i]
             # successes of one batch that are not its last: removed from Redis together
             j = i
-            while j < len(results) and not results[j][2] and results[j][1] is True and results[j][0]._lk == msg._lk:
+            while (j < len(results) and not results[j][2] and isinstance(results[j][1], Done)
+                   and results[j][0].lease_id == d.lease_id):
                 j += 1
             group = results[i:j] if j > i else [results[i]]
-            raws = [self.heads.get(id(m)) for m, _, _ in group]
+            raws = [self.heads.get(id(r)) for r, _, _ in group]
             try:
                 if j > i:
                     self._settle_done(group)
                 else:
-                    self._settle(msg, outcome, last)
+                    self._settle(d, outcome, last)
             except StoreUnavailable:
-                for (m, _, _), raw in zip(group, raws, strict=True):
+                for (r, _, _), raw in zip(group, raws, strict=True):
                     if raw is not None:
-                        self.heads[id(m)] = raw
-                with d.lock:
-                    d.parked_results[:0] = results[i:]
+                        self.heads[id(r)] = raw
+                with self.engine.lock:
+                    self._results[:0] = results[i:]
                 raise
             i = j if j > i else i + 1
 
-    def _owner(self, lid: str) -> str | None:
-        leases = self.d.leases
-        assert leases is not None
-        lease = leases.by_id.get(lid)
-        return lease.owner if lease is not None and lease.held else None
-
-    def _next(self, current: Message, lid: str) -> None:
+    def _next(self, current: Any, lid: str) -> None:
         """Run the list's next due messages (up to ``DRAIN_BATCH``, one after the other, by one
         worker) under the lease ``current`` holds, or end the drain."""
-        store, d = self.store, self.d
-        owner = self._owner(lid)
+        store, engine = self.store, self.engine
+        owner = self.leases.owner(lid)
         if owner is None:
-            self._end(current, lid, lost=True)
+            self._end(current, lid)
             return
-        if d.halted or d.stopping:  # stopping: start nothing new (the list stays for the next drain)
+        if engine.halted or engine.stopping:  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
         ok, entries, _depth = store.fetch(lid, owner, DRAIN_BATCH)
         if not ok:
-            self._end(current, lid, lost=True)
+            self._end(current, lid)
             return
         if not entries:  # the list is empty: the key is no longer parked
             store.clear_due(lid, self.draining.get(lid, -1.0))
-            with d.lock:
-                d.leases.set_parked(lid, False)  # type: ignore[union-attr]
+            with engine.lock:
+                self.leases.set_parked(lid, False)
             self._end(current, lid)
             return
         _, head_doc = decode_entry(entries[0])
         if head_doc.get("q"):  # a quarantined head, released: it was dead-lettered, so it is removed
             if store.pop_many(lid, owner, [entries[0]]) != 1:
-                self._end(current, lid, lost=True)
+                self._end(current, lid)
                 return
             self._next(current, lid)
             return
@@ -421,100 +471,87 @@ class Parker:
         if head_doc["due"] > now:  # not due yet on the Redis server's clock (a retry's back-off)
             self._reschedule_end(current, lid, head_doc["due"])
             return
-        msgs: list[Message] = []
+        batch: list[Delivery] = []
         for raw in entries:
             msg, doc = decode_entry(raw)
             if doc.get("q") or doc["due"] > now:
                 break
-            msg._part = d.parked_part
-            msg._lk = lid
-            self.heads[id(msg)] = raw
-            msgs.append(msg)
-        with d.lock:
-            lease = d.leases.by_id.get(lid)  # type: ignore[union-attr]
-            if lease is None or not lease.held or (lease.active is not current and lease.active is not None):
-                for m in msgs:
-                    self.heads.pop(id(m), None)
+            size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0)
+            d = Delivery(msg, None, None, lid, size)
+            self.heads[id(d)] = raw
+            batch.append(d)
+        with engine.lock:
+            if not self.leases.activate(lid, current, batch[0]):
+                for d in batch:
+                    self.heads.pop(id(d), None)
                 self._end_locked(current, lid)
                 return
-            lease.active = msgs[0]
-            msgs[0].fencing_token = lease.fence
-            for m in msgs:
-                d.buffered += 1
-                d.buffered_bytes += m._size
-            if len(msgs) > 1:
-                d.parked_lanes[lid] = deque(msgs[1:])
-            d.ready.append(msgs[0])
-            d.wake(1)
+            if len(batch) > 1:
+                self._batches[lid] = deque(batch[1:])
+            engine.admit_external_locked(batch)
 
-    def _settle_done(self, group: list[tuple[Message, bool | float, bool]]) -> None:
+    def _settle_done(self, group: list[tuple[Delivery, Outcome, bool]]) -> None:
         """Remove from Redis the successes of a drained batch that did not end it (one round trip)."""
-        lid = group[0][0]._lk
-        raws = [self.heads.pop(id(m)) for m, _, _ in group]
-        owner = self._owner(lid)
+        lid = group[0][0].lease_id or ""
+        raws = [self.heads.pop(id(d)) for d, _, _ in group]
+        owner = self.leases.owner(lid)
         removed = self.store.pop_many(lid, owner, raws) if owner is not None else -1
         if removed < len(raws):  # lost the lease: what was not removed runs again, under a new lease
-            self._end(group[-1][0], lid, lost=True)
+            self._end(group[-1][0], lid)
             return
         self.drained += removed
 
-    def _settle(self, msg: Message, outcome: bool | float, last: bool) -> None:
+    def _settle(self, d: Delivery, outcome: Outcome, last: bool) -> None:
         """Settle in Redis a parked message that ran; ``last``: its drained batch ends with it."""
-        store, d = self.store, self.d
-        lid = msg._lk
-        raw = self.heads.pop(id(msg))
-        leases = d.leases
-        assert leases is not None
-        with d.lock:
-            valid = leases.still_valid(msg, lid) or (not last and outcome is True)
-        owner = self._owner(lid)
+        store, leases = self.store, self.leases
+        lid = d.lease_id or ""
+        raw = self.heads.pop(id(d))
+        with self.engine.lock:
+            valid = leases.still_valid(d, lid) or (not last and isinstance(outcome, Done))
+        owner = leases.owner(lid)
         if not valid or owner is None:
-            self._end(msg, lid, lost=True)  # the entry stays: whoever holds the lease runs it again
+            self._end(d, lid)  # the entry stays: whoever holds the lease runs it again
             return
-        if outcome is False:
-            self._end(msg, lid)  # the consumer stops; the entry stays
-            return
-        if isinstance(outcome, float) and outcome is not True:
-            _, doc = decode_entry(raw)
-            doc["a"] = msg.attempt + 1
-            doc["due"] = due_ms(store.time_ms(), float(outcome))  # on the Redis server's clock
-            new = json.dumps(doc, separators=(",", ":")).encode()
-            if store.replace_head(lid, owner, raw, new):
-                d.retries += 1
-                self._reschedule_end(msg, lid, doc["due"])
-            else:
-                self._end(msg, lid, lost=True)
-            return
-        if self.quarantine and msg.state.get("dead_lettered"):
-            _, doc = decode_entry(raw)
-            doc["q"] = 1
-            if store.replace_head(lid, owner, raw, json.dumps(doc, separators=(",", ":")).encode()):
-                store.quarantine(lid, self.draining.get(lid, -1.0))
-                log.warning("key %s quarantined after a dead-lettered message", lid)
-            self._end(msg, lid)
-            return
-        if store.pop_many(lid, owner, [raw]) != 1:
-            self._end(msg, lid, lost=True)
-            return
-        self.drained += 1
-        if last:
-            self._next(msg, lid)  # the next batch, or the list is empty: clear and end
+        match outcome:
+            case Retry(delay_s) | Park(delay_s):
+                _, doc = decode_entry(raw)
+                doc["a"] = d.msg.attempt + 1
+                doc["due"] = due_ms(store.time_ms(), delay_s)  # on the Redis server's clock
+                new = json.dumps(doc, separators=(",", ":")).encode()
+                if store.replace_head(lid, owner, raw, new):
+                    self.engine.count_retry()
+                    self._reschedule_end(d, lid, doc["due"])
+                else:
+                    self._end(d, lid)
+            case Done(dead_lettered=True) if self.quarantine:
+                _, doc = decode_entry(raw)
+                doc["q"] = 1
+                if store.replace_head(lid, owner, raw, json.dumps(doc, separators=(",", ":")).encode()):
+                    store.quarantine(lid, self.draining.get(lid, -1.0))
+                    log.warning("key %s quarantined after a dead-lettered message", lid)
+                self._end(d, lid)
+            case Done():
+                if store.pop_many(lid, owner, [raw]) != 1:
+                    self._end(d, lid)
+                    return
+                self.drained += 1
+                if last:
+                    self._next(d, lid)  # the next batch, or the list is empty: clear and end
+            case _:  # not started, or the consumer stops: the entry stays
+                self._end(d, lid)
 
-    def _reschedule_end(self, current: Message, lid: str, due_ms: float) -> None:
+    def _reschedule_end(self, current: Any, lid: str, due_ms: float) -> None:
         score = self.score(due_ms)
         self.store.set_due(lid, score)
         self._end(current, lid)
 
-    def _end(self, current: Message, lid: str, lost: bool = False) -> None:
-        with self.d.lock:
+    def _end(self, current: Any, lid: str) -> None:
+        with self.engine.lock:
             self._end_locked(current, lid)
 
-    def _end_locked(self, current: Message, lid: str) -> None:
-        d = self.d
+    def _end_locked(self, current: Any, lid: str) -> None:
         self.draining.pop(lid, None)
-        other = d.leases.lane_dry(current, lid)  # type: ignore[union-attr]
-        if other is not None:
-            d.route(other)
+        self._make_ready(self.leases.lane_dry(current, lid))
 
 
 def new_schedule_id() -> str:

@@ -59,22 +59,25 @@ class FlakyError(Exception):
 def record_parking(rec: Any, pid: int) -> None:
     """Write a ``K`` record when a message's parking is acknowledged by Redis (its offset then
     counts done although it has not run: the checker must know). There is no public hook for it,
-    so this wraps the engine's internal ``Dispatcher.done_parked`` (test instrumentation only)."""
-    from keyedconsumer import dispatch
+    so this wraps the engine's internal ``Dispatcher.parked_locked`` (test instrumentation only)."""
+    from keyedconsumer.engine import dispatcher
 
-    original = dispatch.Dispatcher.done_parked
+    original = dispatcher.Dispatcher.parked_locked
 
-    def done_parked(self: Any, msg: Message) -> None:
-        try:
-            v = json.loads(msg.value or b"{}")
-            key, seq = v["k"], v["s"]
-        except (ValueError, KeyError):
-            key, seq = "-", 0
-        rec(f"K {pid} {msg.partition} {msg.offset} {key} {seq} {msg.fencing_token} {msg.attempt} "
-            f"{time.monotonic_ns()}")
-        original(self, msg)
+    def parked_locked(self: Any, ds: Any) -> None:
+        ds = list(ds)
+        for d in ds:
+            msg = d.msg
+            try:
+                v = json.loads(msg.value or b"{}")
+                key, seq = v["k"], v["s"]
+            except (ValueError, KeyError):
+                key, seq = "-", 0
+            rec(f"K {pid} {msg.partition} {msg.offset} {key} {seq} {msg.fencing_token} {msg.attempt} "
+                f"{time.monotonic_ns()}")
+        original(self, ds)
 
-    dispatch.Dispatcher.done_parked = done_parked  # type: ignore[method-assign]
+    dispatcher.Dispatcher.parked_locked = parked_locked  # type: ignore[method-assign]
 
 
 def main() -> int:

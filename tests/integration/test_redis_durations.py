@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
-from keyedconsumer.dispatch import Dispatcher
+from keyedconsumer.engine.dispatcher import Dispatcher
 from keyedconsumer.sequencing import keys
 
 from .kafkautil import produce, wait_until
@@ -43,7 +43,7 @@ def _time_and_pttl(r: redis.Redis, key: str) -> tuple[float, int]:
 
 
 def _attach(seq: RedisSequencer) -> Dispatcher:
-    d = Dispatcher("key", 4)
+    d = Dispatcher("key", 4, seq)
     d.assign([("t", 0)])
     seq.attach(d, lambda e: None)
     return d
@@ -62,7 +62,7 @@ def _tick_until(seq: RedisSequencer, pred: Callable[[], bool], timeout_s: float 
 def _hold_lease(seq: RedisSequencer, d: Dispatcher) -> str:
     """Admit a message of key "k0" and tick until its lease is held; returns the lease's Redis key."""
     d.admit([Message("t", 0, 0, b"k0", b"v")])
-    assert _tick_until(seq, lambda: len(d.ready) == 1)
+    assert _tick_until(seq, lambda: len(d.queue.ready) == 1)
     return keys.lease(seq.config.namespace, keys.lease_id(b"k0", "t", 0))
 
 

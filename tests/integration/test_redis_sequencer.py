@@ -223,13 +223,13 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
 
 @pytest.mark.timeout(30)
 def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(redis_url: str) -> None:
-    from keyedconsumer.dispatch import Dispatcher
+    from keyedconsumer.engine.dispatcher import Dispatcher
     from keyedconsumer.message import Message
 
     # given a sequencer serving a dispatcher with one partition, and an ownership check we control
-    d = Dispatcher("key", 4)
-    d.assign([("t", 0)])
     seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False)
+    d = Dispatcher("key", 4, seq)
+    d.assign([("t", 0)])
     owner = {"ok": True, "asked": 0}
 
     def confirm() -> bool:
@@ -240,7 +240,7 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
         seq.tick()
-        assert len(d.ready) == 1 and owner["asked"] == 0  # no stall: leases come without a check
+        assert len(d.queue.ready) == 1 and owner["asked"] == 0  # no stall: leases come without a check
         # when the poll thread stalls for longer than half the lease TTL, and the group has moved on
         time.sleep(0.7)
         owner["ok"] = False
@@ -250,21 +250,21 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
             time.sleep(0.25)
         # then the check is asked (again while it fails) and no lease is acquired meanwhile
         assert owner["asked"] >= 2
-        assert len(d.ready) == 1 and d.leases is not None and d.leases.want
+        assert len(d.queue.ready) == 1 and seq._leases.want
         # when it passes, the lease is acquired
         owner["ok"] = True
         seq.tick()
-        assert len(d.ready) == 2 and owner["asked"] >= 3
+        assert len(d.queue.ready) == 2 and owner["asked"] >= 3
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
         owner["ok"] = False
         r = redis.Redis.from_url(redis_url)
         for name in r.scan_iter(f"kc:{seq.config.namespace}:*:lease"):
             r.delete(name)
-        assert wait_until(lambda: d.leases is not None and d.leases.lost > 0, 5)
+        assert wait_until(lambda: seq._leases.lost > 0, 5)
         d.admit([Message("t", 0, 2, b"k2", b"v")])
         seq.tick()
         seq.tick()
-        assert owner["asked"] > asked and len(d.ready) == 2
+        assert owner["asked"] > asked and len(d.queue.ready) == 2
     finally:
         seq.detach()

@@ -7,8 +7,29 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from keyedconsumer.dispatch import ACTIVE, Dispatcher
+from keyedconsumer.engine.delivery import Delivery
+from keyedconsumer.engine.dispatcher import Dispatcher
+from keyedconsumer.engine.outcome import DONE, NOT_STARTED, Outcome, Retry
+from keyedconsumer.engine.partitions import ACTIVE
 from keyedconsumer.message import Message
+
+
+def outcome(ok: bool | float) -> Outcome:
+    """The engine outcome of the tests' shorthand: True done, False not started, a float a retry."""
+    if ok is True:
+        return DONE
+    if ok is False:
+        return NOT_STARTED
+    return Retry(float(ok))
+
+
+def take(d: Dispatcher) -> list[Delivery]:
+    with d.lock:
+        return d.take_locked()
+
+
+def ready(d: Dispatcher) -> list[Message]:
+    return [x.msg for x in d.queue.ready]
 
 TPS = [("t", 0), ("t", 1)]
 KEYS = [b"a", b"b", b"c", None, b""]
@@ -20,11 +41,11 @@ class DispatchMachine(RuleBasedStateMachine):
         self.d = Dispatcher("key", concurrency=2)
         self.d.assign(TPS)
         self.next_offset = {tp: 0 for tp in TPS}
-        self.running: list[Message] = []
+        self.running: list[Delivery] = []
         self.started: dict[tuple[str, int, object], list[int]] = {}
         self.finished: dict[tuple[str, int], set[int]] = {tp: set() for tp in TPS}
         self.received: dict[tuple[str, int], list[int]] = {tp: [] for tp in TPS}
-        self.retried: list[Message] = []
+        self.retried: list[Delivery] = []
 
     @rule(tp=st.sampled_from(TPS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=5))
     def poll(self, tp: tuple[str, int], keys: list[bytes | None]) -> None:
@@ -33,44 +54,44 @@ class DispatchMachine(RuleBasedStateMachine):
             off = self.next_offset[tp]
             self.next_offset[tp] = off + 1
             msgs.append(Message(tp[0], tp[1], off, key, b"v"))
-            if tp in self.d.parts:
+            if tp in self.d.partitions.by_tp:
                 self.received[tp].append(off)
         self.d.admit(msgs)
 
-    @precondition(lambda self: self.d.ready)
+    @precondition(lambda self: self.d.queue.ready)
     @rule()
     def take(self) -> None:
-        with self.d.lock:
-            chunk = self.d.take_locked()
-        for msg in chunk:
-            self.start(msg)
+        for dl in take(self.d):
+            self.start(dl)
 
-    def start(self, msg: Message) -> None:
+    def start(self, dl: Delivery) -> None:
         """A worker starts a taken message (or ends it at once when it may not start)."""
-        while not self.d.may_start(msg):
-            nxt = self.d.finish(msg, False)
+        while not self.d.may_start(dl):
+            nxt = self.d.finish(dl, NOT_STARTED)
             if nxt is None:
                 return
-            msg = nxt
+            dl = nxt
+        msg = dl.msg
         lane = (msg.topic, msg.partition, msg.key)
-        assert all((m.topic, m.partition, m.key) != lane for m in self.running), "same key twice"
+        assert all((r.msg.topic, r.msg.partition, r.msg.key) != lane for r in self.running), "same key twice"
         self.started.setdefault(lane, []).append(msg.offset)
-        self.running.append(msg)
+        self.running.append(dl)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), ok=st.sampled_from([True, False, 0.0]))
     def finish(self, data: st.DataObject, ok: bool | float) -> None:
-        # True: done; False: not done (failed, unhandled); 0.0: RetryLater(0) -> delayed
-        msg = data.draw(st.sampled_from(self.running))
-        self.running.remove(msg)
-        active = msg._part.state == ACTIVE
-        nxt = self.d.finish(msg, ok)
+        # True: done; False: not done (not started); 0.0: RetryLater(0) -> delayed
+        dl = data.draw(st.sampled_from(self.running))
+        msg = dl.msg
+        self.running.remove(dl)
+        active = dl.part is not None and dl.part.state == ACTIVE
+        nxt = self.d.finish(dl, outcome(ok))
         if ok is True and active:
             self.finished[(msg.topic, msg.partition)].add(msg.offset)
         if type(ok) is float and active:
-            self.retried.append(msg)
+            self.retried.append(dl)
         if nxt is not None:  # the worker keeps the lane and runs its next message itself
-            assert nxt.key == msg.key and nxt.partition == msg.partition and nxt.offset > msg.offset
+            assert nxt.msg.key == msg.key and nxt.msg.partition == msg.partition and nxt.offset > msg.offset
             self.start(nxt)
 
     @rule()
@@ -93,14 +114,15 @@ class DispatchMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_delayed_message_holds_its_lane(self) -> None:
-        for _, _, m in self.d.delayed:
-            assert m._lanes is not None and m.key in m._lanes  # its key waits behind it
-            assert all((r.partition, r.key) != (m.partition, m.key) for r in self.running)
+        for dl in self.d.queue.delayed():
+            assert dl.part is not None and dl.lane in dl.part.lanes  # its key waits behind it
+            m = dl.msg
+            assert all((r.msg.partition, r.msg.key) != (m.partition, m.key) for r in self.running)
 
     @invariant()
     def watermark_never_passes_unfinished(self) -> None:
         for tp in TPS:
-            part = self.d.parts.get(tp)
+            part = self.d.partitions.by_tp.get(tp)
             if part is None or not self.received[tp]:
                 continue
             wm = part.tracker.watermark()
@@ -113,7 +135,7 @@ class DispatchMachine(RuleBasedStateMachine):
     @invariant()
     def accounting(self) -> None:
         assert self.d.running == len(self.running)
-        assert self.d.buffered >= self.d.running
+        assert self.d.in_flight >= self.d.running
 
 
 DispatchMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=80, deadline=None)
@@ -124,24 +146,23 @@ def test_halt_starts_nothing_new() -> None:
     d = Dispatcher("key", 4)
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"k%d" % (i % 2), b"") for i in range(6)])
-    with d.lock:
-        first = d.take_locked()
+    first = take(d)
     d.halt()
-    assert not d.ready and all(not d.may_start(m) for m in first)
+    assert not d.queue.ready and all(not d.may_start(m) for m in first)
     for m in first:
-        assert d.finish(m, True) is None  # halted: no next message is handed out
-    assert d.buffered == 0 and not d.ready
+        assert d.finish(m, DONE) is None  # halted: no next message is handed out
+    assert d.in_flight == 0 and not d.queue.ready
 
 
 def test_ordering_none_and_partition() -> None:
     d = Dispatcher("none", 4)
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"same", b"") for i in range(4)])
-    assert len(d.ready) == 4  # no sequencing at all
+    assert len(d.queue.ready) == 4  # no sequencing at all
     d = Dispatcher("partition", 4)
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"k%d" % i, b"") for i in range(4)])
-    assert len(d.ready) == 1  # one at a time per partition
+    assert len(d.queue.ready) == 1  # one at a time per partition
 
 
 def test_retry_later_keeps_the_lane_and_the_offset() -> None:
@@ -150,91 +171,100 @@ def test_retry_later_keeps_the_lane_and_the_offset() -> None:
     d.assign([("t", 0)])
     a0, a1, b2 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a"), Message("t", 0, 2, b"b")
     d.admit([a0, a1, b2])
-    with d.lock:
-        taken = d.take_locked() + d.take_locked()
-    assert taken == [a0, b2]
+    taken = take(d) + take(d)
+    assert [x.msg for x in taken] == [a0, b2]
     # when a0 asks to be retried later while b2 succeeds
-    assert d.finish(a0, 5.0) is None
-    d.finish(b2, True)
+    assert d.finish(taken[0], Retry(5.0)) is None
+    d.finish(taken[1], DONE)
     # then a1 waits behind a0, the offset stays at a0, and a0's attempt grew
-    assert not d.ready and a0.attempt == 2 and d.parts[("t", 0)].tracker.watermark() == 0
-    assert d.release_due(0.0) is not None and not d.ready  # not due yet
+    assert not d.queue.ready and a0.attempt == 2 and d.partitions.by_tp[("t", 0)].tracker.watermark() == 0
+    assert d.release_due(0.0) is not None and not d.queue.ready  # not due yet
     d.release_due(float("inf"))
-    assert list(d.ready) == [a0]
-    with d.lock:
-        again = d.take_locked()
-    d.finish(again[0], 5.0)
+    assert ready(d) == [a0]
+    again = take(d)
+    d.finish(again[0], Retry(5.0))
     parts = d.begin_revoke([("t", 0)])
     d.close_parts(parts)
-    assert not d.delayed and d.buffered == 0 and d.running == 0
+    assert not d.queue.delayed() and d.in_flight == 0 and d.running == 0
 
 
-def _leased_dispatcher() -> Dispatcher:
+class _NoRedis:
+    def totals(self) -> tuple[int, int]:
+        return 0, 0
+
+
+def _leased_dispatcher() -> tuple[Dispatcher, object]:
+    """A dispatcher with a Redis sequencer whose lease table is used, and no Redis behind it."""
+    from keyedconsumer.sequencing import RedisSequencer
     from keyedconsumer.sequencing.leases import LeaseTable
+    from keyedconsumer.sequencing.parking import Parker
 
-    d = Dispatcher("key", 2)
-    d.leases = LeaseTable(ttl_s=3.0)
+    seq = RedisSequencer("redis://127.0.0.1:1/0", "t", lease_ttl_s=3.0)
+    d = Dispatcher("key", 2, seq)
+    seq._d = d
+    seq._leases = LeaseTable(ttl_s=3.0)
+    seq.parker = Parker(d, seq._leases, _NoRedis(), seq._route, max_parked_per_key=10,  # type: ignore[arg-type]
+                        max_parked_bytes_per_key=1 << 20, max_parked_total=100, max_parked_bytes_total=1 << 20,
+                        seen_retention_s=60.0, quarantine_on_dead_letter=False, max_drains=4)
     d.assign([("t", 0)])
-    return d
+    return d, seq
 
 
-def _grant(d: Dispatcher, lid: str, token: int = 1) -> None:
+def _grant(d: Dispatcher, seq: object, lid: str, token: int = 1) -> None:
     import time
 
-    assert d.leases is not None
+    leases = seq._leases  # type: ignore[attr-defined]
     with d.lock:
-        ((wanted, owner),) = [a for a in d.leases.to_acquire(time.monotonic()) if a[0] == lid]
-        head = d.leases.acquired(wanted, owner, token, time.monotonic(), time.monotonic())
+        ((wanted, owner),) = [a for a in leases.to_acquire(time.monotonic()) if a[0] == lid]
+        head = leases.acquired(wanted, owner, token, time.monotonic(), time.monotonic())
         if head is not None:
-            d.route(head)
+            dl = seq._route(head)  # type: ignore[attr-defined]
+            if dl is not None:
+                d.make_ready_locked(dl)
+
+
+def _lid(d: Dispatcher, msg: Message) -> str:
+    lid = d.seq.lane_id(msg.topic, msg.partition, msg.key)
+    assert lid is not None
+    return lid
 
 
 def test_a_message_not_started_under_a_briefly_invalid_lease_stays_its_lanes_head() -> None:
     # given key a's messages 0 and 1, its lease held, message 0 taken by a worker
-    d = _leased_dispatcher()
+    d, seq = _leased_dispatcher()
     a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
     d.admit([a0, a1])
-    _grant(d, d.lid(a0))
-    with d.lock:
-        (taken,) = d.take_locked()
-    assert taken is a0
+    _grant(d, seq, _lid(d, a0))
+    (taken,) = take(d)
+    assert taken.msg is a0
     # when the worker did not start it (its lease was not confirmed in time: a late renewal) and
     # the lease is valid again when it reports so
-    assert d.finish(a0, False) is None
+    assert d.finish(taken, NOT_STARTED) is None
     # then a0 is ready again, first, and a1 still waits behind it: the lane did not go on without it
-    assert list(d.ready) == [a0]
-    assert list(d.parts[("t", 0)].lanes[b"a"] or []) == [a1]
-    assert d.parts[("t", 0)].tracker.watermark() == 0 and d.buffered == 2
+    assert ready(d) == [a0]
+    assert [x.msg for x in d.partitions.by_tp[("t", 0)].lanes.get(b"a")] == [a1]
+    assert d.partitions.by_tp[("t", 0)].tracker.watermark() == 0 and d.in_flight == 2
 
 
 def test_a_head_waiting_to_be_parked_whose_lease_was_lost_waits_for_the_lease_again() -> None:
-    from keyedconsumer.sequencing.parking import Parker
-
-    class NoRedis:
-        def totals(self) -> tuple[int, int]:
-            return 0, 0
-
     # given key a's head waiting to be parked under its lease
-    d = _leased_dispatcher()
-    d.parking = True
+    d, seq = _leased_dispatcher()
     a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
     d.admit([a0, a1])
-    lid = d.lid(a0)
-    _grant(d, lid)
+    lid = _lid(d, a0)
+    _grant(d, seq, lid)
+    leases = seq._leases  # type: ignore[attr-defined]
     with d.lock:
-        d.ready.clear()
-        d.to_park.append((a0, 0.5))
-        assert d.leases is not None
-        lease = d.leases.by_id[lid]
+        (head,) = d.queue.remove(lambda x: True)
+        seq.parker.park(head, 0.5)  # type: ignore[attr-defined]
+        lease = leases.by_id[lid]
         # when the lease is lost before the park is sent
-        d.leases.lose(lease)
-    parker = Parker(d, NoRedis(), max_parked_per_key=10, max_parked_bytes_per_key=1 << 20, max_parked_total=100,
-                    max_parked_bytes_total=1 << 20, seen_retention_s=60.0, quarantine_on_dead_letter=False, max_drains=4)
-    parker.park_pending()
+        leases.lose(lease)
+    seq.parker.park_pending()  # type: ignore[attr-defined]
     # then the head waits, first in line, for the lease; once granted again it goes on
-    assert list(lease.waiting) == [a0] and lid in d.leases.want and lease.active is None
-    _grant(d, lid, token=2)
-    assert list(d.ready) == [a0] and a0.fencing_token == 2
+    assert [x.msg for x in lease.waiting] == [a0] and lid in leases.want and lease.active is None
+    _grant(d, seq, lid, token=2)
+    assert ready(d) == [a0] and a0.fencing_token == 2
 
 
 def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not_go_on_without_it() -> None:
@@ -243,26 +273,25 @@ def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not
     d.assign([("t", 0)])
     k1, k2, y3 = Message("t", 0, 1, b"k"), Message("t", 0, 2, b"k"), Message("t", 0, 3, b"y")
     d.admit([k1, k2, y3])
-    part = d.parts[("t", 0)]
-    part.catching_up = True  # on_revoke: only messages below the highest finished offset start
-    with d.lock:
-        taken = d.take_locked() + d.take_locked()
-    assert taken == [k1, y3]
+    part = d.partitions.by_tp[("t", 0)]
+    d.catch_up([part])  # on_revoke: only messages below the highest finished offset start
+    taken = take(d) + take(d)
+    assert [x.msg for x in taken] == [k1, y3]
+    dk1, dy3 = taken
     # when k1 may not start yet (nothing finished above it) and its worker reports it not started
-    assert not d.may_start(k1)
-    assert d.finish(k1, False) is None
+    assert not d.may_start(dk1)
+    assert d.finish(dk1, NOT_STARTED) is None
     # then k2 is not made ready in its place: k1 waits, still its lane's head
-    assert not d.ready and d.held == [k1] and list(part.lanes[b"k"] or []) == [k2]
+    assert not d.queue.ready and [x.msg for x in d.queue.held()] == [k1] and [x.msg for x in part.lanes.get(b"k")] == [k2]
     # when y3 finishes (the highest finished offset is now above k1), k1 may run, and only then k2
-    d.finish(y3, True)
+    d.finish(dy3, DONE)
     d.release_held()
-    assert list(d.ready) == [k1] and d.may_start(k1)
-    with d.lock:
-        (again,) = d.take_locked()
-    nxt = d.finish(again, True)
-    assert nxt is k2 and part.tracker.watermark() == 2
+    assert ready(d) == [k1] and d.may_start(dk1)
+    (again,) = take(d)
+    nxt = d.finish(again, DONE)
+    assert nxt is not None and nxt.msg is k2 and part.tracker.watermark() == 2
     # and a revoke drops what is still held, forgetting it (nothing is left buffered)
-    d.finish(k2, False)
+    d.finish(nxt, NOT_STARTED)
     parts = d.begin_revoke([("t", 0)])
     d.close_parts(parts)
-    assert d.held == [] and d.buffered == 0
+    assert d.queue.held() == [] and d.in_flight == 0

@@ -170,7 +170,7 @@ def test_dead_letter_publishes_then_counts_the_message_done() -> None:
     h = DeadLetter(publisher=pub)(failing(ValueError("x")))  # type: ignore[arg-type]
     m = msg()
     h(m)  # no exception: the message is done
-    assert m.status.value == "SKIP" and m.state["dead_lettered"] == "orders.dlq" and len(pub.records) == 1
+    assert m.status.value == "DEAD_LETTERED" and m.state["dead_lettered"] == "orders.dlq" and len(pub.records) == 1
     with pytest.raises(RetryLater):  # a retry is not a final failure
         DeadLetter(publisher=pub)(failing(RetryLater(1.0)))(msg())  # type: ignore[arg-type]
     assert len(pub.records) == 1

@@ -1,8 +1,8 @@
 """Where handlers run: a pool of threads for plain functions, worker coroutines for ``async def``.
 
-Both take ready messages from the :class:`~keyedconsumer.dispatch.Dispatcher`, run at most
-``concurrency`` handlers at once, and report each end with ``Dispatcher.finish``. Neither blocks the
-poll thread.
+Both take chunks of ready lane heads from the :class:`~keyedconsumer.engine.dispatcher.Dispatcher`,
+run at most ``concurrency`` handlers at once, settle each end (:class:`~.settle.Settler`) and report
+the chunk's outcomes with ``Dispatcher.finish_many``. Neither blocks the poll thread.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .dispatch import Dispatcher, Outcome, Slot
-from .errors import HandlerContractError, HandlerContractViolation
-from .message import Message
+from ..errors import HandlerContractError, HandlerContractViolation
+from ..message import Message
+from .delivery import Delivery
+from .dispatcher import Dispatcher, Slot
+from .outcome import NOT_STARTED, Outcome
 
 __all__ = ["ThreadExecutor", "AsyncExecutor", "Executor", "not_awaited"]
 
-#: ``settle(msg, exception_or_None) -> outcome``: ``True`` done, ``False`` not done, a ``float``:
-#: run again after that many seconds (see :class:`~keyedconsumer.outcomes.RetryLater`).
-Settle = Callable[[Message, "BaseException | None"], "bool | float"]
+#: ``settle(msg, exception_or_None) -> Outcome`` (:class:`~.settle.Settler`).
+Settle = Callable[[Message, "BaseException | None"], Outcome]
 clock = time.perf_counter
 
 
@@ -60,16 +61,10 @@ class ThreadExecutor(Executor):
         self._d = d
         self._handler = handler
         self._settle = settle
-        self._idle = 0
         self._threads = [
             threading.Thread(target=self._work, name=f"keyedconsumer-worker-{i}", daemon=True)
             for i in range(concurrency)
         ]
-        d.wake = self._wake
-
-    def _wake(self, n: int) -> None:  # called with d.lock held
-        if self._idle:
-            self._d.cond.notify(min(self._d.wakes_for(n), self._idle))
 
     def start(self) -> None:
         for t in self._threads:
@@ -83,45 +78,40 @@ class ThreadExecutor(Executor):
 
     def _work(self) -> None:
         d = self._d
-        cond = d.cond
         handler = self._handler
         settle = self._settle
         finish_many = d.finish_many
+        may_start = d.may_start
         slot = Slot()
-        with d.lock:
-            d.slots.append(slot)
+        d.register(slot)
         while True:
-            with cond:
-                while not d.ready:
-                    if d.closed:
-                        return
-                    self._idle += 1
-                    cond.wait()
-                    self._idle -= 1
-                chunk = d.take_locked()
+            chunk = d.wait_chunk()
+            if chunk is None:
+                return
             while chunk:
                 # Run the chunk one message at a time; report it under one dispatcher lock at the
                 # end. The slot lets the poll thread take back what this worker has not started
                 # and report what it finished if one handler runs long (Dispatcher.rescue).
                 slot.load(chunk)
                 t0 = clock()
-                done: tuple[Message, Outcome] | None = None
+                done: tuple[Delivery, Outcome] | None = None
                 while True:
-                    msg = slot.next(done)
-                    if msg is None:
+                    dl = slot.next(done)
+                    if dl is None:
                         break
-                    if not d.may_start(msg):
-                        done = (msg, False)
+                    if not may_start(dl):
+                        done = (dl, NOT_STARTED)
                         continue
+                    msg = dl.msg
                     try:
                         result = handler(msg)
                     except BaseException as exc:  # a handler's exception concerns its message only
-                        done = (msg, settle(msg, exc))
+                        done = (dl, settle(msg, exc))
                     else:
                         if result is not None and inspect.isawaitable(result):  # nothing awaits it
-                            done = (msg, settle(msg, not_awaited(msg, result)))
+                            done = (dl, settle(msg, not_awaited(msg, result)))
                         else:
-                            done = (msg, settle(msg, None))
+                            done = (dl, settle(msg, None))
                 chunk = finish_many(slot.unload(), clock() - t0)
 
 
@@ -154,7 +144,7 @@ class AsyncExecutor(Executor):
         self._wake_pending = False
         self._thread: threading.Thread | None = None
         self._done: Any = None
-        d.wake = self._wake
+        d.on_ready(self._wake)
 
     def start(self) -> None:
         if self._own_loop:
@@ -198,10 +188,10 @@ class AsyncExecutor(Executor):
                 pass
 
     def _wake_from_other_thread(self) -> None:
-        with self._d.lock:
+        d = self._d
+        with d.lock:
             self._wake_pending = False
-            d = self._d
-            self._release(d.wakes_for(len(d.ready)) if not d.closed else len(self._waiters))
+            self._release(d.wakes_for(d.ready_count()) if not d.is_closed else len(self._waiters))
 
     def _release(self, n: int) -> None:
         waiters = self._waiters
@@ -218,15 +208,15 @@ class AsyncExecutor(Executor):
         handler = self._handler
         settle = self._settle
         finish_many = d.finish_many
+        may_start = d.may_start
         loop = self._loop
         slot = Slot()
-        with d.lock:
-            d.slots.append(slot)
+        d.register(slot)
         while True:
             with d.lock:
-                if d.ready:
-                    chunk: list[Message] | None = d.take_locked()
-                elif d.closed:
+                if d.has_ready():
+                    chunk: list[Delivery] | None = d.take_locked()
+                elif d.is_closed:
                     return
                 else:
                     chunk = None
@@ -238,36 +228,37 @@ class AsyncExecutor(Executor):
             while chunk:
                 slot.load(chunk)
                 t0 = clock()
-                done: tuple[Message, Outcome] | None = None
+                done: tuple[Delivery, Outcome] | None = None
                 while True:
-                    msg = slot.next(done)
-                    if msg is None:
+                    dl = slot.next(done)
+                    if dl is None:
                         break
-                    if not d.may_start(msg):
-                        done = (msg, False)
+                    if not may_start(dl):
+                        done = (dl, NOT_STARTED)
                         continue
+                    msg = dl.msg
                     try:
                         result = await handler(msg)
                     except asyncio.CancelledError as exc:
                         if not _cancelling():
                             # the handler raised CancelledError itself (e.g. it awaited something
                             # that was cancelled): a failure of its message like any other
-                            done = (msg, settle(msg, exc))
+                            done = (dl, settle(msg, exc))
                             continue
                         # this worker is being cancelled (the loop is going away): the message and
                         # the rest of the chunk are not done; they are delivered again later
-                        results = slot.abandon((msg, False))
+                        results = slot.abandon((dl, NOT_STARTED))
                         rest = finish_many(results, clock() - t0)
                         while rest:
-                            rest = finish_many([(m, False) for m in rest], 0.0)
+                            rest = finish_many([(r, NOT_STARTED) for r in rest], 0.0)
                         raise
                     except BaseException as exc:  # a handler's exception concerns its message only
-                        done = (msg, settle(msg, exc))
+                        done = (dl, settle(msg, exc))
                     else:
                         if result is not None and inspect.isawaitable(result):  # returned, not awaited
-                            done = (msg, settle(msg, not_awaited(msg, result)))
+                            done = (dl, settle(msg, not_awaited(msg, result)))
                         else:
-                            done = (msg, settle(msg, None))
+                            done = (dl, settle(msg, None))
                 results = slot.unload()
                 chunk = finish_many(results, clock() - t0)
                 # A chunk is about CHUNK_QUANTUM_S of handler time: yield after each, so handlers

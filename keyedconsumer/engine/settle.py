@@ -1,0 +1,94 @@
+"""Settling a run: what a message's handler ended with becomes an engine :mod:`.outcome`.
+
+The handler raised (``exc``) or returned (``None``, its ``msg.status`` set by ``ack_*``). Control
+flow (:class:`~keyedconsumer.RetryLater`, :class:`~keyedconsumer.SkipMessage`) becomes a retry, a
+park or done; a failure goes to ``error_handler`` (handled: done) or stops the consumer
+(``MessageError``); a broken handler contract always stops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import HandlerContractViolation, MessageError
+from ..message import Message, Status
+from ..outcomes import RetryLater, SkipMessage
+from .outcome import DEAD_LETTERED, DONE, HALT, Outcome, Park, Retry
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+    from .handler import Contract
+
+__all__ = ["Settler"]
+
+
+class Settler:
+    """``settler(msg, exc) -> Outcome`` for the runs of one dispatcher (one run of a consumer).
+
+    Parameters
+    ----------
+    dispatcher:
+        The run's dispatcher: once it is closed, a late end changes nothing (``Halt``).
+    error_handler:
+        ``error_handler(error, message)``; returning normally marks a failure handled.
+    fail:
+        ``fail(error)`` stops the consumer with ``error`` (``run()`` raises it).
+    contract:
+        The handler contract's record of broken runs.
+    """
+
+    __slots__ = ("_d", "_error_handler", "_fail", "_contract")
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        error_handler: Callable[[BaseException, Message | None], Any] | None,
+        fail: Callable[[BaseException], None],
+        contract: Contract,
+    ) -> None:
+        self._d = dispatcher
+        self._error_handler = error_handler
+        self._fail = fail
+        self._contract = contract
+
+    def __call__(self, msg: Message, exc: BaseException | None) -> Outcome:
+        if self._d.closed:
+            return HALT  # the run is over: nothing of it counts any more
+        broken = self._contract.broken(msg)
+        if broken is None and isinstance(exc, HandlerContractViolation):
+            broken = exc.error
+        if broken is not None:  # a programming error: not retried, not dead-lettered, not handled
+            msg.status = Status.FAIL
+            msg.error = broken
+            self._fail(broken)
+            return HALT
+        if exc is None:
+            status = msg.status
+            if status is Status.PENDING:
+                msg.status = Status.SUCCESS
+                return DONE
+            if status is Status.DEAD_LETTERED:
+                return DEAD_LETTERED
+            if status is not Status.FAIL:
+                return DONE
+            exc = msg.error if msg.error is not None else RuntimeError("ack_fail() without an error")
+        elif isinstance(exc, RetryLater):
+            msg.status = Status.PENDING
+            msg.last_error = exc.__cause__ if exc.__cause__ is not None else exc
+            return Park(exc.delay_s) if exc.park else Retry(exc.delay_s)
+        elif isinstance(exc, SkipMessage):
+            msg.status = Status.SKIP
+            return DONE
+        msg.status = Status.FAIL
+        msg.error = exc
+        if self._error_handler is not None:
+            try:
+                self._error_handler(exc, msg)
+                return DONE
+            except BaseException as handler_exc:
+                exc = handler_exc
+        failure = MessageError(msg.topic, msg.partition, msg.offset, exc)
+        failure.__cause__ = exc
+        self._fail(failure)
+        return HALT

@@ -1,0 +1,131 @@
+"""The options of :class:`~keyedconsumer.sequencing.RedisSequencer`, validated (pydantic), and
+the Redis URL kept secret."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    Secret,
+    field_validator,
+    model_validator,
+)
+
+from ..config import hide_secrets
+
+__all__ = ["RedisSequencerConfig", "RedisUrl", "redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for reprs, logs and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    if parts.query:  # redis-py also reads ?password=... from the query string
+        query = re.sub(r"(?i)(^|&)([^=&]*(?:pass|pwd|secret|token)[^=&]*)=[^&]*", r"\1\2=***", parts.query)
+        parts = parts._replace(query=query)
+    if parts.password is None:
+        return urlunsplit(parts)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class RedisUrl(Secret[str]):
+    """A Redis URL that shows only with its password replaced by ``***`` (:func:`redact_url`): in a
+    repr, ``str()``, ``model_dump_json()`` and validation errors. ``get_secret_value()`` is the URL
+    itself, what redis-py gets."""
+
+    def _display(self) -> str:
+        return redact_url(self.get_secret_value())
+
+
+class RedisSequencerConfig(BaseModel):
+    """Options of :class:`RedisSequencer` (a bad value raises ``pydantic.ValidationError``).
+
+    ``lease_ttl_s`` must be above three renewal intervals, so a lease survives two lost renewals;
+    ``instance_timeout_s`` too, so an instance survives two lost check-ins. Durations that reach
+    Redis as milliseconds are rounded up and at least 1 ms (``PEXPIRE key 0`` would delete the key:
+    redis-py #4279); the bounds keep the smallest accepted value meaningful.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
+
+    url: RedisUrl = Field(repr=False)
+    namespace: str = Field(min_length=1, pattern=r"^[^{}:\s]+$")
+    lease_ttl_s: float = Field(default=10.0, gt=0.05, le=3600)
+    renew_interval_s: float | None = Field(default=None, ge=0.01)
+    lease_linger_s: float = Field(default=1.0, ge=0)
+    socket_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    require_durable: bool = True
+    max_parked_per_key: int = Field(default=10_000, ge=1, strict=True)
+    max_parked_bytes_per_key: int = Field(default=64 * 1024 * 1024, ge=1, strict=True)
+    max_parked_total: int = Field(default=1_000_000, ge=1, strict=True)
+    max_parked_bytes_total: int = Field(default=1024 * 1024 * 1024, ge=1, strict=True)
+    seen_retention_s: float = Field(default=7 * 24 * 3600.0, ge=1.0)
+    quarantine_on_dead_letter: bool = False
+    max_drains: int = Field(default=64, ge=1, strict=True)
+    instance_timeout_s: float | None = Field(default=None, gt=0)
+    scheduler: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url_not_empty(cls, value: RedisUrl) -> RedisUrl:
+        if not value.get_secret_value():
+            raise ValueError("the Redis URL is empty")
+        return value
+
+    @field_validator(
+        "lease_ttl_s", "renew_interval_s", "lease_linger_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s",
+        mode="before",
+    )
+    @classmethod
+    def _no_bool_for_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected a number, got a boolean")
+        return value
+
+    @field_validator("require_durable", "quarantine_on_dead_letter", "scheduler", mode="before")
+    @classmethod
+    def _no_number_for_bool(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError("expected a boolean")
+        return value
+
+    @model_validator(mode="after")
+    def _ttl_above_three_renewals(self) -> RedisSequencerConfig:
+        if self.renew_interval_s is None:
+            self.renew_interval_s = self.lease_ttl_s / 4
+        if not self.lease_ttl_s > 3 * self.renew_interval_s:
+            raise ValueError(
+                f"lease_ttl_s ({self.lease_ttl_s:g}) must be above three renew_interval_s "
+                f"({self.renew_interval_s:g})"
+            )
+        if self.instance_timeout_s is None:
+            self.instance_timeout_s = 3 * self.lease_ttl_s
+        if not self.instance_timeout_s > 3 * self.renew_interval_s:
+            raise ValueError(
+                f"instance_timeout_s ({self.instance_timeout_s:g}) must be above three renew_interval_s "
+                f"({self.renew_interval_s:g}): an instance checks in once per renewal"
+            )
+        return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secrets_hidden(
+        cls, data: Any, handler: ModelWrapValidatorHandler[RedisSequencerConfig]
+    ) -> RedisSequencerConfig:
+        # Defined last, so it runs first (outermost): the URL is wrapped before any validation, and
+        # no error's input (errors(), json()) can show it.
+        if isinstance(data, dict) and isinstance(data.get("url"), str):
+            data = {**data, "url": RedisUrl(data["url"])}
+        return handler(hide_secrets(data))
+
+

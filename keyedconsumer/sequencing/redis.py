@@ -1,0 +1,555 @@
+"""The Redis sequencer: per-key leases with fencing tokens, parking and scheduled messages.
+
+One key never runs on two instances at once: across a rebalance, a long pause of the old owner
+(SIGSTOP, GC, network stall), or when one key's messages arrive on several partitions or topics.
+It implements :class:`~keyedconsumer.sequencing.base.Sequencer` on :mod:`.leases` (the instance's
+view of its leases), :mod:`.parking` (ordered non-blocking retries and scheduled messages) and
+:mod:`.store` (the Lua scripts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..engine.delivery import Delivery
+from ..engine.outcome import Outcome
+from .config import RedisSequencerConfig
+from .durations import at_ms, due_ms, redis_ms
+from .keys import lease_id
+from .leases import LeaseTable
+from .parking import DrainJob, Parker
+
+if TYPE_CHECKING:
+    from ..engine.dispatcher import Dispatcher
+
+__all__ = ["RedisSequencer", "inspect_redis"]
+
+log = logging.getLogger("keyedconsumer.redis")
+
+
+def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> dict[str, Any]:
+    """What a namespace holds in Redis now: leases, parked keys and their depth, scheduled
+    messages, live instances, the scheduler and quarantined keys.
+
+    Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
+    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
+    "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis server's
+    clock; ``now_s`` is its time now).
+
+    Raises
+    ------
+    keyedconsumer.sequencing.store.StoreUnavailable
+        Redis did not answer.
+    """
+    from .store import inspect_namespace
+
+    return inspect_namespace(url, namespace, socket_timeout_s)
+
+
+class RedisSequencer:
+    """Per-key leases with fencing tokens in Redis (``KeyedConsumer(..., sequencer=...)``).
+
+    Before a lane's head runs, this instance holds the lease of its key (``SET NX PX`` with a random
+    owner token; the same Lua script ``INCR``s the key's fencing counter, exposed as
+    ``Message.fencing_token`` for the handler to guard its own writes). The lease is renewed every
+    ``renew_interval_s`` (compare-and-``PEXPIRE``) while the key has work, kept while the key has
+    queued messages, and released (compare-and-delete) when the key runs dry. A message whose key
+    is leased elsewhere waits; other keys go on. A message that ran under a lease this instance
+    lost (not confirmed by Redis within ``lease_ttl_s``, or taken over) does not count: its offset
+    is not stored and it runs again once the lease is back. While Redis is unreachable the consumer
+    waits and retries with back-off; it does not fail.
+
+    Fencing tokens never repeat: Redis must persist each write before it answers
+    (``appendonly yes`` + ``appendfsync always``; checked at start unless ``require_durable=False``).
+
+    Parameters
+    ----------
+    url:
+        ``redis://`` or ``rediss://`` URL, password included if any. Kept as a :class:`RedisUrl`:
+        a repr, dump, JSON, log line or validation error (``errors()`` and ``json()`` included)
+        shows it with the password replaced by ``***``; redis-py gets the real URL.
+    namespace:
+        Isolates consumer groups and tenants (no braces, colons or whitespace).
+    lease_ttl_s:
+        Lease time to live in seconds (also the scheduler lease's), sent to Redis as whole
+        milliseconds rounded up, so Redis never drops a lease this instance still counts valid.
+    renew_interval_s:
+        Seconds between renewals and check-ins (default ``lease_ttl_s / 4``; each is a Redis round
+        trip); ``lease_ttl_s`` must be above three of them.
+    lease_linger_s:
+        Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
+        comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Another instance
+        waits up to this long for such a key.
+    socket_timeout_s:
+        Bound of one Redis call.
+    require_durable:
+        Refuse a Redis that does not fsync every write.
+    max_parked_per_key, max_parked_bytes_per_key, max_parked_total, max_parked_bytes_total:
+        Caps of parked messages (count; bytes of stored entries) per key and in the namespace. At a
+        cap nothing is dropped: the messages wait in memory, unfinished, and fetching pauses at
+        ``max_in_flight``.
+    seen_retention_s:
+        Seconds the "already parked" markers live after a key's last park (a re-delivered message
+        within it is not parked twice).
+    quarantine_on_dead_letter:
+        When a parked message is dead-lettered, keep its key parked (its later messages wait in
+        Redis) until :meth:`release_quarantine`; default ``False``: the key's next message goes on.
+    max_drains:
+        Parked keys this instance drains at once.
+    instance_timeout_s:
+        An instance silent this long (no check-in), on the Redis server's clock, is gone (default
+        three lease TTLs); must be above three ``renew_interval_s``, so an instance survives two lost
+        check-ins.
+    scheduler:
+        Take part in the scheduler election (drain parked keys, deliver scheduled messages).
+
+    Parking, scheduled messages and recovery
+    ----------------------------------------
+    ``Retry(park=True)`` (or ``raise RetryLater(delay_s, park=True)``) parks a failing key: see
+    :mod:`keyedconsumer.sequencing.parking`. :meth:`schedule` stores a message delivered to the
+    handler at its due time, in its key's order. Each instance checks in to a sorted set every
+    ``renew_interval_s``; one instance at a time holds the scheduler lease. When an instance dies,
+    its leases expire after ``lease_ttl_s`` and the keys it was draining stay in the due set, so the
+    scheduler (another instance's, once the dead one's scheduler lease expired) takes them over.
+
+    One clock: due times of scheduled messages and parked retries, which keys and messages are due,
+    misfires and check-ins are all kept on the Redis server's clock (``TIME``), read in the Lua
+    scripts that decide, never on an instance's wall clock, so instances whose clocks differ
+    neither fire early or late nor see each other as gone (rq-scheduler #246). Durations are sent
+    to Redis as whole milliseconds rounded up, at least 1.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        A bad option, naming the field.
+    """
+
+    def __init__(self, url: str, namespace: str, **options: Any) -> None:
+        self.config = RedisSequencerConfig.model_validate({"url": url, "namespace": namespace, **options})
+        self._d: Dispatcher | None = None
+        self._leases = LeaseTable(self.config.lease_ttl_s)
+        self._key_lanes = True  # lanes by key (ordering="key"), else by partition
+        self._store: Any = None
+        self._fatal: Callable[[BaseException], None] = lambda e: None
+        self._checked = False
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._backoff_s = 0.0
+        self._next_try_s = 0.0
+        self.acquire_calls = 0  # Redis acquire scripts sent (to measure lease reuse)
+        self.parker: Parker | None = None  # the Parker while attached
+        self.instance_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.is_scheduler = False  # holds the scheduler lease now
+        self._sched_check_s = 0.0
+        self.gone_instances: list[str] = []  # instances this one saw time out
+        self._confirm: Callable[[], bool] = lambda: True
+        self._stall_s = self.config.lease_ttl_s / 2
+        self._last_tick_s = 0.0
+        self._lost_seen = 0
+        self._suspect = False  # a stall or a lost lease: no lease is acquired until confirmed
+        self._next_confirm_s = 0.0
+        self.stalls = 0  # stalls or lease losses that needed an ownership check
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"RedisSequencer(url={str(c.url)!r}, namespace={c.namespace!r}, lease_ttl_s={c.lease_ttl_s:g})"
+
+    # -- the Sequencer protocol (under the engine's lock) -------------------------------------------
+
+    def lane_id(self, topic: str, partition: int, lane: object) -> str | None:
+        """The lease id of a lane: its Kafka key, or its partition (null keys, ``ordering="partition"``)."""
+        key = lane if self._key_lanes and (lane is None or isinstance(lane, bytes)) else None
+        return lease_id(key, topic, partition)
+
+    def on_head(self, d: Delivery) -> bool:
+        """A lane got a head: ready now if this instance holds its key's lease and the lease is
+        free (then a parked key's head goes to Redis behind its list instead); else it waits."""
+        lid = d.lease_id or ""
+        if not self._leases.admit_head(d, lid):
+            return False  # waits for its key's lease
+        if self._leases.is_parked(lid):
+            assert self.parker is not None
+            self.parker.park(d, 0.0)  # behind the key's parked messages, in order
+            return False
+        return True
+
+    def may_start(self, d: Delivery) -> bool:
+        return self._leases.still_valid(d, d.lease_id or "")
+
+    def accepts(self, d: Delivery) -> bool:
+        """It ran under a lease this instance lost (expired, taken over, Redis down): its result
+        does not count; it waits, first of its lane, to run again under a new lease."""
+        lid = d.lease_id or ""
+        if self._leases.still_valid(d, lid):
+            return True
+        self._leases.requeue(d, lid)
+        return False
+
+    def owns(self, d: Delivery) -> bool:
+        return self._leases.still_valid(d, d.lease_id or "")
+
+    def on_next(self, d: Delivery, nxt: Delivery) -> None:
+        self._leases.handover(d, nxt, d.lease_id or "")
+
+    def on_lane_end(self, d: Delivery) -> Delivery | None:
+        """The lease goes to another local lane head of the key (or a drain), or idles."""
+        return self._route(self._leases.lane_dry(d, d.lease_id or ""))
+
+    def park(self, d: Delivery, delay_s: float) -> bool:
+        assert self.parker is not None
+        self.parker.park(d, delay_s)
+        return True
+
+    def on_drop(self, d: Delivery) -> None:
+        self._leases.drop(d, d.lease_id or "")
+
+    def drop(self, keep: Callable[[Delivery], bool]) -> list[Delivery]:
+        out = self.parker.drop(keep) if self.parker is not None else []
+        out += self._leases.drop_waiting(lambda h: isinstance(h, Delivery) and not keep(h))
+        return out
+
+    def on_external_end(self, d: Delivery, outcome: Outcome) -> Delivery | None:
+        assert self.parker is not None
+        return self.parker.on_external_end(d, outcome)
+
+    def busy(self) -> bool:
+        return bool(self._leases.want) or (self.parker is not None and self.parker.busy)
+
+    def _route(self, holder: Any) -> Delivery | None:
+        """A lease holder that now holds its key's lease goes where it must: a drain job to its
+        drain, a head of a parked key to Redis behind the key's list; a head to run is returned."""
+        if holder is None:
+            return None
+        assert self.parker is not None
+        if isinstance(holder, DrainJob):
+            self.parker.add_drain(holder)
+            return None
+        if self._leases.is_parked(holder.lease_id or ""):
+            self.parker.park(holder, 0.0)
+            return None
+        head: Delivery = holder
+        return head
+
+    # -- engine side (the poll thread) ----------------------------------------------------------
+
+    def attach(
+        self,
+        d: Dispatcher,
+        fatal: Callable[[BaseException], None],
+        confirm: Callable[[], bool] | None = None,
+        session_timeout_s: float | None = None,
+    ) -> None:
+        """Start serving ``d`` (called by the consumer before polling; see
+        :class:`~keyedconsumer.sequencing.base.Sequencer`).
+
+        ``confirm()`` tells whether this instance still owns its partitions in the consumer group
+        (see :meth:`tick`); ``session_timeout_s`` is the group session timeout (seconds).
+        """
+        from .store import LeaseStore
+
+        c = self.config
+        self._d = d
+        self._fatal = fatal
+        self._confirm = confirm or (lambda: True)
+        # a poll thread silent this long may have lost partitions or leases (half the shorter bound)
+        self._stall_s = min(c.lease_ttl_s, session_timeout_s or c.lease_ttl_s) / 2
+        self._last_tick_s = 0.0
+        self._lost_seen = 0
+        self._suspect = False
+        self._stop.clear()
+        self._checked = False
+
+        self._store = LeaseStore(c.url.get_secret_value(), c.namespace, c.socket_timeout_s)
+        self._leases = LeaseTable(c.lease_ttl_s, min(c.lease_linger_s, c.lease_ttl_s / 2))
+        self._key_lanes = d.ordering == "key"
+        self.parker = Parker(
+            d,
+            self._leases,
+            self._store,
+            self._route,
+            max_parked_per_key=c.max_parked_per_key,
+            max_parked_bytes_per_key=c.max_parked_bytes_per_key,
+            max_parked_total=c.max_parked_total,
+            max_parked_bytes_total=c.max_parked_bytes_total,
+            seen_retention_s=c.seen_retention_s,
+            quarantine_on_dead_letter=c.quarantine_on_dead_letter,
+            max_drains=c.max_drains,
+        )
+        self.is_scheduler = False
+        self._sched_check_s = 0.0
+        self._renewer = threading.Thread(target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True)
+        self._renewer.start()
+
+    def tick(self) -> float | None:
+        """Acquire wanted leases and release idle ones, in one round trip each.
+
+        After a stall (no tick for half the shorter of ``lease_ttl_s`` and the group session
+        timeout: SIGSTOP, a VM or GC pause) or a lost lease, no lease is acquired until the
+        consumer's ownership check passes: a stopped process may have lost its partitions without
+        knowing yet, and a fresh lease (a new, higher fencing token) would let it re-run messages
+        the partition's new owner already ran and committed (fault harness, check 4).
+
+        Returns the longest the poll thread should wait before the next tick (seconds), or ``None``.
+        """
+        from .store import StoreUnavailable
+
+        d, store = self._d, self._store
+        if d is None:
+            return None
+        leases = self._leases
+        now = time.monotonic()
+        if self._last_tick_s and now - self._last_tick_s > self._stall_s:
+            log.warning("no tick for %.1f s (a stall): checking partition ownership before acquiring leases",
+                        now - self._last_tick_s)
+            self._suspected()
+        self._last_tick_s = now
+        if self._suspect and now >= self._next_confirm_s:
+            if self._confirm():
+                self._suspect = False
+            else:
+                self._next_confirm_s = time.monotonic() + 0.2
+            self._last_tick_s = now = time.monotonic()
+        if now < self._next_try_s:
+            return self._next_try_s - now
+        try:
+            if not self._checked:
+                if self.config.require_durable:
+                    store.check_durable()
+                self._checked = True
+            with d.lock:
+                leases.expire_unconfirmed(now)
+                if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
+                    self._lost_seen = leases.lost
+                    self._suspected()
+                asks = [] if self._suspect else leases.to_acquire(now)
+                releases = leases.to_release(now)
+            if releases:
+                store.release(releases)
+            if asks:
+                asked_s = time.monotonic()
+                tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
+                self.acquire_calls += len(asks)
+                now = time.monotonic()
+                with d.lock:
+                    for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
+                        head = leases.acquired(lid, owner, token, asked_s, now, depth)
+                        if head is not None:
+                            ready = self._route(head)
+                            if ready is not None:
+                                d.make_ready_locked(ready)
+            busy = self._parking_tick()
+        except StoreUnavailable as exc:
+            self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
+            self._next_try_s = time.monotonic() + self._backoff_s
+            log.warning("Redis unavailable (%s); retrying in %.2f s", exc, self._backoff_s)
+            return self._backoff_s
+        except RuntimeError as exc:  # Redis not durable: fencing tokens could repeat
+            self._fatal(exc)
+            return None
+        self._backoff_s = 0.0
+        if leases.want or busy:
+            return 0.01
+        return 0.05 if self.is_scheduler else None
+
+    def _suspected(self) -> None:
+        if not self._suspect:
+            self._suspect = True
+            self.stalls += 1
+            self._next_confirm_s = 0.0
+
+    def _parking_tick(self) -> bool:
+        """Park, drain and (as the scheduler) move due work; ``True`` while anything is under way."""
+        p, d = self.parker, self._d
+        assert p is not None and d is not None
+        now = time.monotonic()
+        if self.config.scheduler and now >= self._sched_check_s:
+            self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
+            ttl_ms = redis_ms(self.config.lease_ttl_s)
+            from . import keys
+
+            was = self.is_scheduler
+            self.is_scheduler = self._store.hold(keys.scheduler(self.config.namespace), self.instance_id, ttl_ms)
+            if self.is_scheduler and not was:
+                log.info("this instance (%s) is the scheduler", self.instance_id)
+        if p.capped:
+            p.retry_capped()
+        if p.busy:
+            p.park_pending()
+        if self.is_scheduler and not d.halted:
+            p.move_scheduled()
+            p.take_due_keys()
+        p.drain()
+        return bool(p.has_work)
+
+    def settle_pending(self) -> None:
+        """Settle in Redis the parked messages that finished (after a graceful stop's wait), so a
+        graceful stop re-runs none of them."""
+        from .store import StoreUnavailable
+
+        if self.parker is None or self._d is None:
+            return
+        try:
+            self.parker.drain()
+        except StoreUnavailable as exc:
+            log.warning("finished parked messages not settled (they run again): %s", exc)
+
+    def detach(self) -> None:
+        """Stop renewing and release every lease still held (best effort)."""
+        from .store import StoreUnavailable
+
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(5)
+        d = self._d
+        if d is not None and self._store is not None:
+            with d.lock:
+                held = self._leases.release_all()
+            try:
+                self._store.release(held)
+                from . import keys
+
+                if self.is_scheduler:
+                    self._store.release_plain(keys.scheduler(self.config.namespace), self.instance_id)
+                self._store.check_out(self.instance_id)
+            except StoreUnavailable as exc:
+                log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
+            self.is_scheduler = False
+            self._store.close()
+
+    # -- public -------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        *,
+        delay_s: float | None = None,
+        at: float | None = None,
+    ) -> str:
+        """Store a message delivered to the handler at its due time, in its key's order.
+
+        It is delivered at least once, by whichever instance is the scheduler then, even if this
+        one has died; a message due while no instance ran is delivered at start-up and counted as
+        a misfire (delivered more than 1 s after its due time). The handler sees it with
+        ``partition == -1`` and ``offset == -1``, and ``timestamp_ms`` the time it was scheduled.
+
+        Due times are kept on the Redis server's clock (``TIME``), not this machine's: the message
+        is delivered no earlier than its due time on that clock, whatever the clocks of the
+        instances, and typically within 50-100 ms after it while a scheduler runs.
+
+        Parameters
+        ----------
+        topic:
+            The topic the handler sees (scheduled messages are not written to Kafka).
+        key, value, headers:
+            As a Kafka record's. A null key is sequenced with the null keys of partition -1.
+        delay_s:
+            Due this many seconds (>= 0) after the Redis server's time when this is called; or
+            give ``at``.
+        at:
+            Due at this absolute time, seconds since the epoch, read on the Redis server's clock (a
+            time in the past is due at once, and counted as a misfire if more than 1 s ago).
+
+        Returns
+        -------
+        The scheduled message's id.
+
+        Raises
+        ------
+        ValueError
+            Neither or both of ``delay_s`` and ``at``, a negative ``delay_s``, or a NaN, infinite,
+            negative or too far (after year 2248) time.
+        StoreUnavailable
+            Redis did not answer (nothing was stored).
+        """
+        import math
+
+        from ..message import Message
+        from .parking import encode_entry, new_schedule_id
+        from .store import LeaseStore
+
+        if (delay_s is None) == (at is None):
+            raise ValueError("schedule() needs exactly one of delay_s and at")
+        if isinstance(delay_s, bool) or isinstance(at, bool):
+            raise ValueError("schedule() delay_s and at are numbers of seconds, not booleans")
+        if delay_s is not None and not (math.isfinite(float(delay_s)) and float(delay_s) >= 0):
+            raise ValueError(f"schedule() delay_s must be finite and >= 0 seconds: {delay_s!r}")
+        due_at = at_ms(float(at)) if at is not None else None  # ValueError: NaN, infinite, negative, too far
+        sid = new_schedule_id()
+        store = self._store if self._store is not None else LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+        try:
+            now_ms = store.time_ms()  # the one clock: the Redis server's, never this machine's
+            due = due_at if due_at is not None else due_ms(now_ms, float(delay_s))  # type: ignore[arg-type]
+            msg = Message(topic, -1, -1, key, value, list(headers) if headers else None, int(now_ms))
+            store.schedule(sid, due, encode_entry(msg, due, sid))
+        finally:
+            if store is not self._store:
+                store.close()
+        return sid
+
+    def release_quarantine(self, key: bytes) -> bool:
+        """Let a quarantined key go on: its dead-lettered head is removed and its next parked
+        message runs. Returns ``False`` if the key was not quarantined.
+
+        Raises
+        ------
+        StoreUnavailable
+            Redis did not answer.
+        """
+        from .keys import lease_id
+        from .store import LeaseStore
+
+        store = LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+        try:
+            return store.release_quarantine(lease_id(key, "", 0))  # due now on the Redis server's clock
+        finally:
+            store.close()
+
+    def inspect(self) -> dict[str, Any]:
+        """What this namespace holds in Redis now (see :func:`inspect_redis`)."""
+        return inspect_redis(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+
+    def _renew_loop(self) -> None:
+        from .store import StoreUnavailable
+
+        d = self._d
+        assert d is not None
+        leases = self._leases
+        interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
+        ttl_ms = redis_ms(self.config.lease_ttl_s)
+        timeout_ms = redis_ms(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s))
+        first = True
+        while first or not self._stop.wait(interval):
+            first = False
+            try:  # stamped and judged on the Redis server's clock: instances' clocks may differ
+                gone = self._store.check_in(self.instance_id, timeout_ms)
+                for g in gone:
+                    log.warning("instance %s is gone (no check-in for %g s)", g, timeout_ms / 1000)
+                self.gone_instances.extend(gone)
+            except StoreUnavailable as exc:
+                log.warning("check-in failed: %s", exc)
+            with d.lock:
+                asks = leases.to_renew()
+            if not asks:
+                continue
+            asked_s = time.monotonic()
+            try:
+                oks = self._store.renew(asks, ttl_ms)
+            except StoreUnavailable as exc:
+                log.warning("lease renewal failed: %s", exc)
+                with d.lock:
+                    leases.expire_unconfirmed(time.monotonic())
+                continue
+            with d.lock:
+                for (lid, owner), ok in zip(asks, oks, strict=True):
+                    leases.renewed(lid, owner, ok, asked_s)
+
+
