@@ -223,7 +223,7 @@ class Dispatcher:
         for d in chunk:
             if d.part is not None:
                 d.part.started()
-        self.flow.running += len(chunk)
+        self.flow.started(len(chunk))
         return chunk
 
     def may_start(self, d: Delivery) -> bool:
@@ -272,7 +272,7 @@ class Dispatcher:
         part = d.part
         flow = self.flow
         if part is None:  # brought by the sequencer: it settles it (e.g. in Redis)
-            flow.running -= 1
+            flow.ended()
             flow.forget(d.size)
             nxt = self.seq.on_external_end(d, outcome)
             return self._hand_over(nxt)
@@ -282,7 +282,7 @@ class Dispatcher:
             # it ran under a lease this instance lost: its result does not count; the sequencer
             # keeps it, first of its lane, until it may run again
             part.ended()
-            flow.running -= 1
+            flow.ended()
             return None
         match outcome:
             case NotStarted() if lane is not None and live:
@@ -291,7 +291,7 @@ class Dispatcher:
                 # revoked it is held until it is below the highest finished offset (or dropped);
                 # else (its lease was briefly unconfirmed) it is ready again at once.
                 part.ended()
-                flow.running -= 1
+                flow.ended()
                 if self.stopping or part.catching_up:
                     self.queue.hold(d)
                 else:
@@ -302,7 +302,7 @@ class Dispatcher:
                 # its key is parked: it and its lane's later messages go to the sequencer, whose
                 # offsets count done once it stored them (parked_locked)
                 part.ended()
-                flow.running -= 1
+                flow.ended()
                 d.msg.attempt += 1
                 self.retries += 1
                 return None
@@ -310,7 +310,7 @@ class Dispatcher:
                 # run again later: it stays its lane's head (its key waits, others go on) and its
                 # offset stays unfinished; the attempt number grows before the next attempt
                 part.ended()
-                flow.running -= 1
+                flow.ended()
                 d.msg.attempt += 1
                 self.retries += 1
                 self.queue.delay(d, delay_s)
@@ -333,7 +333,7 @@ class Dispatcher:
         if type(outcome) is Done:
             self.partitions.done(part, d.offset)
         part.ended()
-        flow.running -= 1
+        flow.ended()
         flow.forget(d.size)
         return nxt
 
@@ -347,7 +347,7 @@ class Dispatcher:
             return None
         if nxt.part is not None:
             nxt.part.started()
-        self.flow.running += 1
+        self.flow.started()
         return nxt
 
     def _make_ready(self, d: Delivery | None) -> None:
@@ -367,7 +367,7 @@ class Dispatcher:
         flow = self.flow
         group = self.group
         owns = self.owns
-        added = nbytes = n = 0
+        added = nbytes = 0
         now = time.monotonic()
         with self.lock:
             receive = self.partitions.receive
@@ -386,12 +386,11 @@ class Dispatcher:
                 msg._bind(owns, d)
                 flow.admit(size)
                 nbytes += size
-                n += 1
                 if sequenced and (not part.lanes.push(d) or not seq.on_head(d)):
                     continue  # queued behind its lane's head, or kept by the sequencer
                 queue.push(d)
                 added += 1
-            flow.observe_batch(n, nbytes)
+            flow.observe_batch(len(msgs), nbytes)
             if added:
                 self._notify(added)
 
@@ -426,7 +425,7 @@ class Dispatcher:
             return
         if d.part is not None:
             d.part.ended()
-        self.flow.running -= 1
+        self.flow.ended()
         self.queue.push_front(d)
 
     def release_due(self, now: float) -> float | None:

@@ -35,14 +35,22 @@ class InFlight:
         self.buffered += 1
         self.buffered_bytes += size
 
+    def started(self, n: int = 1) -> None:
+        """``n`` messages were taken by a worker."""
+        self.running += n
+
+    def ended(self, n: int = 1) -> None:
+        """``n`` taken messages ended or were given back."""
+        self.running -= n
+
     def forget(self, size: int) -> None:
         """A buffered message finished or was dropped."""
         self.buffered -= 1
         self.buffered_bytes -= size
 
     def observe_batch(self, n: int, nbytes: int) -> None:
-        """``n`` messages of ``nbytes`` bytes in all were admitted: the average grows at once with
-        bigger messages and shrinks slowly, so the byte bound errs on the safe side."""
+        """A poll returned ``n`` records, of which those admitted hold ``nbytes`` bytes: the average
+        grows at once with bigger messages and shrinks slowly, so the byte bound errs on the safe side."""
         if n:
             batch_avg = max(1.0, nbytes / n)
             avg = self.avg_size
