@@ -137,6 +137,7 @@ class KeyedConsumer:
         self._error_lock = threading.Lock()
         self._active = False
         self._peak = 0
+        self._rebalance: Rebalance | None = None  # the run's rebalance listener and pause set
         self._d = self._dispatcher()
         #: When the poll loop last returned from a poll (monotonic seconds; 0.0 before the first):
         #: liveness for health checks.
@@ -317,6 +318,12 @@ class KeyedConsumer:
         """The partitions assigned now, as ``(topic, partition)``."""
         return self._d.assigned()
 
+    @property
+    def paused(self) -> list[TP]:
+        """The partitions back-pressure paused now (``max_in_flight`` / ``max_in_flight_bytes``)."""
+        rebalance = self._rebalance
+        return rebalance.paused_partitions() if rebalance is not None else []
+
     # -- failures -------------------------------------------------------------------------------
 
     def _fail(self, error: BaseException) -> None:
@@ -356,7 +363,7 @@ class KeyedConsumer:
         cfg, d, seq = self.config, self._d, self._sequencer
         client = self._factory(cfg.librdkafka(), self._on_client_error)
         commits = Committer(client, d, cfg, self._budget, self._on_client_error)
-        rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget, lambda: self._stop_deadline)
+        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget, lambda: self._stop_deadline)
         started = False
         try:
             client.check_brokers(cfg.startup_timeout_s)

@@ -2,7 +2,7 @@
 
 The original key, value and headers are published as bytes. The failure headers below are added,
 and **replace** any headers of the same names already on the record, so a record dead-lettered
-again and again does not grow (case C4). Names follow Spring Kafka's ``DeadLetterPublishingRecoverer``
+again and again does not grow until the broker refuses it as too large. Names follow Spring Kafka's ``DeadLetterPublishingRecoverer``
 (``KafkaHeaders.DLT_*``); Spring writes partition/offset/timestamp as big-endian binary numbers,
 keyedconsumer writes every value as UTF-8 text. The last three are keyedconsumer's own.
 

@@ -3,7 +3,8 @@
 The xkafka proposal (``shared/seeds/003``): an offset is stored only for a finished message, in
 order, and only for a partition still assigned. ``enable.auto.offset.store`` is always false: after
 each poll the first unfinished offset of every partition whose offset moved is *stored*
-(librdkafka ``offsets_store``, one partition per call: case C9), and librdkafka *commits* stored
+(librdkafka ``offsets_store``, one partition per call: librdkafka fails a call only when every
+partition of it fails, so a mixed call could silently drop one), and librdkafka *commits* stored
 offsets every ``auto.commit.interval.ms``; with ``manual_commit`` each advance is committed
 synchronously instead. Every store and commit carries the metadata naming the offsets finished
 above it (Confluent Parallel Consumer's offset map), and a partition held back by a slow message is

@@ -10,7 +10,20 @@ from ..message import Message
 if TYPE_CHECKING:
     from .partitions import Partition
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "NULL_KEY"]
+
+
+class _NullKey:
+    """The lane key of null-key messages under ``ordering="key"``: they share one lane per
+    partition (``None`` means "no lane" in :attr:`Delivery.lane`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NULL_KEY"
+
+
+NULL_KEY = _NullKey()
 
 
 class Delivery:
@@ -24,8 +37,9 @@ class Delivery:
         The assignment of its partition; ``None`` for a message a sequencer brought from elsewhere
         (a parked or scheduled message run from Redis): no offset of it is tracked.
     lane:
-        Its lane key: the Kafka key (``ordering="key"``), ``0`` (null keys, ``ordering="partition"``
-        lanes), or ``None`` with ``ordering="none"`` (no lane at all).
+        Its lane key: the Kafka key (``ordering="key"``; :data:`NULL_KEY` for a null key, whose
+        messages share one lane per partition), ``0`` (``ordering="partition"``), or ``None`` with
+        ``ordering="none"`` (no lane at all).
     lease_id:
         Its lane's identity for the sequencer (the Redis lease of its key), or ``None``.
     offset, size:

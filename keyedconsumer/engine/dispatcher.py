@@ -24,7 +24,7 @@ from ..kafka import TP
 from ..message import Message
 from ..offsets import FinishedOffsets
 from ..sequencing.base import InMemorySequencer, Sequencer
-from .delivery import Delivery
+from .delivery import NULL_KEY, Delivery
 from .flow import InFlight
 from .outcome import HALT, NOT_STARTED, Done, NotStarted, Outcome, Park, Retry
 from .partitions import CLOSED, REVOKING, Partition, Partitions
@@ -379,7 +379,7 @@ class Dispatcher:
                 size = (len(key) if key else 0) + (len(value) if value else 0)
                 msg.group_id = group
                 if sequenced:
-                    lane: object | None = key if by_key else 0
+                    lane: object = (key if key is not None else NULL_KEY) if by_key else 0
                     d = Delivery(msg, part, lane, lane_id(part.topic, part.partition, lane), size)
                 else:
                     d = Delivery(msg, part, None, None, size)

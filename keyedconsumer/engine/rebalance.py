@@ -1,7 +1,7 @@
 """Rebalances and the pause set: assign, revoke and lost, and pausing fetching under back-pressure.
 
 librdkafka runs the rebalance callbacks inside its poll call, in the poll thread. The engine never
-calls ``assign()``/``unassign()`` in them (incremental protocols refuse it: case C10); it keeps its
+calls ``assign()``/``unassign()`` in them (the incremental protocols, KIP-429 and KIP-848, refuse it); it keeps its
 own assignment from the deltas (:class:`~.partitions.Partitions`).
 
 - **Assign**: track the partitions, with the offsets their previous owner finished above its commit
@@ -170,6 +170,10 @@ class Rebalance:
     def paused(self) -> bool:
         """Whether back-pressure paused fetching now."""
         return bool(self._paused)
+
+    def paused_partitions(self) -> list[TP]:
+        """The partitions back-pressure paused now."""
+        return list(self._paused)
 
     def backpressure(self, over: bool, under_half: bool) -> None:
         """Pause every assigned partition when ``over`` a bound; resume them when ``under_half``."""

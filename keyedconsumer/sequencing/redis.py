@@ -164,7 +164,7 @@ class RedisSequencer:
 
     def lane_id(self, topic: str, partition: int, lane: object) -> str | None:
         """The lease id of a lane: its Kafka key, or its partition (null keys, ``ordering="partition"``)."""
-        key = lane if self._key_lanes and (lane is None or isinstance(lane, bytes)) else None
+        key = lane if self._key_lanes and isinstance(lane, bytes) else None  # NULL_KEY, 0: the partition
         return lease_id(key, topic, partition)
 
     def on_head(self, d: Delivery) -> bool:
@@ -293,7 +293,7 @@ class RedisSequencer:
         timeout: SIGSTOP, a VM or GC pause) or a lost lease, no lease is acquired until the
         consumer's ownership check passes: a stopped process may have lost its partitions without
         knowing yet, and a fresh lease (a new, higher fencing token) would let it re-run messages
-        the partition's new owner already ran and committed (fault harness, check 4).
+        the partition's new owner already ran and committed, behind its commit, out of its key's order.
 
         Returns the longest the poll thread should wait before the next tick (seconds), or ``None``.
         """

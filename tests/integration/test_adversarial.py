@@ -779,10 +779,11 @@ def test_memory_does_not_grow_with_distinct_keys(kafka_bootstrap: str, new_topic
         assert wait_until(lambda: count[0] == n, 60)
         time.sleep(0.3)
         d = c._d  # internal, read only
-        lanes = sum(len(lanes) for lanes in d._lanes_by_tp.values())
-        pending = sum(p.tracker.pending for p in d.parts.values())
-        done_sets = sum(len(p.tracker._done) for p in d.parts.values())
-        assert (lanes, d.buffered, d.buffered_bytes, d.running, len(d.ready), pending, done_sets) == (0, 0, 0, 0, 0, 0, 0)
+        lanes = sum(len(lanes) for lanes in d.partitions.lanes_of())
+        pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
+        done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())
+        flow = d.flow
+        assert (lanes, flow.buffered, flow.buffered_bytes, flow.running, len(d.queue.ready), pending, done_sets) == (0, 0, 0, 0, 0, 0, 0)
     finally:
         assert r.stop()
 

@@ -209,7 +209,7 @@ def test_retry_waiting_messages_are_held_once_and_memory_stays_bounded_case_c2(k
     def watch() -> None:
         end = time.monotonic() + 4.5
         while time.monotonic() < end:
-            samples.append((consumer.in_flight, len(consumer._d.delayed)))
+            samples.append((consumer.in_flight, len(consumer._d.queue.delayed())))
             time.sleep(0.05)
         consumer.stop()
 

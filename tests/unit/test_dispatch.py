@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from keyedconsumer.engine.delivery import Delivery
+from keyedconsumer.engine.delivery import NULL_KEY, Delivery
 from keyedconsumer.engine.dispatcher import Dispatcher
 from keyedconsumer.engine.outcome import DONE, NOT_STARTED, Outcome, Retry
 from keyedconsumer.engine.partitions import ACTIVE
@@ -224,7 +224,7 @@ def _grant(d: Dispatcher, seq: object, lid: str, token: int = 1) -> None:
 
 
 def _lid(d: Dispatcher, msg: Message) -> str:
-    lid = d.seq.lane_id(msg.topic, msg.partition, msg.key)
+    lid = d.seq.lane_id(msg.topic, msg.partition, msg.key if msg.key is not None else NULL_KEY)
     assert lid is not None
     return lid
 
