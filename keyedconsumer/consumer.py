@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import kafka, signals
+from . import signals
 from .config import ConsumerConfig
 from .dispatch import ACTIVE, Dispatcher, Park, Partition
 from .errors import (
@@ -29,6 +29,7 @@ from .errors import (
 )
 from .executors import AsyncExecutor, Executor, ThreadExecutor, not_awaited
 from .kafka import TP, ClientFactory, KafkaClient
+from .kafka import client as kafka  # kafka.connect: the real client
 from .message import Message, Status
 from .offsets import FinishedOffsets
 from .outcomes import RetryLater, SkipMessage

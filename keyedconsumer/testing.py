@@ -54,14 +54,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import kafka
 from .consumer import KeyedConsumer
 from .errors import CommitError, KafkaClientError, PublishError
-from .kafka import TP, Publisher, RebalanceListener
+from .kafka import TP, RebalanceListener
+from .kafka.client import connect
 from .message import Message
 
 if TYPE_CHECKING:
-    from .kafka import ClientFactory
+    from .kafka import ClientFactory, RecordPublisher
 
 __all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "Record", "Commit", "Run"]
 
@@ -474,7 +474,8 @@ class InMemoryBroker:
         return client
 
     def publisher(self) -> FakePublisher:
-        """A stand-in for :class:`~keyedconsumer.Publisher` writing into this broker:
+        """A :class:`~keyedconsumer.RecordPublisher` writing into this broker, in place of a
+        :class:`~keyedconsumer.Publisher`:
         ``DeadLetter(publisher=broker.publisher())``."""
         return FakePublisher(self)
 
@@ -810,8 +811,8 @@ class FakeClient:
         return out
 
 
-class FakePublisher(Publisher):
-    """A :class:`~keyedconsumer.Publisher` that writes into an :class:`InMemoryBroker` (no producer).
+class FakePublisher:
+    """A :class:`~keyedconsumer.RecordPublisher` that writes into an :class:`InMemoryBroker` (no producer).
 
     Attributes
     ----------
@@ -819,7 +820,7 @@ class FakePublisher(Publisher):
         When set, every ``publish`` raises it (to test a failing dead-letter topic).
     """
 
-    def __init__(self, broker: InMemoryBroker) -> None:  # no super().__init__(): there is no producer
+    def __init__(self, broker: InMemoryBroker) -> None:
         self._broker = broker
         self.error: PublishError | None = None
         self.delivery_timeout_s = 0.0  # the in-memory broker answers at once
@@ -892,7 +893,7 @@ class Run:
         ValueError
             ``consumer`` uses the real Kafka client (it was built without ``client_factory``).
         """
-        if getattr(consumer, "_factory", None) is kafka.connect:
+        if getattr(consumer, "_factory", None) is connect:
             raise ValueError("the consumer uses the real Kafka client: build it with broker.consumer(...) "
                              "or KeyedConsumer(client_factory=broker.client_factory, clock=broker.clock, ...)")
         runner = _Runner(consumer)
@@ -1003,3 +1004,6 @@ if TYPE_CHECKING:  # mypy checks that the fake satisfies the engine's seam
 
     def _is_a_client_factory(broker: InMemoryBroker) -> ClientFactory:
         return broker.client_factory
+
+    def _is_a_record_publisher(publisher: FakePublisher) -> RecordPublisher:
+        return publisher
