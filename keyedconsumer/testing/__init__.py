@@ -39,14 +39,17 @@ What is modelled, the way librdkafka and the Kafka group coordinator behave:
 Not modelled: replication, transactions, compaction, retention, record size limits, quotas, and a
 member being slower than ``max.poll.interval.ms``.
 
-Layout: :mod:`~keyedconsumer.testing.broker` (the broker, its records and commits, :class:`Run`),
-:mod:`~keyedconsumer.testing.group` (the group coordinator's state),
+Layout: :mod:`~keyedconsumer.testing.broker` (the broker, its records, the member protocol),
+:mod:`~keyedconsumer.testing.group` (the group coordinator's state and its commits),
+:mod:`~keyedconsumer.testing.run` (:class:`Run`: consumers in threads),
 :mod:`~keyedconsumer.testing.client` (:class:`FakeClient`, :class:`FakePublisher`: the fakes of the
 Kafka seams, which use only the broker's public methods) and :mod:`~keyedconsumer.testing.clock`.
 """
 
-from .broker import Commit, GroupEvent, InMemoryBroker, Record, Run
+from .broker import GroupEvent, InMemoryBroker, Record
 from .client import FakeClient, FakePublisher
 from .clock import FakeClock
+from .group import Commit
+from .run import Run
 
 __all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "Record", "Commit", "Run", "GroupEvent"]
