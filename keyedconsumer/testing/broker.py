@@ -403,7 +403,9 @@ class InMemoryBroker:
 
     def store_offset(self, member_id: str, tp: TP, offset: int, metadata: str = "") -> bool:
         """Keep ``offset`` (the next to consume) and its ``metadata`` for the member's next
-        :meth:`commit_stored`; :meth:`stored` shows it.
+        :meth:`commit_stored`; :meth:`stored` shows it. (librdkafka keeps its offset store in the
+        client; here the broker keeps it, so :meth:`stored` is exact and a lost partition's stored
+        offset is dropped the moment it is lost.)
 
         Returns
         -------
