@@ -13,7 +13,8 @@ from .errors import (
     MessageError,
     PublishError,
 )
-from .kafka import Publisher
+from .kafka import RecordPublisher
+from .kafka.publisher import Publisher
 from .message import Message, Status
 from .outcomes import PermanentError, RetryLater, SkipMessage
 from .sequencing import RedisSequencer, RedisSequencerConfig
@@ -35,6 +36,7 @@ __all__ = [
     "SkipMessage",
     "PermanentError",
     "Publisher",
+    "RecordPublisher",
     "PartitionStatus",
     "RedisSequencer",
     "RedisSequencerConfig",

@@ -309,7 +309,7 @@ class ConsumerConfig(BaseSettings):
     def _librdkafka_accepts(cls, value: dict[str, Any]) -> dict[str, Any]:
         # librdkafka itself knows its properties: an unknown name or a bad value fails here, at
         # construction, instead of at run().
-        from .kafka import check_config
+        from .kafka.client import check_config
 
         conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
         conf.update(reveal(value))

@@ -126,7 +126,7 @@ class KeyedConsumer:
         self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
-            from .kafka import connect
+            from .kafka.client import connect
 
             client_factory = connect
         self._factory: ClientFactory = client_factory

@@ -53,7 +53,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import Message, Publisher, PublishError, RetryLater
+from keyedconsumer import Message, Publisher, PublishError, RecordPublisher, RetryLater
 
 from ._kind import around, failure_of
 
@@ -128,7 +128,8 @@ class DeadLetter:
     topic:
         Dead-letter topic; ``{topic}`` is replaced by the message's topic (default ``{topic}.dlq``).
     publisher:
-        A :class:`~keyedconsumer.Publisher` to use instead of building one from ``brokers``.
+        A :class:`~keyedconsumer.RecordPublisher` (e.g. a :class:`~keyedconsumer.Publisher`, or
+        ``keyedconsumer.testing.FakePublisher``) to use instead of building one from ``brokers``.
     producer_config:
         Extra librdkafka producer properties for the built publisher.
     timeout_s:
@@ -149,7 +150,7 @@ class DeadLetter:
         *,
         brokers: Sequence[str] | None = None,
         topic: str = "{topic}.dlq",
-        publisher: Publisher | None = None,
+        publisher: RecordPublisher | None = None,
         producer_config: dict[str, Any] | None = None,
         timeout_s: float = 30.0,
         max_stacktrace_bytes: int = 8192,

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import kafka
 from ..config import ENV_PREFIX
+from ..kafka import admin
 from ..sequencing import redact_url
 from .errors import CliError
 from .output import _age, _Level, _out_console, _print_json, _reports_errors, _setup_logging
@@ -34,16 +34,16 @@ def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
 
 def _group_rows(
     conf: dict[str, Any], group: str, topics: list[str], timeout_s: float
-) -> tuple[kafka.GroupDescription, list[dict[str, Any]]]:
-    desc = kafka.describe_group(conf, group, timeout_s)
+) -> tuple[admin.GroupDescription, list[dict[str, Any]]]:
+    desc = admin.describe_group(conf, group, timeout_s)
     if topics:
-        counts = kafka.topic_partitions(conf, topics, timeout_s)
+        counts = admin.topic_partitions(conf, topics, timeout_s)
         tps = [(t, p) for t in topics for p in range(counts[t])]
-        committed = kafka.committed_offsets(conf, group, tps, timeout_s)
+        committed = admin.committed_offsets(conf, group, tps, timeout_s)
     else:
-        committed = kafka.committed_offsets(conf, group, None, timeout_s)
+        committed = admin.committed_offsets(conf, group, None, timeout_s)
         tps = sorted(set(committed) | set(desc.assigned))
-    marks = kafka.watermark_offsets(conf, tps, timeout_s)
+    marks = admin.watermark_offsets(conf, tps, timeout_s)
     rows: list[dict[str, Any]] = []
     for tp in tps:
         c = committed.get(tp)
@@ -62,7 +62,7 @@ def _group_rows(
             }
         )
     behind = {(r["topic"], r["partition"]): r["committed_offset"] for r in rows if r["lag"]}
-    stamps = kafka.record_timestamps(conf, behind, min(timeout_s, 5.0))
+    stamps = admin.record_timestamps(conf, behind, min(timeout_s, 5.0))
     now_ms = time.time() * 1000
     for r in rows:
         ts = stamps.get((r["topic"], r["partition"]))

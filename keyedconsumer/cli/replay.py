@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .. import kafka
 from ..errors import KafkaClientError, PublishError
+from ..kafka import admin
 from .errors import CliError
 from .marker import ReplayMarker
 from .output import _Level, _out_console, _print_json, _reports_errors, _setup_logging, _show_key
@@ -46,14 +46,14 @@ def parse_since(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def _header(record: kafka.Record, name: str) -> str | None:
+def _header(record: admin.Record, name: str) -> str | None:
     for k, v in reversed(record.headers):
         if k == name and v is not None:
             return v.decode("utf-8", "replace")
     return None
 
 
-def _int_header(record: kafka.Record, name: str) -> int | None:
+def _int_header(record: admin.Record, name: str) -> int | None:
     value = _header(record, name)
     try:
         return int(value) if value is not None else None
@@ -92,7 +92,7 @@ class _Replay:
         self.counts = {"sent": 0, "already_replayed": 0, "not_matching": 0, "no_target": 0}
         self.full: set[int] = set()
 
-    def target(self, record: kafka.Record) -> tuple[str | None, int | None, str | None]:
+    def target(self, record: admin.Record) -> tuple[str | None, int | None, str | None]:
         """``(topic, partition or None, reason it cannot be sent or None)``."""
         original = _header(record, self.h_topic)
         topic = self.to or original
@@ -110,7 +110,7 @@ class _Replay:
         """The partition count of ``topic`` (``None``: it does not exist), asked once per topic."""
         if topic not in self.partition_counts:
             try:
-                self.partition_counts[topic] = kafka.topic_partitions(self.conf, [topic], self.timeout_s)[
+                self.partition_counts[topic] = admin.topic_partitions(self.conf, [topic], self.timeout_s)[
                     topic
                 ]
             except KafkaClientError as exc:
@@ -119,7 +119,7 @@ class _Replay:
                 self.partition_counts[topic] = None
         return self.partition_counts[topic]
 
-    def matches(self, record: kafka.Record) -> bool:
+    def matches(self, record: admin.Record) -> bool:
         if self.keys and record.key not in self.keys:
             return False
         if self.since_ms is not None:
@@ -129,7 +129,7 @@ class _Replay:
                 return False
         return True
 
-    def row(self, record: kafka.Record, topic: str, partition: int | None) -> dict[str, Any]:
+    def row(self, record: admin.Record, topic: str, partition: int | None) -> dict[str, Any]:
         failed_at = _int_header(record, self.h_failed_at)
         return {
             "dlq_partition": record.partition,
@@ -142,7 +142,7 @@ class _Replay:
             "exception": _header(record, self.h_fqcn),
         }
 
-    def headers(self, record: kafka.Record) -> list[tuple[str, bytes | None]]:
+    def headers(self, record: admin.Record) -> list[tuple[str, bytes | None]]:
         return [(k, v) for k, v in record.headers if not k.startswith(self.prefix)]
 
 
@@ -224,12 +224,12 @@ def replay(
     job = _Replay(conf, from_topic, to, {k.encode() for k in key or []}, since_ms, timeout_s)
     if to is not None and job.partitions_of(to) is None:
         raise CliError(f"target topic {to!r} does not exist", 2)
-    reader = kafka.TopicReader(conf, from_topic, group, timeout_s)
+    reader = admin.TopicReader(conf, from_topic, group, timeout_s)
     publisher = None
     error: str | None = None
     try:
         if not dry_run:  # first: it fences off an older replay, and aborts what a crashed one left open
-            publisher = kafka.TransactionalPublisher(conf, group, timeout_s)
+            publisher = admin.TransactionalPublisher(conf, group, timeout_s)
         # a dry run does not wait for (nor abort) a transaction a crashed replay left open
         markers = {
             p: ReplayMarker.decode(c.offset, c.metadata)
@@ -253,13 +253,13 @@ def replay(
 
 def _replay_records(
     job: _Replay,
-    reader: kafka.TopicReader,
-    publisher: kafka.TransactionalPublisher | None,
+    reader: admin.TopicReader,
+    publisher: admin.TransactionalPublisher | None,
     markers: dict[int, ReplayMarker],
     start: dict[int, int],
     batch_size: int,
 ) -> None:
-    batch: list[tuple[kafka.Record, dict[str, Any]]] = []
+    batch: list[tuple[admin.Record, dict[str, Any]]] = []
     changed: set[int] = set()
 
     def flush() -> None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from keyedconsumer import kafka
 from keyedconsumer.errors import KafkaClientError
+from keyedconsumer.kafka.client import connect
 from keyedconsumer.message import Message
 
 __all__ = ["CommitOnPoll", "commit_on_poll_factory", "plant_skip_fencing"]
@@ -48,7 +48,7 @@ class CommitOnPoll:
 
 def commit_on_poll_factory(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> Any:
     """``client_factory`` of a consumer with the ``commit_on_poll`` bug."""
-    return CommitOnPoll(kafka.connect(conf, on_error))
+    return CommitOnPoll(connect(conf, on_error))
 
 
 def plant_skip_fencing() -> None:

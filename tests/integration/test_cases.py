@@ -3,7 +3,7 @@
 Each test is named after its case (C2 and C4 need retry / dead-letter middleware and are not
 here) and runs on the real broker: confluent_kafka is used directly only to produce, administer and
 read committed offsets; the consumer under test is always :class:`keyedconsumer.KeyedConsumer` (C9
-drives the engine's own client seam, :func:`keyedconsumer.kafka.connect`).
+drives the engine's own client seam, :func:`keyedconsumer.kafka.client.connect`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from keyedconsumer import ConsumerConfig, KafkaClientError, KeyedConsumer, Message, MessageError, kafka
+from keyedconsumer import ConsumerConfig, KafkaClientError, KeyedConsumer, Message, MessageError
+from keyedconsumer.kafka.client import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
 
@@ -597,7 +598,7 @@ def test_c8_manual_commit_with_nothing_new_is_benign(kafka_bootstrap: str, new_t
     # when the engine's client commits nothing, then an offset already committed
     client_errors: list[KafkaClientError] = []
     conf = ConsumerConfig(name=group, brokers=[kafka_bootstrap], topics=[topic], manual_commit=True).librdkafka()
-    client = kafka.connect(conf, client_errors.append)
+    client = connect(conf, client_errors.append)
     try:
         client.check_brokers(10)
         client.commit([])  # librdkafka answers _NO_OFFSET
@@ -636,7 +637,7 @@ def test_c9_store_of_unassigned_partition_fails_alone(kafka_bootstrap: str, new_
         def on_lost(self, partitions: list[tuple[str, int]]) -> None:
             pass
 
-    client = kafka.connect(conf, client_errors.append)
+    client = connect(conf, client_errors.append)
     try:
         client.subscribe([topic], Listener())
         deadline = time.monotonic() + 20

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from keyedconsumer import CommitError, KeyedConsumer, Message, kafka
+from keyedconsumer import CommitError, KeyedConsumer, Message
+from keyedconsumer.kafka.client import connect
 
 from .kafkautil import committed, produce, wait_until
 
@@ -81,7 +82,7 @@ def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(kafka_b
     clients: list[StaleOnce] = []
 
     def factory(conf: Any, on_error: Any) -> Any:
-        clients.append(StaleOnce(kafka.connect(conf, on_error)))
+        clients.append(StaleOnce(connect(conf, on_error)))
         return clients[-1]
 
     options: dict[str, Any] = {"name": group, "handler": handle, "brokers": [kafka_bootstrap], "topics": [topic],

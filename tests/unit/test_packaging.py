@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import shutil
 import subprocess
@@ -33,10 +34,78 @@ def test_one_module_per_outside_system() -> None:
     import re
 
     pkg = pathlib.Path(keyedconsumer.__file__).parent
-    kafka = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "confluent_kafka" in p.read_text())
-    assert kafka == ["kafka.py"]
+    # Kafka: three modules of keyedconsumer/kafka/, checked on the syntax tree below
     redis = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if re.search(r"^\s*import redis|^\s*from redis", p.read_text(), re.M))
     assert redis == ["sequencing/store.py"]
+
+
+# -- confluent_kafka only behind the seam, checked on each module's syntax tree ------------------------
+
+ROOT = Path(keyedconsumer.__file__).resolve().parent.parent
+CONFLUENT_MODULES = {"keyedconsumer.kafka.client", "keyedconsumer.kafka.publisher", "keyedconsumer.kafka.admin"}
+
+
+def _modules() -> dict[str, Path]:
+    """``{dotted name: file}`` of every module under keyedconsumer/ and middleware/ (installed as
+    keyedconsumer.middleware)."""
+    out: dict[str, Path] = {}
+    for folder, package in ((ROOT / "keyedconsumer", "keyedconsumer"), (ROOT / "middleware", "keyedconsumer.middleware")):
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imported(name: str, path: Path) -> set[str]:
+    """Every module an import statement of the module names, anywhere in it (functions and
+    ``TYPE_CHECKING`` blocks too), relative imports resolved; ``from m import x`` counts ``m`` and
+    ``m.x`` (``x`` may be a submodule)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _imports_confluent(imported: set[str]) -> bool:
+    return any(m == "confluent_kafka" or m.startswith("confluent_kafka.") for m in imported)
+
+
+def test_only_the_three_kafka_implementation_modules_import_confluent_kafka() -> None:
+    # given every module of the engine and the middleware
+    modules = _modules()
+    assert "keyedconsumer.kafka" in modules and "keyedconsumer.middleware.dead_letter" in modules
+    # when their import statements are read
+    importers = {name for name, path in modules.items() if _imports_confluent(_imported(name, path))}
+    # then only the client, the publisher and the admin tools import confluent_kafka
+    assert importers == CONFLUENT_MODULES
+
+
+def test_the_kafka_seam_module_loads_nothing_that_imports_confluent_kafka() -> None:
+    # given keyedconsumer/kafka/__init__.py (TP and the protocols, which the engine core imports)
+    modules = _modules()
+    graph = {name: _imported(name, path) for name, path in modules.items()}
+    # when every in-tree module it imports is followed, transitively (a package's own __init__, which
+    # Python runs first, is a separate concern: the claim is about what this module pulls in)
+    seen, todo = set(), ["keyedconsumer.kafka"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(m for m in graph[name] if m in modules)
+    # then none of them imports confluent_kafka
+    assert not {name for name in seen if _imports_confluent(graph[name])}, sorted(seen)
+    assert seen >= {"keyedconsumer.errors", "keyedconsumer.message"}  # the walk did follow imports
 
 
 def test_the_engine_imports_without_redis_installed() -> None:

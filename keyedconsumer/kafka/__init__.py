@@ -1,0 +1,98 @@
+"""The Kafka seams: what the engine and the middleware need of Kafka, as protocols.
+
+This module holds types only and loads no Kafka library, so any module may import it (the engine
+core takes :data:`TP` from here). The implementations on librdkafka live in the submodules, the
+only modules of the package that import ``confluent_kafka``:
+
+- :mod:`keyedconsumer.kafka.client`: :func:`~keyedconsumer.kafka.client.connect`, the real
+  :class:`KafkaClient`, and :func:`~keyedconsumer.kafka.client.check_config`;
+- :mod:`keyedconsumer.kafka.publisher`: :class:`~keyedconsumer.Publisher`, the real
+  :class:`RecordPublisher`;
+- :mod:`keyedconsumer.kafka.admin`: the command line's admin, inspection and replay tools.
+
+:mod:`keyedconsumer.testing` implements :class:`KafkaClient` (``FakeClient``) and
+:class:`RecordPublisher` (``FakePublisher``) on an in-memory broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ..errors import KafkaClientError
+from ..message import Message
+
+__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher"]
+
+#: A topic-partition: ``(topic, partition)``.
+TP = tuple[str, int]
+
+
+class RebalanceListener(Protocol):
+    """Receives assignment changes, in the poll thread, inside ``poll_batch``."""
+
+    def on_assign(self, partitions: list[TP]) -> None: ...
+    def on_revoke(self, partitions: list[TP]) -> None: ...
+    def on_lost(self, partitions: list[TP]) -> None: ...
+
+
+class KafkaClient(Protocol):
+    """What the engine needs of a Kafka consumer client. Used from one thread (the poll thread)."""
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]: ...
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None: ...
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None: ...
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None: ...
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]: ...
+    def pause(self, partitions: Sequence[TP]) -> None: ...
+    def resume(self, partitions: Sequence[TP]) -> None: ...
+    def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]: ...
+    def check_brokers(self, timeout_s: float) -> None: ...
+    def close(self, timeout_s: float | None = None) -> bool: ...
+
+
+#: ``factory(librdkafka_config, on_error) -> KafkaClient``; ``on_error`` receives client errors.
+ClientFactory = Callable[[dict[str, Any], Callable[[KafkaClientError], None]], KafkaClient]
+
+
+class RecordPublisher(Protocol):
+    """Writes one record at a time and waits for the broker's acknowledgement (the dead-letter
+    middleware's seam). Safe to call from several threads at once.
+
+    :class:`~keyedconsumer.Publisher` is the real one; ``keyedconsumer.testing.FakePublisher``
+    writes into an in-memory broker.
+    """
+
+    #: Seconds a record is tried before :meth:`publish` reports it failed (0: answered at once).
+    delivery_timeout_s: float
+
+    def publish(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        """Write one record and wait for its fate.
+
+        Returns
+        -------
+        ``(partition, offset)`` of the acknowledged record.
+
+        Raises
+        ------
+        PublishError
+            The record was refused, could not be queued, or was not delivered.
+        """
+        ...
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` seconds for records still queued."""
+        ...

@@ -1,0 +1,308 @@
+"""The real :class:`~keyedconsumer.kafka.KafkaClient`, on ``confluent_kafka.Consumer`` (librdkafka).
+
+:func:`connect` is the engine's default client factory; :func:`check_config` lets librdkafka check
+its own properties. Tests pass another factory to the consumer (see :mod:`keyedconsumer.testing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from ..errors import CommitError, KafkaClientError
+from ..message import Message
+from . import TP, KafkaClient, RebalanceListener
+
+__all__ = ["connect", "check_config"]
+
+log = logging.getLogger("keyedconsumer.kafka")
+
+# Errors librdkafka reports on commit that mean "nothing to do", not a failure (case C8).
+_BENIGN_COMMIT = {KafkaError._NO_OFFSET}
+
+
+def _client_error(err: KafkaError, what: str) -> KafkaClientError:
+    return KafkaClientError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal())
+
+
+class _NotDone(Exception):
+    """A bounded call did not return in time."""
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
+    """Call ``fn()`` in a daemon thread and return its result, or raise :class:`_NotDone` if it has
+    not returned within ``timeout_s`` seconds (it is then left to finish, or not, on its own).
+
+    librdkafka's synchronous commit and ``close()`` take no timeout and wait on the broker (a stopped
+    broker holds them up to ``socket.timeout.ms``, 60 s by default; confluent-kafka-python #1667,
+    librdkafka #1002); the handle may be used from several threads, so a caller can stop waiting.
+    """
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name=f"keyedconsumer-{name}", daemon=True).start()
+    if not done.wait(max(0.0, timeout_s)):
+        raise _NotDone()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _tp(topic: str, partition: int, offset: int, metadata: str) -> TopicPartition:
+    if metadata:
+        return TopicPartition(topic, partition, offset, metadata=metadata)
+    return TopicPartition(topic, partition, offset)
+
+
+class _ConfluentClient:
+    """:class:`KafkaClient` on ``confluent_kafka.Consumer``."""
+
+    def __init__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> None:
+        self._on_error = on_error
+        conf = dict(conf)
+        conf["error_cb"] = self._error_cb
+        try:
+            self._consumer = Consumer(conf)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise KafkaClientError(f"cannot create the Kafka consumer: {err.str()}", code=err.name()) from None
+
+    def _error_cb(self, err: KafkaError) -> None:
+        self._on_error(_client_error(err, "Kafka client error"))
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        def tps(parts: list[TopicPartition]) -> list[TP]:
+            return [(p.topic, p.partition) for p in parts]
+
+        # The callbacks never call assign()/unassign(): confluent-kafka applies the (incremental)
+        # assignment itself after the callback returns, which incremental protocols require (C10).
+        try:
+            self._consumer.subscribe(
+                list(topics),
+                on_assign=lambda _c, parts: listener.on_assign(tps(parts)),
+                on_revoke=lambda _c, parts: listener.on_revoke(tps(parts)),
+                on_lost=lambda _c, parts: listener.on_lost(tps(parts)),
+            )
+        except KafkaException as exc:  # e.g. a topic regex librdkafka's regex engine refuses
+            err = exc.args[0]
+            raise KafkaClientError(
+                f"cannot subscribe to topics={list(topics)!r}: {err.name()}: {err.str()}", code=err.name(), fatal=True
+            ) from None
+
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
+        out: list[Message] = []
+        append = out.append
+        for raw in self._consumer.consume(max_messages, timeout_s):
+            err = raw.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    where = f"topic={raw.topic()} partition={raw.partition()}"
+                    self._on_error(_client_error(err, f"consume error ({where})"))
+                continue
+            try:
+                ts_type, ts = raw.timestamp()
+                msg = Message(
+                    raw.topic(),  # type: ignore[arg-type]
+                    raw.partition(),  # type: ignore[arg-type]
+                    raw.offset(),  # type: ignore[arg-type]
+                    raw.key(),
+                    raw.value(),
+                    raw.headers(),  # type: ignore[arg-type]
+                    ts if ts_type else None,
+                )
+            except Exception as exc:
+                # confluent-kafka cannot decode a header name that is not UTF-8; it may leave the
+                # error set and let the next call raise it (SystemError), so the whole record is
+                # read in this block. Stop, naming the record: it is neither run nor skipped. The
+                # rest of the batch is dropped too (not admitted, so no offset past the record can
+                # be stored).
+                where = f"topic={raw.topic()} partition={raw.partition()} offset={raw.offset()}"
+                self._on_error(KafkaClientError(
+                    f"cannot read the record {where} (a header name that is not UTF-8?): "
+                    f"{type(exc).__name__}: {exc}", code="BAD_RECORD", fatal=True))
+                return out
+            append(msg)
+        return out
+
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
+        # One partition per call: librdkafka fails a multi-partition store only when every
+        # partition fails, so a mixed call could silently drop one (case C9).
+        try:
+            self._consumer.store_offsets(offsets=[_tp(topic, partition, offset, metadata)])
+        except KafkaException as exc:
+            raise _client_error(exc.args[0], f"store_offsets topic={topic} partition={partition}") from None
+
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Commit ``(topic, partition, offset)`` synchronously, each with ``metadata[(topic, partition)]``.
+
+        ``timeout_s`` bounds the wait for the group coordinator's answer (``None``: librdkafka's own
+        request timeouts). Never pass it from inside a rebalance callback: the commit is then sent
+        from a helper thread, and librdkafka serves it only after the callback returned. A commit with nothing new is not an error (case C8). A broker refusing the
+        metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the offsets again without it.
+
+        Raises
+        ------
+        CommitError
+            Refused for at least one partition (named), or no answer within ``timeout_s`` (code
+            ``_TIMED_OUT``; the commit may still be applied later, and it is never past an
+            unfinished message, so that is safe).
+        """
+        if timeout_s is None:
+            self._commit(offsets, metadata)
+            return
+        try:
+            _bounded(lambda: self._commit(offsets, metadata), timeout_s, "commit")
+        except _NotDone:
+            where = ", ".join(f"{t}[{p}]@{o}" for t, p, o in offsets)
+            raise CommitError(f"commit of {where} not confirmed within {timeout_s:g} s", code="_TIMED_OUT") from None
+
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        """Send a commit without waiting for its answer (a failure is not reported: the caller
+        commits again later). Used for periodic commits of metadata only."""
+        meta = metadata or {}
+        try:
+            self._consumer.commit(offsets=[_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets],
+                                  asynchronous=True)
+        except KafkaException as exc:
+            log.debug("asynchronous commit not sent: %s", exc)
+
+    def _commit(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None) -> None:
+        meta = metadata or {}
+        tps = [_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets]
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() in _BENIGN_COMMIT:
+                return
+            if err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE and meta:
+                # a broker with a lower offset.metadata.max.bytes: the offsets alone still count
+                log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+                self._commit(offsets, None)
+                return
+            raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
+        failed = [
+            (tp, tp.error) for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT
+        ]
+        if meta and any(e.code() == KafkaError.OFFSET_METADATA_TOO_LARGE for _, e in failed):
+            log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+            self._commit([(tp.topic, tp.partition, tp.offset) for tp, _ in failed], None)
+            failed = [(tp, e) for tp, e in failed if e.code() != KafkaError.OFFSET_METADATA_TOO_LARGE]
+        if failed:
+            desc = ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}: {e.name()}" for tp, e in failed)
+            raise CommitError(f"commit failed for {desc}", code=failed[0][1].name())
+
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]:
+        """The group's committed ``(offset, metadata)`` of ``partitions`` (offset < 0: none).
+
+        Raises
+        ------
+        KafkaClientError
+            No answer from the group coordinator within ``timeout_s``, or an error.
+        """
+        if not partitions:
+            return {}
+        try:
+            result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
+        except KafkaException as exc:
+            raise _client_error(exc.args[0], "committed offsets") from None
+        out: dict[TP, tuple[int, str]] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise _client_error(tp.error, f"committed offset of topic={tp.topic} partition={tp.partition}")
+            out[(tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
+        return out
+
+    def pause(self, partitions: Sequence[TP]) -> None:
+        if partitions:
+            self._consumer.pause([TopicPartition(t, p) for t, p in partitions])
+
+    def resume(self, partitions: Sequence[TP]) -> None:
+        if not partitions:
+            return
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        self._consumer.resume(tps)
+        # librdkafka resumes fetching only at its broker thread's next periodic fetch decision, up
+        # to about 1 s after a pause (measured here: 0.9 s per pause/resume cycle). A seek to the
+        # position it would resume from anyway (the offset after the last message consumed) wakes
+        # the fetcher at once: ~4 ms. Nothing is skipped or read twice: it is the same offset.
+        try:
+            for tp in self._consumer.position(tps):
+                if tp.offset >= 0:
+                    self._consumer.seek(tp)
+        except KafkaException as exc:  # e.g. the partition is being revoked: fetching resumes by itself
+            log.debug("seek after resume failed: %s", exc)
+
+    def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]:
+        # cached=True: the end offsets librdkafka learnt from its last fetch responses; no request
+        out: dict[TP, int | None] = {}
+        for t, p in partitions:
+            try:
+                high = self._consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+            except KafkaException:
+                high = None
+            out[(t, p)] = high[1] if high and high[1] >= 0 else None
+        return out
+
+    def check_brokers(self, timeout_s: float) -> None:
+        try:
+            self._consumer.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise KafkaClientError(
+                f"no answer from the brokers within {timeout_s:g} s: {err.name()}: {err.str()} "
+                "(check 'brokers' / bootstrap.servers)",
+                code=err.name(),
+            ) from None
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
+        offsets and leaves the group. Returns ``False`` if that did not end within ``timeout_s``
+        seconds (a stopped or unreachable broker): the close is then left to finish on its own."""
+        if timeout_s is None:
+            self._consumer.close()
+            return True
+        try:
+            _bounded(self._consumer.close, timeout_s, "close")
+        except _NotDone:
+            return False
+        return True
+
+
+def check_config(conf: dict[str, Any]) -> None:
+    """Check librdkafka properties by building (and at once closing) a consumer; no broker is contacted
+    for long and no group is joined.
+
+    Raises
+    ------
+    ValueError
+        librdkafka's own message for an unknown property or an invalid value.
+    """
+    try:
+        Consumer({**conf, "log_level": 0}).close()  # silent: it is only a check
+    except KafkaException as exc:
+        raise ValueError(exc.args[0].str()) from None
+
+
+def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:
+    """Build the real client. Raises :class:`KafkaClientError` on an invalid librdkafka property."""
+    return _ConfluentClient(conf, on_error)
+

@@ -1,0 +1,138 @@
+"""The real :class:`~keyedconsumer.kafka.RecordPublisher`, on ``confluent_kafka.Producer``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ..config import reveal
+from ..errors import PublishError
+
+if TYPE_CHECKING:
+    from . import RecordPublisher
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """A producer that waits for the broker's acknowledgement of each record: the real
+    :class:`~keyedconsumer.kafka.RecordPublisher`.
+
+    Records are written with ``acks=all`` and ``enable.idempotence=true`` (librdkafka), so an
+    acknowledged record is on every in-sync replica and a retried send is not duplicated. Safe to
+    call from several threads at once. Used by the dead-letter middleware.
+
+    **The fate of a record is known before** :meth:`publish` **returns.** librdkafka keeps retrying
+    a record until its ``message.timeout.ms``; a caller that stopped waiting earlier would report a
+    failure for a record that is then delivered after all, and a second attempt would write it
+    twice (spring-kafka #1749, fixed by bounding the producer's delivery timeout by the wait, PR
+    #1750). So ``message.timeout.ms`` is set to ``delivery_timeout_s``, and ``publish`` waits for the
+    record's delivery report: success, or a failure after which librdkafka no longer sends it.
+
+    Parameters
+    ----------
+    brokers:
+        Bootstrap servers, ``host:port`` strings.
+    config:
+        Other librdkafka producer properties (``acks``, ``enable.idempotence`` and
+        ``message.timeout.ms`` / ``delivery.timeout.ms`` are set after these). A
+        ``pydantic.SecretStr`` value (as in ``ConsumerConfig.config``) is passed as its secret value.
+    delivery_timeout_s:
+        Seconds librdkafka tries to deliver a record (its ``message.timeout.ms``) before reporting
+        it failed; :meth:`publish` returns within about that long.
+
+    Raises
+    ------
+    PublishError
+        The producer could not be created (an invalid property).
+    ValueError
+        ``delivery_timeout_s`` not above 0.
+    """
+
+    #: Seconds past ``message.timeout.ms`` that :meth:`publish` waits for the delivery report:
+    #: librdkafka checks for timed-out records about once a second.
+    REPORT_GRACE_S = 5.0
+
+    def __init__(
+        self, brokers: Sequence[str], config: Mapping[str, Any] | None = None, *, delivery_timeout_s: float = 30.0
+    ) -> None:
+        if not delivery_timeout_s > 0:
+            raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
+        self.delivery_timeout_s = float(delivery_timeout_s)
+        conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
+        conf.update(reveal(config or {}))
+        conf.pop("delivery.timeout.ms", None)  # librdkafka's alias of message.timeout.ms
+        conf.update({
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": max(1, int(self.delivery_timeout_s * 1000)),
+        })
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
+
+    def publish(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        """Write one record and wait until the broker acknowledged it, or librdkafka gave it up.
+
+        ``timeout_s`` is accepted for compatibility and not used: the wait ends with the record's
+        delivery report, within ``delivery_timeout_s`` (plus :data:`REPORT_GRACE_S`).
+
+        Returns
+        -------
+        ``(partition, offset)`` of the acknowledged record.
+
+        Raises
+        ------
+        PublishError
+            The broker refused the record (e.g. too large, not authorised), it could not be queued,
+            or it was not delivered within ``delivery_timeout_s`` (e.g. the topic does not exist and
+            is not created, the broker is unreachable); librdkafka then sends it no more. Only if
+            even the report does not come (it always does) does the error say the fate is unknown.
+        """
+        done = threading.Event()
+        result: list[Any] = []
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            result.append((err, msg))
+            done.set()
+
+        try:
+            wire: Any = list(headers) if headers else None
+            self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=on_delivery)
+        except (KafkaException, BufferError) as exc:
+            raise PublishError(f"cannot publish to {topic}: {exc}") from None
+        deadline = time.monotonic() + self.delivery_timeout_s + self.REPORT_GRACE_S
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PublishError(
+                    f"no delivery report for {topic} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
+                    "the record's fate is unknown (it may still be delivered)"
+                )
+            self._producer.poll(min(left, 0.1))
+        err, msg = result[0]
+        if err is not None:
+            raise PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
+        return msg.partition(), msg.offset()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` seconds for queued records."""
+        self._producer.flush(timeout_s)
+
+
+if TYPE_CHECKING:  # mypy checks that the real publisher satisfies the seam
+
+    def _is_a_record_publisher(publisher: Publisher) -> RecordPublisher:
+        return publisher

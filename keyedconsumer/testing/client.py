@@ -1,0 +1,289 @@
+"""The fakes of the Kafka seams, on an :class:`~keyedconsumer.testing.InMemoryBroker`.
+
+:class:`FakeClient` is a :class:`~keyedconsumer.kafka.KafkaClient` (one group member) and
+:class:`FakePublisher` a :class:`~keyedconsumer.kafka.RecordPublisher`. Both use the broker only
+through its public methods (the client: the member protocol listed in :mod:`keyedconsumer.testing.broker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CommitError, KafkaClientError, PublishError
+from ..kafka import TP, RebalanceListener
+from ..message import Message
+
+if TYPE_CHECKING:
+    from ..kafka import RecordPublisher
+    from .broker import GroupEvent, InMemoryBroker
+
+__all__ = ["FakeClient", "FakePublisher"]
+
+#: The committed offset librdkafka reports when there is none (``RD_KAFKA_OFFSET_INVALID``).
+OFFSET_INVALID = -1001
+
+
+def _truthy(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
+
+
+class FakeClient:
+    """A :class:`~keyedconsumer.kafka.KafkaClient` on an :class:`InMemoryBroker` (one group member).
+
+    Made by :meth:`InMemoryBroker.client_factory`. Like the real client it is used from one thread,
+    the consumer's poll thread, where it also runs the rebalance callbacks and ``on_error``.
+
+    What librdkafka keeps in the client is kept here: the listener, the fetch positions, the paused
+    partitions and the auto-commit schedule. What the group coordinator knows (membership, the
+    assignment, stored and committed offsets) the broker keeps, and this client asks for it.
+    """
+
+    def __init__(
+        self, broker: InMemoryBroker, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None], member_id: str
+    ) -> None:
+        self._broker = broker
+        self._on_error = on_error
+        self.member_id = member_id
+        self.group_id = str(conf["group.id"])
+        self._auto_commit = _truthy(conf.get("enable.auto.commit", True))
+        self._commit_interval_s = float(conf.get("auto.commit.interval.ms", 5000)) / 1000.0
+        self._earliest = str(conf.get("auto.offset.reset", "latest")).lower() in ("earliest", "smallest", "beginning")
+        self._next_commit_s = broker.clock() + self._commit_interval_s
+        self._listener: RebalanceListener | None = None
+        self._positions: dict[TP, int] = {}  # next offset to fetch, per assigned partition
+        self._paused: set[TP] = set()
+        self._turn = 0  # rotates the partition a fetch starts with
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"FakeClient({self.member_id!r}, assigned={self._broker.assignment(self.member_id)})"
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise KafkaClientError(f"{what}: the consumer is closed", code="_STATE")
+
+    # -- the KafkaClient protocol -----------------------------------------------------------------
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        """Join the group with a subscription to ``topics``; assignments come in ``poll_batch``."""
+        self._check_open("subscribe")
+        self._listener = listener
+        self._broker.join_group(self.member_id, topics)
+
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
+        """Run due callbacks and the auto-commit tick, then return up to ``max_messages`` records.
+
+        With nothing to deliver, waits ``idle_wait_s`` of real time for new records, then advances
+        the fake clock by ``timeout_s`` seconds and returns ``[]``.
+        """
+        b = self._broker
+        self._check_open("poll")
+        self._serve()
+        seen = b.version()
+        out = self._fetch(max_messages)
+        if out:
+            return out
+        b.wait_for_change(seen, b.idle_wait_s)
+        self._serve()
+        out = self._fetch(max_messages)
+        if not out:
+            b.clock.advance(max(0.0, timeout_s))
+        return out
+
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
+        """Keep ``offset`` (and its commit ``metadata``) for the next (auto) commit.
+
+        Raises
+        ------
+        KafkaClientError
+            ``_STATE``: the partition is not assigned to this member (or the client is closed).
+        """
+        self._check_open("store_offsets")
+        if not self._broker.store_offset(self.member_id, (topic, partition), offset, metadata):
+            raise KafkaClientError(
+                f"store_offsets topic={topic} partition={partition}: _STATE: Local: Erroneous state", code="_STATE"
+            )
+
+    def commit(
+        self,
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Commit ``(topic, partition, offset)`` synchronously, with ``metadata[(topic, partition)]``
+        (the in-memory broker answers at once: ``timeout_s`` is not needed).
+
+        Raises
+        ------
+        CommitError
+            ``ILLEGAL_GENERATION`` for partitions this member does not own (the others are committed).
+        KafkaClientError
+            The client is closed.
+        """
+        self._check_open("commit")
+        meta = metadata or {}
+        refused = self._broker.commit_offsets(
+            self.member_id, [((t, p), o, meta.get((t, p), "")) for t, p, o in offsets]
+        )
+        if refused:
+            failed = ", ".join(f"{t}[{p}]@{o}: ILLEGAL_GENERATION" for (t, p), o in refused)
+            raise CommitError(f"commit failed for {failed} (not assigned to this member)", code="ILLEGAL_GENERATION")
+
+    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+        """:meth:`commit` whose failure is not reported (as librdkafka's asynchronous commit
+        without an ``on_commit`` callback)."""
+        try:
+            self.commit(offsets, metadata)
+        except KafkaClientError:
+            pass
+
+    def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]:
+        """The group's committed ``(offset, metadata)`` of ``partitions`` (``-1001`` when none)."""
+        self._check_open("committed")
+        found = self._broker.fetch_committed(self.group_id, partitions)
+        return {tp: (OFFSET_INVALID if offset is None else offset, meta) for tp, (offset, meta) in found.items()}
+
+    def pause(self, partitions: Sequence[TP]) -> None:
+        """Stop fetching ``partitions`` (assigned ones; others are ignored). As in librdkafka, the
+        pause outlives a revoke and a later re-assignment of the partition."""
+        owned = set(self._broker.assignment(self.member_id))
+        self._paused.update(tp for tp in partitions if tp in owned)
+
+    def resume(self, partitions: Sequence[TP]) -> None:
+        """Fetch ``partitions`` again, from the next record not yet delivered."""
+        self._paused.difference_update(partitions)
+
+    def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]:
+        """End offsets; ``None`` for an unknown topic or partition."""
+        return self._broker.list_offsets(partitions)
+
+    def check_brokers(self, timeout_s: float) -> None:
+        """The in-memory broker always answers."""
+        self._check_open("list_topics")
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Revoke the whole assignment (``on_revoke``, in this thread), auto-commit the stored offsets,
+        and leave the group, whose partitions go to the other members. A second call does nothing.
+        Returns ``True`` (the in-memory broker always answers)."""
+        if self._closed:
+            return True
+        tps = self._broker.assignment(self.member_id)
+        try:
+            if tps and self._listener is not None:
+                self._listener.on_revoke(tps)
+        finally:
+            self._broker.leave_group(self.member_id, tps, commit_stored=self._auto_commit)
+            self._closed = True
+            self._positions.clear()
+        return True
+
+    # -- inside poll_batch ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Report injected errors, run scheduled rebalance callbacks, then the auto-commit tick."""
+        b = self._broker
+        while True:
+            errors = b.take_errors(self.member_id)
+            event = b.next_event(self.member_id)
+            for err in errors:
+                self._on_error(err)
+            if event is None:
+                break
+            self._run(event)
+        now = b.clock()
+        if self._auto_commit and now >= self._next_commit_s:
+            self._next_commit_s = now + self._commit_interval_s
+            b.commit_stored(self.member_id)
+
+    def _run(self, event: GroupEvent) -> None:
+        listener = self._listener
+        assert listener is not None  # events exist only after subscribe()
+        tps = event.partitions
+        if event.kind == "assign":
+            for tp in tps:
+                end, committed = event.end_offsets[tp], event.committed[tp]
+                valid = committed is not None and 0 <= committed <= end
+                self._positions[tp] = committed if valid and committed is not None else (0 if self._earliest else end)
+            listener.on_assign(tps)
+        elif event.kind == "lost":
+            self._forget(tps)
+            listener.on_lost(tps)
+        else:
+            try:
+                listener.on_revoke(tps)
+            finally:
+                # librdkafka commits the stored offsets it unassigns
+                self._broker.revoke_done(self.member_id, tps, commit_stored=self._auto_commit)
+                self._forget(tps)
+
+    def _forget(self, tps: Sequence[TP]) -> None:
+        # like librdkafka, a pause outlives a revoke: a partition assigned back stays paused until
+        # resumed (issue confluentinc/librdkafka#1849)
+        for tp in tps:
+            self._positions.pop(tp, None)
+
+    def _fetch(self, max_messages: int) -> list[Message]:
+        parts = [tp for tp in self._broker.assignment(self.member_id) if tp not in self._paused]
+        if not parts:
+            return []
+        self._turn += 1
+        order = [parts[(self._turn + i) % len(parts)] for i in range(len(parts))]
+        positions = [(tp, self._positions[tp]) for tp in order if tp in self._positions]
+        records = self._broker.fetch(self.member_id, positions, max_messages)
+        out: list[Message] = []
+        for r in records:
+            self._positions[(r.topic, r.partition)] = r.offset + 1
+            out.append(Message(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers) or None, r.timestamp_ms))
+        return out
+
+
+class FakePublisher:
+    """A :class:`~keyedconsumer.RecordPublisher` that writes into an :class:`InMemoryBroker` (no producer).
+
+    Attributes
+    ----------
+    error:
+        When set, every ``publish`` raises it (to test a failing dead-letter topic).
+    """
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        self._broker = broker
+        self.error: PublishError | None = None
+        self.delivery_timeout_s = 0.0  # the in-memory broker answers at once
+
+    def publish(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        """Append a record to the broker (partitioned like :meth:`InMemoryBroker.produce`).
+
+        Returns
+        -------
+        ``(partition, offset)`` of the record.
+
+        Raises
+        ------
+        PublishError
+            ``error`` is set, or the topic is unknown while the broker does not create topics.
+        """
+        if self.error is not None:
+            raise self.error
+        try:
+            rec = self._broker.produce(topic, value, key=key, headers=headers)
+        except ValueError as exc:
+            raise PublishError(f"cannot publish to {topic}: {exc}") from None
+        return rec.partition, rec.offset
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Nothing is queued: returns at once."""
+
+
+if TYPE_CHECKING:  # mypy checks that the fake satisfies the dead-letter seam
+
+    def _is_a_record_publisher(publisher: FakePublisher) -> RecordPublisher:
+        return publisher

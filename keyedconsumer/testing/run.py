@@ -1,0 +1,173 @@
+"""Consumers running in threads on an in-memory broker, for a test to wait on and stop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ..consumer import KeyedConsumer
+from ..kafka.client import connect
+
+if TYPE_CHECKING:
+    from .broker import InMemoryBroker
+
+__all__ = ["Run"]
+
+log = logging.getLogger("keyedconsumer.testing")
+
+
+class _Runner:
+    """One consumer's ``run()`` in a thread, and the error that ended it."""
+
+    def __init__(self, consumer: KeyedConsumer) -> None:
+        self.consumer = consumer
+        self.thread = threading.Thread(target=self._main, name=f"keyedconsumer-run-{consumer.config.name}", daemon=True)
+        self._error: BaseException | None = None
+        self._reported = False
+
+    def _main(self) -> None:
+        try:
+            self.consumer.run()
+        except BaseException as exc:  # kept for the test thread, which re-raises it
+            self._error = exc
+
+    def take_error(self) -> BaseException | None:
+        """The error that ended ``run()``, once: ``None`` while it runs, and after the first call."""
+        if self._error is None or self._reported or self.thread.is_alive():
+            return None
+        self._reported = True
+        return self._error
+
+
+class Run:
+    """Consumers running in threads on an :class:`InMemoryBroker`; made by :meth:`InMemoryBroker.run`.
+
+    Use it as a context manager: on exit every consumer is stopped and joined, and an error that
+    ended a consumer's ``run()`` (a :class:`~keyedconsumer.MessageError` from an unhandled handler
+    failure, a fatal :class:`~keyedconsumer.KafkaClientError`) is raised, unless one of the methods
+    below raised it already. Each error is raised once.
+    """
+
+    def __init__(self, broker: InMemoryBroker, consumers: Iterable[KeyedConsumer]) -> None:
+        self._broker = broker
+        self._runners: list[_Runner] = []
+        for c in consumers:
+            self.add(c)
+
+    def add(self, consumer: KeyedConsumer) -> None:
+        """Start one more consumer (for example a second member of a group, mid-run).
+
+        Raises
+        ------
+        ValueError
+            ``consumer`` uses the real Kafka client (it was built without ``client_factory``).
+        """
+        if getattr(consumer, "_factory", None) is connect:
+            raise ValueError("the consumer uses the real Kafka client: build it with broker.consumer(...) "
+                             "or KeyedConsumer(client_factory=broker.client_factory, clock=broker.clock, ...)")
+        runner = _Runner(consumer)
+        self._runners.append(runner)
+        runner.thread.start()
+
+    def stop(self, consumer: KeyedConsumer | None = None) -> None:
+        """Stop ``consumer`` (default: all) and wait until its ``run()`` returned.
+
+        Raises
+        ------
+        BaseException
+            The error that ended its ``run()``, if not raised before.
+        TimeoutError
+            ``run()`` did not return within ``shutdown_timeout_s`` + 10 s.
+        """
+        chosen = [r for r in self._runners if consumer is None or r.consumer is consumer]
+        for r in chosen:
+            r.consumer.stop()
+        for r in chosen:
+            r.thread.join(r.consumer.config.shutdown_timeout_s + 10.0)
+            if r.thread.is_alive():
+                raise TimeoutError(f"consumer {r.consumer.config.name!r} did not stop")
+        self._raise_errors(chosen)
+
+    def _raise_errors(self, runners: Iterable[_Runner]) -> None:
+        for r in runners:
+            error = r.take_error()
+            if error is not None:
+                raise error
+
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "the condition") -> None:
+        """Wait until ``condition()`` is true, polling every millisecond of real time.
+
+        Raises
+        ------
+        BaseException
+            The error that ended a consumer's ``run()`` meanwhile.
+        TimeoutError
+            Not true within ``timeout_s`` real seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            self._raise_errors(self._runners)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
+            time.sleep(0.001)
+
+    def until_idle(self, timeout_s: float = 5.0) -> None:
+        """Wait until every record of every topic the consumers subscribe to is committed by their
+        groups (committed offset = end offset). The consumers go on running.
+
+        Raises
+        ------
+        BaseException
+            The error that ended a consumer's ``run()`` (e.g. ``MessageError``), once.
+        RuntimeError
+            Every consumer stopped, without error, before that.
+        TimeoutError
+            Not idle within ``timeout_s`` real seconds; the message names each partition left,
+            with its committed and end offsets, and the messages in flight.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen = self._broker.version()
+            self._raise_errors(self._runners)
+            left = self._left()
+            if not left:
+                return
+            if all(not r.thread.is_alive() for r in self._runners):
+                self._raise_errors(self._runners)
+                raise RuntimeError(f"the consumers stopped before every record was committed: {left}")
+            if time.monotonic() >= deadline:
+                in_flight = {r.consumer.config.name: r.consumer.in_flight for r in self._runners}
+                raise TimeoutError(f"not idle after {timeout_s:g} s: {left}; messages in flight: {in_flight}")
+            self._broker.wait_for_change(seen, 0.002)
+
+    def _left(self) -> str:
+        groups: dict[str, set[str]] = {}
+        for r in self._runners:
+            groups.setdefault(r.consumer.config.group, set()).update(r.consumer.config.topics)
+        committed = {g: self._broker.committed(g) for g in groups}
+        parts = []
+        for g, topics in sorted(groups.items()):
+            for (topic, p), lag in sorted(self._broker.lag(g, sorted(topics)).items()):
+                if lag > 0:
+                    c = committed[g].get((topic, p))
+                    end = (c or 0) + lag
+                    parts.append(f"group {g!r} {topic}[{p}] committed {c} of end {end} ({lag} left)")
+        return ", ".join(parts)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.stop()
+            return
+        try:  # the body's exception wins; a consumer's error is only logged
+            self.stop()
+        except BaseException as err:
+            log.warning("a consumer also ended with: %r", err)
