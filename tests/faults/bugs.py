@@ -27,20 +27,37 @@ __all__ = ["CommitOnPoll", "commit_on_poll_factory", "plant_skip_fencing"]
 
 
 class CommitOnPoll:
-    """A :class:`~keyedconsumer.kafka.KafkaClient` that stores ``offset + 1`` of every record it
-    returns from ``poll_batch``, before the engine has run it (librdkafka then commits it)."""
+    """A :class:`~keyedconsumer.kafka.KafkaClient` that commits what was polled, not what finished:
+    every record ``poll_batch`` returns has ``offset + 1`` stored at once, and every store or commit
+    of the engine is raised to the position polled (without its metadata), so the committed offset
+    is always past every polled message, finished or not."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._polled: dict[tuple[str, int], int] = {}  # (topic, partition) -> last polled offset + 1
 
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
         msgs: list[Message] = self._inner.poll_batch(max_messages, timeout_s)
         for m in msgs:
+            tp = (m.topic, m.partition)
+            self._polled[tp] = max(self._polled.get(tp, 0), m.offset + 1)
             try:
                 self._inner.store(m.topic, m.partition, m.offset + 1)
             except KafkaClientError:  # not assigned any more: nothing to store
                 pass
         return msgs
+
+    def _raise(self, offsets: Any) -> list[tuple[str, int, int]]:
+        return [(t, p, max(o, self._polled.get((t, p), 0))) for t, p, o in offsets]
+
+    def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
+        self._inner.store(topic, partition, max(offset, self._polled.get((topic, partition), 0)))
+
+    def commit(self, offsets: Any, metadata: Any = None, timeout_s: float | None = None) -> None:
+        self._inner.commit(self._raise(offsets), None, timeout_s)
+
+    def commit_async(self, offsets: Any, metadata: Any = None) -> None:
+        self._inner.commit_async(self._raise(offsets), None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
