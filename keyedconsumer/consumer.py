@@ -293,25 +293,9 @@ class KeyedConsumer:
         cached fetch state.
         """
         now = time.monotonic()
-        out = []
-        for part in self._d.active():
-            tracker = part.tracker
-            wm = tracker.watermark()
-            since = tracker.oldest_received_s()
-            base = part.stored if part.stored is not None else wm  # nothing stored yet: where it is
-            out.append(
-                PartitionStatus(
-                    topic=part.topic,
-                    partition=part.partition,
-                    first_unfinished_offset=wm,
-                    stored_offset=part.stored,
-                    unfinished=tracker.pending,
-                    oldest_unfinished_age_s=(now - since) if since is not None else 0.0,
-                    end_offset=part.high,
-                    lag=max(0, part.high - base) if part.high is not None and base is not None else None,
-                )
-            )
-        return out
+        d = self._d
+        with d.lock:  # the trackers change under the workers' hands
+            return [_status(p, now) for p in d.partitions.active()]
 
     @property
     def assignment(self) -> list[TP]:
@@ -462,6 +446,25 @@ class KeyedConsumer:
         if started:
             executor.join(max(0.5, min(5.0, deadline - time.monotonic())))
         self._sequencer.detach()
+
+
+def _status(part: Partition, now: float) -> PartitionStatus:
+    """The :class:`PartitionStatus` of ``part`` at ``now`` (monotonic seconds; lock held)."""
+    tracker = part.tracker
+    wm = tracker.watermark()
+    since = tracker.oldest_received_s()
+    base = part.stored if part.stored is not None else wm  # nothing stored yet: where it is
+    high = part.high
+    return PartitionStatus(
+        topic=part.topic,
+        partition=part.partition,
+        first_unfinished_offset=wm,
+        stored_offset=part.stored,
+        unfinished=tracker.pending,
+        oldest_unfinished_age_s=(now - since) if since is not None else 0.0,
+        end_offset=high,
+        lag=max(0, high - base) if high is not None and base is not None else None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
