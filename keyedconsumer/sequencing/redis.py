@@ -333,6 +333,15 @@ class RedisSequencer:
                 store.release(releases)
             if asks:
                 asked_s = time.monotonic()
+                if asked_s - self._last_tick_s > self._stall_s:
+                    # a stall within this tick, after the check at its start (the process was
+                    # stopped between choosing the leases to ask for and asking): on resuming it may
+                    # have lost its partitions, so nothing is acquired until ownership is confirmed
+                    log.warning("a stall of %.1f s within a tick: checking partition ownership before acquiring leases",
+                                asked_s - self._last_tick_s)
+                    self._suspected()
+                    asks = []
+            if asks:
                 tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
                 self.acquire_calls += len(asks)
                 now = time.monotonic()

@@ -360,11 +360,13 @@ def _stopped_during(g: Logs, pid: int, a: float, b: float) -> bool:
 def _resumed_just_before(g: Logs, r: RunRec, ends_by_pid_key: dict[tuple[int, str], list[float]]) -> bool:
     """``r`` started within 1 s after its process was continued, and no run of its key by that process
     ended in between: it had passed the engine's lease check before the SIGSTOP (a pause between the
-    check and the handler's first line), not started new work under a lost lease."""
-    for _s, c in g.stops.get(r.pid, []):
-        if c <= r.start <= c + S_NS:
+    check and the handler's first line), not started new work under a lost lease. A start recorded
+    between the logged SIGSTOP and SIGCONT happened at the resume itself (a stopped process records
+    nothing; the orchestrator logs the SIGCONT just after sending it)."""
+    for s, c in g.stops.get(r.pid, []):
+        if s < r.start <= c + S_NS:
             ends = ends_by_pid_key.get((r.pid, r.key), [])
-            i = bisect.bisect_right(ends, c)
+            i = bisect.bisect_right(ends, s)
             if i >= len(ends) or ends[i] >= r.start:
                 return True
     return False

@@ -268,3 +268,59 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         assert owner["asked"] > asked and len(d.queue.ready) == 2
     finally:
         seq.detach()
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(redis_url: str) -> None:
+    from keyedconsumer.engine.dispatcher import Dispatcher
+    from keyedconsumer.engine.outcome import DONE
+    from keyedconsumer.message import Message
+
+    # given a sequencer whose idle lease of key k0 is released at the next tick (no linger)
+    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, lease_linger_s=0.0,
+                         require_durable=False)
+    d = Dispatcher("key", 4, seq)
+    d.assign([("t", 0)])
+    owner = {"ok": True, "asked": 0}
+
+    def confirm() -> bool:
+        owner["asked"] += 1
+        return owner["ok"]
+
+    seq.attach(d, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    try:
+        d.admit([Message("t", 0, 0, b"k0", b"v")])
+        seq.tick()
+        with d.lock:
+            (k0,) = d.take_locked()
+        d.finish(k0, DONE)  # k0's lane ran dry: its lease idles, to be released at the next tick
+        # when the process is stopped within the next tick, after it chose the lease of k1 to ask
+        # for and before it asked (here: while it releases k0's lease), and the group moved on
+        release = seq._store.release
+
+        def paused_release(requests):  # type: ignore[no-untyped-def]
+            time.sleep(0.7)  # longer than half the lease TTL: a stall
+            return release(requests)
+
+        seq._store.release = paused_release
+        owner["ok"] = False
+        d.admit([Message("t", 0, 1, b"k1", b"v")])
+        seq.tick()
+        seq._store.release = release
+        # then k1's lease was not acquired: no run of it is ready
+        assert len(d.queue.ready) == 0
+        # and the ownership check is asked (again while it fails), with no lease meanwhile
+        for _ in range(3):
+            seq.tick()
+            time.sleep(0.25)
+        assert owner["asked"] >= 1 and len(d.queue.ready) == 0
+        # when it passes, the lease is acquired
+        owner["ok"] = True
+
+        def acquired() -> bool:
+            seq.tick()
+            return len(d.queue.ready) == 1
+
+        assert wait_until(acquired, 5)
+    finally:
+        seq.detach()
