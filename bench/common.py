@@ -19,6 +19,13 @@ from array import array
 
 HEADER = 25  # b"%010d %013d "
 
+#: librdkafka fetch settings that the raw contender takes from keyedconsumer (bench/README.md,
+#: "Fetch settings"): both bound how much librdkafka prefetches and how soon it fetches again when its
+#: queue is full, which caps a 1 KB backlog's throughput (workload 4). bench/contender.py reads their
+#: values at run time from ``ConsumerConfig(...).librdkafka()``, built with the options the
+#: keyedconsumer runs get; a property keyedconsumer does not set keeps librdkafka's default for both.
+FETCH_SETTINGS = ("queued.max.messages.kbytes", "fetch.queue.backoff.ms")
+
 
 def make_value(seq: int, ts_ms: int, size: int) -> bytes:
     head = b"%010d %013d " % (seq, ts_ms)
@@ -112,6 +119,10 @@ class Recorder:
         self._viol = itertools.count()
         self.t_first: float | None = None
         self.t_last: float | None = None
+        # set when a run is stopped by its time cap: the handled count and the time at the cap (so a
+        # capped run's msg/s does not include the contender's stop)
+        self.t_cap: float | None = None
+        self.handled_at_cap: int | None = None
         self.wall_first: float | None = None
         self.done = threading.Event()
         self.begin, self.end = self._make()

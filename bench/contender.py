@@ -27,7 +27,7 @@ import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Recorder, Sampler, percentile, value_ts, vm_hwm_bytes  # noqa: E402
+from common import FETCH_SETTINGS, Recorder, Sampler, percentile, value_ts, vm_hwm_bytes  # noqa: E402
 
 T_PROCESS = time.perf_counter()
 
@@ -133,6 +133,8 @@ def wait_done(rec: Recorder, spec: dict[str, Any], stop: threading.Event | None 
             if now - T_PROCESS > startup_s:
                 return
         elif now - rec.t_first > max_s:
+            if rec.t_cap is None:
+                rec.handled_at_cap, rec.t_cap = rec.handled, now
             return
 
 
@@ -143,15 +145,41 @@ async def await_done(rec: Recorder, spec: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ contenders
 
 
+def kc_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The KeyedConsumer options of a keyedconsumer run (and the source of raw's fetch settings)."""
+    opts: dict[str, Any] = dict(
+        name=spec["group"],
+        brokers=[spec["brokers"]],
+        topics=[spec["topic"]],
+        concurrency=spec["concurrency"],
+        ordering=spec["ordering"] if spec["ordering"] in ("key", "partition", "none") else "key",
+        max_in_flight=spec["max_in_flight"],
+    )
+    if spec.get("batch_size"):
+        opts["batch_size"] = spec["batch_size"]
+    return opts
+
+
+def kc_fetch_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The FETCH_SETTINGS keyedconsumer gives librdkafka for this run's options, read at run time
+    from its config (so raw follows the engine's defaults when they change)."""
+    from keyedconsumer.config import ConsumerConfig
+
+    conf = ConsumerConfig(**kc_options(spec)).librdkafka()
+    return {k: conf[k] for k in FETCH_SETTINGS if k in conf}
+
+
 def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:
     from confluent_kafka import Consumer, KafkaError
 
+    fetch = kc_fetch_settings(spec)
     conf = {
         "bootstrap.servers": spec["brokers"],
         "group.id": spec["group"],
         "enable.auto.offset.store": False,
         "enable.auto.commit": True,
         "auto.offset.reset": "earliest",
+        **fetch,  # the same prefetch bounds as keyedconsumer (bench/README.md, "Fetch settings")
     }
     c = Consumer(conf)
     c.subscribe([spec["topic"]])
@@ -172,9 +200,12 @@ def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]
                 store(message=m)
     finally:
         c.close()
+    unset = [k for k in FETCH_SETTINGS if k not in fetch]
     return {"settings": {"client": "confluent-kafka Consumer", "consume(num_messages)": batch,
                          "enable.auto.offset.store": False, "store_offsets": "per message",
-                         "enable.auto.commit": True}}
+                         "enable.auto.commit": True,
+                         "fetch settings from keyedconsumer's config": fetch,
+                         **({"librdkafka defaults (keyedconsumer sets none)": unset} if unset else {})}}
 
 
 def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:
@@ -191,16 +222,7 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict
         def handler(msg):  # type: ignore[no-untyped-def]
             sync_h(msg.key, msg.value, msg.timestamp_ms)
 
-    opts: dict[str, Any] = dict(
-        name=spec["group"],
-        brokers=[spec["brokers"]],
-        topics=[spec["topic"]],
-        concurrency=spec["concurrency"],
-        ordering=spec["ordering"],
-        max_in_flight=spec["max_in_flight"],
-    )
-    if spec.get("batch_size"):
-        opts["batch_size"] = spec["batch_size"]
+    opts = kc_options(spec)
     seq = None
     if spec["contender"] == "keyedconsumer-redis":  # the Redis sequencer: per-key leases across instances
         from keyedconsumer import RedisSequencer
@@ -215,7 +237,9 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict
 
     threading.Thread(target=stopper, daemon=True).start()
     kc.run()
-    settings = {k: v for k, v in opts.items() if k not in ("name", "brokers", "topics")}
+    settings: dict[str, Any] = {k: v for k, v in opts.items() if k not in ("name", "brokers", "topics")}
+    lib = kc.config.librdkafka()
+    settings["librdkafka fetch settings"] = {k: lib[k] for k in FETCH_SETTINGS if k in lib}
     if seq is not None:
         settings["sequencer"] = repr(seq)
         settings["lease_acquire_calls"] = seq.acquire_calls
@@ -367,8 +391,14 @@ def main() -> None:
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     sampler.stop()
-    t_end = rec.t_last if rec.t_last is not None else time.perf_counter()
-    handled = rec.handled if rec.t_last is None else rec.target
+    # msg/s: from the first handler start to the end of the target-th message, or, for a run stopped by
+    # its time cap, to the cap (what was handled by then): never the contender's stop or close
+    if rec.t_last is not None:
+        t_end, handled = rec.t_last, rec.target
+    elif rec.t_cap is not None and rec.handled_at_cap is not None:
+        t_end, handled = rec.t_cap, rec.handled_at_cap
+    else:
+        t_end, handled = time.perf_counter(), rec.handled
     secs = (t_end - rec.t_first) if rec.t_first is not None else None
     lat = rec.latencies()
     shift = (rec.wall_first * 1000.0 - spec["produce_t0_ms"]) if rec.wall_first is not None else 0.0

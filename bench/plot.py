@@ -1,5 +1,6 @@
 """throughput.png from results.json: msg/s against concurrency, one line per contender series, one
-panel per workload (raw as a dashed line; the ideal for the I/O-bound workloads as a dotted line).
+panel per workload (raw as a dashed line; the ideal for the I/O-bound workloads as a dotted line);
+each point is the median over the repeats, its error bar the min-max.
 
     bench/.venv-peers/bin/python bench/plot.py bench/results/results.json bench/results/throughput.png
 
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {
     "keyedconsumer": dict(marker="o"),
     "keyedconsumer-redis": dict(marker="D"),
+    "parallel-consumer": dict(marker="P"),
     "pyrallel-consumer": dict(marker="s"),
     "faststream": dict(marker="^"),
     "faststream-unordered": dict(marker="v"),
@@ -28,12 +30,12 @@ STYLE = {
 
 def main(src: str, dst: str) -> None:
     res = json.load(open(src))
-    wls = [(k, v) for k, v in res["workloads"].items() if k != "w4" and v.get("runs")]
+    wls = [(k, v) for k, v in res["workloads"].items() if k not in ("w4", "w5") and v.get("runs")]
     if not wls:
         wls = list(res["workloads"].items())
     fig, axes = plt.subplots(1, len(wls), figsize=(6.2 * len(wls), 5.2), squeeze=False)
     for ax, (wl, data) in zip(axes[0], wls, strict=False):
-        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        series: dict[str, list[tuple[int, float, float, float]]] = defaultdict(list)
         raw = None
         ideal: dict[int, float] = {}
         for r in data["runs"]:
@@ -43,14 +45,16 @@ def main(src: str, dst: str) -> None:
                 raw = r["msg_per_s"]
                 continue
             label = f"{r['contender']} {r['ordering']} {r['mode']}"
-            series[label].append((r["concurrency"], r["msg_per_s"]))
+            v = r["msg_per_s"]  # the median over the repeats; the error bar spans min-max
+            series[label].append((r["concurrency"], v, v - r.get("msg_per_s_min", v), r.get("msg_per_s_max", v) - v))
             if r["contender"] == "keyedconsumer" and r["ordering"] == "key" and r.get("ideal"):
                 ideal[r["concurrency"]] = r["ideal"]["ideal_msg_per_s"]
         for label, pts in sorted(series.items()):
             pts.sort()
             name = label.split()[0]
             ls = "-" if label.endswith("sync") and not label.endswith("async") else "--"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, label=label, **STYLE.get(name, {}))
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+                        fmt=ls, capsize=2, label=label, **STYLE.get(name, {}))
         if raw:
             ax.axhline(raw, color="black", ls="-.", lw=1, label=f"raw confluent-kafka ({raw:,.0f}/s)")
         if ideal:
@@ -68,7 +72,8 @@ def main(src: str, dst: str) -> None:
         ax.legend(fontsize=7, loc="best")
     m = res["machine"]
     fig.suptitle(f"keyedconsumer benchmark {res['started']} UTC, {m['nproc']} CPUs {m['cpu']}, "
-                 f"python {m['python']}, librdkafka {m['librdkafka']} ({res['size']} size)", fontsize=9)
+                 f"python {m['python']}, librdkafka {m['librdkafka']} ({res['size']} size; median of "
+                 f"{res.get('repeats', 1)} repeat(s), bars: min-max)", fontsize=9)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 
