@@ -1,4 +1,4 @@
-"""The benchmark suite still runs: `bench/run.py --size ci` on the real broker (~30-40 s).
+"""The benchmark suite still runs: `bench/run.py --size ci` on the real broker (~1 min).
 
 Asserts that it exits 0 and writes results.json / results.md with the expected structure and no
 per-key order violation. It asserts no speed. The peers (bench/.venv-peers, made by scripts/bench)
@@ -44,7 +44,18 @@ def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: P
     for field in ("nproc", "memory_gb", "cpu", "python", "librdkafka", "confluent_kafka"):
         assert res["machine"].get(field), field
     assert res["started"] and res["wall_s"] > 0
-    assert set(res["workloads"]) == {"w1", "w2", "w3", "w4"}
+    assert set(res["workloads"]) == {"w1", "w2", "w3", "w4", "w5"}
+    assert res["repeats"] == 1
+
+    # workload 5 is the flights demo (examples/flights.py): concurrency=1 against its ideal, and 64
+    demo = res["workloads"].pop("w5")
+    assert [r["id"] for r in demo["runs"]] == ["keyedconsumer/key/c1/sync", "keyedconsumer/key/c64/sync"]
+    for r in demo["runs"]:
+        assert not r.get("error"), r["error"]
+        assert r["msg_per_s"] > 0 and r["order_violations"] == 0, r
+        assert r["settings"]["stop_s"] >= 0 and r["settings"]["startup_s"] >= 0, r["settings"]
+    assert demo["runs"][0]["ideal"]["ideal_msg_per_s"] > 0 and demo["runs"][0]["efficiency"] > 0
+    assert demo["runs"][1]["speed_up"] > 0
 
     for wl, data in res["workloads"].items():
         assert data["messages"] > 0 and data["topic"].startswith("bench-"), wl
@@ -71,10 +82,16 @@ def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: P
 
     peers = {r["contender"] for d in res["workloads"].values() for r in d["runs"] if r["peer"]}
     skipped = {s["id"].split(":")[1].split("/")[0] for s in res["skipped"]}
-    assert {"pyrallel-consumer", "faststream"} <= peers | skipped
+    assert {"pyrallel-consumer", "faststream", "parallel-consumer"} <= peers | skipped
+
+    # the goals table: every row, each met or not (None only when its runs did not run)
+    rows = [g["row"] for g in res["goals"]]
+    assert len(rows) == 9 and rows[0] == "W1 no-op, key, c1 sync" and rows[-1].startswith("Redis sequencer")
+    assert all(g["met"] is not None for g in res["goals"]), res["goals"]
 
     md = (tmp_path / "results.md").read_text()
     assert "| contender | workload | ordering | concurrency | sync/async |" in md
     assert "order violations" in md and "ratio to raw" in md and "peak RSS MB" in md
+    assert "## Goals" in md and "| W2 5 ms, c64 sync | >= 0.9 of ideal |" in md
     if _has_matplotlib():
         assert (tmp_path / "throughput.png").stat().st_size > 10_000
