@@ -212,6 +212,11 @@ class ConsumerConfig(BaseSettings):
         by the partition's next owner, which skips those offsets instead of running them again
         (Confluent Parallel Consumer's offset map). 0 turns it off. Brokers accept up to
         ``offset.metadata.max.bytes`` (4096 by default); a refused commit is retried without it.
+    event_loop:
+        The event loop ``async def`` handlers run on when :meth:`~keyedconsumer.KeyedConsumer.run`
+        starts one (``run_async`` uses the caller's loop): ``"auto"`` (uvloop's when the
+        ``keyedconsumer[uvloop]`` extra is installed, else asyncio's), ``"asyncio"`` or ``"uvloop"``
+        (refused at start when uvloop is not installed).
     config:
         Any other librdkafka property, passed through unchanged. The properties the engine owns
         (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
@@ -246,6 +251,7 @@ class ConsumerConfig(BaseSettings):
     startup_timeout_s: float = Field(default=30.0, gt=0)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     config: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
     #: True when ``group_id`` was not given and follows ``name``.
     _group_follows_name: bool = PrivateAttr(default=False)
@@ -366,8 +372,17 @@ class ConsumerConfig(BaseSettings):
             "enable.auto.offset.store": False,
             "enable.auto.commit": not self.manual_commit,
             "auto.offset.reset": self.auto_offset_reset,
-            # Bound librdkafka's own prefetch buffer; our buffer is bounded by max_in_flight(_bytes).
+            # librdkafka's own prefetch queue, bounded like ours (max_in_flight(_bytes)): a quarter
+            # of max_in_flight_bytes (1 to 64 MiB) and half of max_in_flight messages per partition
+            # (librdkafka's default queued.min.messages, 100,000, would prefetch ten times our bound).
             "queued.max.messages.kbytes": max(1024, min(65536, self.max_in_flight_bytes // 1024 // 4)),
+            "queued.min.messages": max(1000, min(100_000, self.max_in_flight // 2)),
+            # Past either threshold librdkafka postpones the partition's next fetch by
+            # fetch.queue.backoff.ms (librdkafka: 1,000 ms; its CONFIGURATION.md advises lowering
+            # it when the thresholds are low): with 1 KB messages a 16 MiB queue drains in ~0.2 s,
+            # so a 1 s back-off capped throughput (workload 4 of bench/README.md). 20 ms refills it
+            # promptly at the cost of more fetch wake-ups.
+            "fetch.queue.backoff.ms": 20,
             # Back-pressure pauses and resumes partitions. A fetch request sent while a partition
             # was paused waits at the broker for up to fetch.wait.max.ms (librdkafka: 500) and holds
             # back the fetch after the resume; 50 ms keeps a pause/resume cycle short (measured:

@@ -203,7 +203,8 @@ class KeyedConsumer:
     def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
         settle = Settler(self._d, self._error_handler, self._fail, self._contract)
         if self._async:
-            return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop)  # type: ignore[arg-type]
+            return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop,  # type: ignore[arg-type]
+                                 self.config.event_loop)
         return ThreadExecutor(self._d, self._handler, settle, self.config.concurrency)
 
     def _reset(self) -> None:

@@ -3,6 +3,7 @@ handler sees) and what the engine tracks about it."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from ..message import Message
@@ -25,6 +26,10 @@ class _NullKey:
 
 NULL_KEY = _NullKey()
 
+#: Admission order: every delivery takes the next number when it is made (``next`` on an
+#: ``itertools.count`` is atomic under the GIL).
+_ORDER = itertools.count()
+
 
 class Delivery:
     """One message in the engine's hands, from admission to its end.
@@ -45,9 +50,12 @@ class Delivery:
     offset, size:
         The record's offset and key + value bytes, fixed when admitted (a handler may change the
         message's own fields).
+    order:
+        Its admission number, unique and increasing: the ready queue serves the lowest first, so
+        every partition's offsets start (and finish) close to offset order.
     """
 
-    __slots__ = ("msg", "part", "lane", "lease_id", "offset", "size")
+    __slots__ = ("msg", "part", "lane", "lease_id", "offset", "size", "order")
 
     def __init__(
         self, msg: Message, part: Partition | None, lane: object | None, lease_id: str | None, size: int
@@ -58,6 +66,7 @@ class Delivery:
         self.lease_id = lease_id
         self.offset = msg.offset
         self.size = size
+        self.order = next(_ORDER)
 
     @property
     def fencing_token(self) -> int | None:

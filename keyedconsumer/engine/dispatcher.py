@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from ..kafka import TP
 from ..message import Message
@@ -27,10 +29,12 @@ from ..sequencing.base import InMemorySequencer, Sequencer
 from .delivery import NULL_KEY, Delivery
 from .flow import InFlight
 from .outcome import HALT, NOT_STARTED, Done, NotStarted, Outcome, Park, Retry
-from .partitions import CLOSED, REVOKING, Partition, Partitions
+from .partitions import ACTIVE, CLOSED, REVOKING, Partition, Partitions
 from .ready import ReadyQueue
 
 __all__ = ["Dispatcher", "Slot", "CHUNK_QUANTUM_S", "MAX_CHUNK", "RESCUE_AFTER_S"]
+
+_T = TypeVar("_T")
 
 #: A worker takes at once as many ready messages as its handler runs in about this time (seconds,
 #: from a moving average of handler durations): fast handlers are taken in chunks, so the workers
@@ -43,69 +47,75 @@ MAX_CHUNK = 256
 RESCUE_AFTER_S = 0.01
 
 
-class Slot:
-    """What one worker holds: its chunk, the next position in it, results not yet reported."""
+def _behind(d: Delivery) -> int | None:
+    """The admission order of the message queued behind ``d`` on its lane, or ``None``."""
+    part = d.part
+    return part.lanes.next_order(d) if part is not None and d.lane is not None else None
 
-    __slots__ = ("lock", "chunk", "pos", "results", "started_s")
+
+class Slot:
+    """What one worker holds: the unstarted rest of its chunk and the results not reported yet.
+
+    Lock-free: both are deques, and every message and every result leaves its deque by one
+    ``popleft`` (atomic in CPython), taken either by the worker or by the poll thread's
+    :meth:`take_back`, never by both.
+    """
+
+    __slots__ = ("todo", "results", "started_s")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.chunk: list[Delivery] | None = None
-        self.pos = 0
-        self.results: list[tuple[Delivery, Outcome]] = []
-        self.started_s = 0.0  # when the running handler started (monotonic seconds)
+        self.todo: deque[Delivery] = deque()
+        self.results: deque[tuple[Delivery, Outcome]] = deque()
+        self.started_s = 0.0  # when the running handler (or the chunk) started (monotonic seconds)
 
     def load(self, chunk: list[Delivery]) -> None:
-        with self.lock:
-            self.chunk = chunk
-            self.pos = 0
-            self.results = []
+        self.started_s = time.monotonic()
+        self.todo.extend(chunk)
 
     def next(self, done: tuple[Delivery, Outcome] | None) -> Delivery | None:
         """Record the last message's result (if any) and take the next one, or ``None`` at the end
         of the chunk (or when the poll thread took the rest back)."""
-        with self.lock:
-            if done is not None:
-                self.results.append(done)
-            chunk = self.chunk
-            i = self.pos
-            if chunk is None or i >= len(chunk):
-                return None
-            self.pos = i + 1
-            self.started_s = time.monotonic()
-            return chunk[i]
+        if done is not None:
+            self.results.append(done)
+        todo = self.todo
+        if not todo:
+            return None
+        try:
+            d = todo.popleft()
+        except IndexError:  # the poll thread took the rest meanwhile
+            return None
+        self.started_s = time.monotonic()
+        return d
+
+    @staticmethod
+    def _drain(q: deque[_T]) -> list[_T]:
+        out: list[_T] = []
+        while q:
+            try:
+                out.append(q.popleft())
+            except IndexError:
+                break
+        return out
 
     def abandon(self, done: tuple[Delivery, Outcome]) -> list[tuple[Delivery, Outcome]]:
         """End the chunk early: the results so far, ``done``, and every unstarted message as not started."""
-        with self.lock:
-            chunk = self.chunk or []
-            results = self.results + [done] + [(d, NOT_STARTED) for d in chunk[self.pos :]]
-            self.results = []
-            self.chunk = None
-            return results
+        results = self._drain(self.results)
+        results.append(done)
+        results.extend((d, NOT_STARTED) for d in self._drain(self.todo))
+        return results
 
     def unload(self) -> list[tuple[Delivery, Outcome]]:
         """End the chunk: return the results not reported yet."""
-        with self.lock:
-            results = self.results
-            self.results = []
-            self.chunk = None
-            return results
+        return self._drain(self.results)
 
     def take_back(self, force: bool, now: float) -> tuple[list[Delivery], list[tuple[Delivery, Outcome]]]:
         """The poll thread takes back the unstarted rest of a chunk stuck in one handler for more
         than ``RESCUE_AFTER_S`` (or any chunk with ``force``), and the results not reported yet."""
-        if self.chunk is None:
+        if not self.todo and not self.results:
             return [], []
-        with self.lock:
-            chunk = self.chunk
-            if chunk is None or not (force or now - self.started_s > RESCUE_AFTER_S):
-                return [], []
-            rest = chunk[self.pos :]
-            self.pos = len(chunk)
-            results = self.results
-            self.results = []
-        return rest, results
+        if not (force or now - self.started_s > RESCUE_AFTER_S):
+            return [], []
+        return self._drain(self.todo), self._drain(self.results)
 
 
 class Dispatcher:
@@ -189,7 +199,7 @@ class Dispatcher:
     def wait_chunk(self) -> list[Delivery] | None:
         """A worker thread's next chunk, waiting for one; ``None`` once the dispatcher is closed."""
         with self._work:
-            while not self.queue.ready:
+            while not self.queue:
                 if self.closed:
                     return None
                 self._idle_threads += 1
@@ -200,7 +210,7 @@ class Dispatcher:
     def try_take(self) -> list[Delivery] | None:
         """A chunk if one is ready now, else ``None`` (see :attr:`is_closed`)."""
         with self.lock:
-            return self._take_locked() if self.queue.ready else None
+            return self._take_locked() if self.queue else None
 
     @property
     def is_closed(self) -> bool:
@@ -208,21 +218,19 @@ class Dispatcher:
 
     def has_ready(self) -> bool:
         """Whether heads are ready (caller holds the lock)."""
-        return bool(self.queue.ready)
+        return bool(self.queue)
 
     def ready_count(self) -> int:
         """How many heads are ready (caller holds the lock)."""
-        return len(self.queue.ready)
+        return len(self.queue)
 
     def take_locked(self) -> list[Delivery]:
         """A chunk of ready heads for one worker (caller holds the lock; some are ready)."""
         return self._take_locked()
 
     def _take_locked(self) -> list[Delivery]:
-        chunk = self.queue.take(self._chunk)
-        for d in chunk:
-            if d.part is not None:
-                d.part.started()
+        chunk = self.queue.take(self._chunk, _behind)
+        self.partitions.started(chunk)
         self.flow.started(len(chunk))
         return chunk
 
@@ -234,7 +242,10 @@ class Dispatcher:
             return False
         part = d.part
         if part is not None:
-            if not part.may_start(d.offset, self.stopping):
+            # (the common case, an active partition and no stop, without a call)
+            if (part.state != ACTIVE or self.stopping or part.catching_up) and not part.may_start(
+                d.offset, self.stopping
+            ):
                 return False
             if d.lane is None:
                 return True
@@ -252,6 +263,14 @@ class Dispatcher:
                 nxt = self._finish_locked(d, outcome)
                 if nxt is not None:
                     out.append(nxt)
+            if len(out) > 1:
+                # several lanes went on: their next messages run in admission order, and a chunk
+                # stops before a message younger than one queued behind its heads (ReadyQueue.take)
+                for x in out:
+                    self._give_back(x)
+                out = self._take_locked() if self.queue else []
+                if self.queue:
+                    self._notify(len(self.queue))
             if self._waiters:
                 self._settled.notify_all()
         return out
@@ -284,37 +303,8 @@ class Dispatcher:
             part.ended()
             flow.ended()
             return None
-        match outcome:
-            case NotStarted() if lane is not None and live:
-                # it stays its lane's head: the lane does not go on without it (that would run its
-                # key's later messages first). While the consumer stops or the partition is being
-                # revoked it is held until it is below the highest finished offset (or dropped);
-                # else (its lease was briefly unconfirmed) it is ready again at once.
-                part.ended()
-                flow.ended()
-                if self.stopping or part.catching_up:
-                    self.queue.hold(d)
-                else:
-                    self.queue.push_front(d)
-                    self._notify(1)
-                return None
-            case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
-                # its key is parked: it and its lane's later messages go to the sequencer, whose
-                # offsets count done once it stored them (parked_locked)
-                part.ended()
-                flow.ended()
-                d.msg.attempt += 1
-                self.retries += 1
-                return None
-            case Retry(delay_s) | Park(delay_s) if live:
-                # run again later: it stays its lane's head (its key waits, others go on) and its
-                # offset stays unfinished; the attempt number grows before the next attempt
-                part.ended()
-                flow.ended()
-                d.msg.attempt += 1
-                self.retries += 1
-                self.queue.delay(d, delay_s)
-                return None
+        if type(outcome) is not Done and self._keep_locked(d, part, outcome, live):
+            return None
         nxt = None
         if lane is not None:
             nxt = part.lanes.advance(d)
@@ -329,7 +319,9 @@ class Dispatcher:
                     self.seq.on_next(d, nxt)
                     nxt = self._hand_over(nxt)
             else:
-                self._make_ready(self.seq.on_lane_end(d))
+                ready = self.seq.on_lane_end(d)
+                if ready is not None:
+                    self._make_ready(ready)
         if type(outcome) is Done:
             self.partitions.done(part, d.offset)
         part.ended()
@@ -337,11 +329,52 @@ class Dispatcher:
         flow.forget(d.size)
         return nxt
 
+    def _keep_locked(self, d: Delivery, part: Partition, outcome: Outcome, live: bool) -> bool:
+        """A run that did not end its message (not started, a retry, a park): keep the message
+        where it belongs now and return ``True``; ``False`` when it ends after all (its partition
+        or the consumer stopped: it is dropped, not done)."""
+        lane = d.lane
+        flow = self.flow
+        match outcome:
+            case NotStarted() if lane is not None and live:
+                # it stays its lane's head: the lane does not go on without it (that would run its
+                # key's later messages first). While the consumer stops or the partition is being
+                # revoked it is held until it is below the highest finished offset (or dropped);
+                # else (its lease was briefly unconfirmed) it is ready again at once.
+                part.ended()
+                flow.ended()
+                if self.stopping or part.catching_up:
+                    self.queue.hold(d)
+                else:
+                    self.queue.push(d)
+                    self._notify(1)
+                return True
+            case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
+                # its key is parked: it and its lane's later messages go to the sequencer, whose
+                # offsets count done once it stored them (parked_locked)
+                part.ended()
+                flow.ended()
+                d.msg.attempt += 1
+                self.retries += 1
+                return True
+            case Retry(delay_s) | Park(delay_s) if live:
+                # run again later: it stays its lane's head (its key waits, others go on) and its
+                # offset stays unfinished; the attempt number grows before the next attempt
+                part.ended()
+                flow.ended()
+                d.msg.attempt += 1
+                self.retries += 1
+                self.queue.delay(d, delay_s)
+                return True
+        return False
+
     def _hand_over(self, nxt: Delivery | None) -> Delivery | None:
-        """``nxt`` may run now: to the ready queue if others wait there, else to the calling worker."""
+        """``nxt`` may run now: to the calling worker, unless an older head waits in the ready
+        queue (then ``nxt`` queues too: the oldest admitted runs first)."""
         if nxt is None:
             return None
-        if self.queue.ready:
+        oldest = self.queue.oldest_order()
+        if oldest is not None and oldest < nxt.order:
             self.queue.push(nxt)
             self._notify(1)
             return None
@@ -367,7 +400,7 @@ class Dispatcher:
         flow = self.flow
         group = self.group
         owns = self.owns
-        added = nbytes = 0
+        added = admitted = nbytes = 0
         now = time.monotonic()
         with self.lock:
             receive = self.partitions.receive
@@ -384,12 +417,13 @@ class Dispatcher:
                 else:
                     d = Delivery(msg, part, None, None, size)
                 msg._bind(owns, d)
-                flow.admit(size)
+                admitted += 1
                 nbytes += size
                 if sequenced and (not part.lanes.push(d) or not seq.on_head(d)):
                     continue  # queued behind its lane's head, or kept by the sequencer
                 queue.push(d)
                 added += 1
+            flow.admit(admitted, nbytes)
             flow.observe_batch(len(msgs), nbytes)
             if added:
                 self._notify(added)
@@ -411,8 +445,8 @@ class Dispatcher:
                         self._give_back(nxt)
                 for d in reversed(rest):
                     self._give_back(d)
-                if self.queue.ready:
-                    self._notify(len(self.queue.ready))
+                if self.queue:
+                    self._notify(len(self.queue))
                 if self._waiters:
                     self._settled.notify_all()
 
@@ -426,7 +460,7 @@ class Dispatcher:
         if d.part is not None:
             d.part.ended()
         self.flow.ended()
-        self.queue.push_front(d)
+        self.queue.push(d)
 
     def release_due(self, now: float) -> float | None:
         """Make ready the retries due at ``now`` (clock seconds). Returns the seconds until the
@@ -510,7 +544,7 @@ class Dispatcher:
                 return False
             due = self.queue.next_due_s()
             soon = due is not None and due < retry_before
-            return self.flow.running > 0 or bool(self.queue.ready) or soon or self.seq.busy()
+            return self.flow.running > 0 or bool(self.queue) or soon or self.seq.busy()
 
     # -- assignment -----------------------------------------------------------------------------
 
@@ -653,7 +687,7 @@ class Dispatcher:
         for d in batch:
             d.msg.group_id = self.group
             d.msg._bind(self.owns, d)
-            self.flow.admit(d.size)
+            self.flow.admit(1, d.size)
         if batch:
             self._make_ready(batch[0])
 

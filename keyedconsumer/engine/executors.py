@@ -28,6 +28,27 @@ Settle = Callable[[Message, "BaseException | None"], Outcome]
 clock = time.perf_counter
 
 
+def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new event loop for the executor's own thread (``ConsumerConfig.event_loop``): uvloop's
+    for ``"uvloop"``, and for ``"auto"`` when uvloop is installed (the ``keyedconsumer[uvloop]``
+    extra); else asyncio's.
+
+    Raises
+    ------
+    ImportError
+        ``kind="uvloop"`` and uvloop is not installed.
+    """
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def _cancelling() -> bool:
     """True when the current task itself is being cancelled (Python 3.11+ knows; before, assume so)."""
     task = asyncio.current_task()
@@ -122,7 +143,7 @@ class AsyncExecutor(Executor):
     ----------
     loop:
         The loop to run on (``run_async`` passes the caller's); ``None`` starts a private loop in a
-        thread of its own.
+        thread of its own, of the ``event_loop`` kind (:func:`new_event_loop`).
     """
 
     def __init__(
@@ -132,13 +153,15 @@ class AsyncExecutor(Executor):
         settle: Settle,
         concurrency: int,
         loop: asyncio.AbstractEventLoop | None = None,
+        event_loop: str = "auto",
     ) -> None:
         self._d = d
         self._handler = handler
         self._settle = settle
         self._concurrency = concurrency
         self._own_loop = loop is None
-        self._loop = loop or asyncio.new_event_loop()
+        self._loop = loop or new_event_loop(event_loop)
+        self._steps = 0  # chunks run so far by all the workers (see _work)
         self._loop_thread_id: int | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._wake_pending = False
@@ -228,6 +251,7 @@ class AsyncExecutor(Executor):
             while chunk:
                 slot.load(chunk)
                 t0 = clock()
+                steps = self._steps
                 done: tuple[Delivery, Outcome] | None = None
                 while True:
                     dl = slot.next(done)
@@ -261,6 +285,10 @@ class AsyncExecutor(Executor):
                             done = (dl, settle(msg, None))
                 results = slot.unload()
                 chunk = finish_many(results, clock() - t0)
-                # A chunk is about CHUNK_QUANTUM_S of handler time: yield after each, so handlers
-                # that never await cannot starve the loop (the poll wake-ups, the caller's tasks).
-                await asyncio.sleep(0)
+                # Handlers that never await must not starve the loop (the poll wake-ups, the
+                # caller's tasks): yield after a chunk (about CHUNK_QUANTUM_S of handler time) unless
+                # another worker ran a chunk meanwhile, which it could only do while this one was
+                # suspended in an await, when the loop also ran what else was ready.
+                self._steps += 1
+                if self._steps == steps + 1:
+                    await asyncio.sleep(0)

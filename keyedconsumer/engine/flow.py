@@ -31,9 +31,10 @@ class InFlight:
         self.avg_size: float | None = None  # key + value bytes per message (None: none seen yet)
         self.peak = 0  # highest number of buffered messages seen
 
-    def admit(self, size: int) -> None:
-        self.buffered += 1
-        self.buffered_bytes += size
+    def admit(self, n: int, nbytes: int) -> None:
+        """``n`` messages of ``nbytes`` key + value bytes in all were admitted."""
+        self.buffered += n
+        self.buffered_bytes += nbytes
 
     def started(self, n: int = 1) -> None:
         """``n`` messages were taken by a worker."""

@@ -150,3 +150,7 @@ class Contract:
 
     def clear(self) -> None:
         self._broken.clear()
+
+    def __bool__(self) -> bool:
+        """True once a run broke the contract (until :meth:`clear`)."""
+        return bool(self._broken)

@@ -47,6 +47,11 @@ class Lanes:
         q.pop(head.lane, None)
         return None
 
+    def next_order(self, head: Delivery) -> int | None:
+        """The admission order of the message queued right behind ``head``, or ``None``."""
+        waiting = self._q.get(head.lane)
+        return waiting[0].order if waiting else None
+
     def take_rest(self, head: Delivery) -> list[Delivery]:
         """Remove and return the messages queued behind ``head`` (the lane stays, with its head)."""
         waiting = self._q.get(head.lane)

@@ -10,10 +10,14 @@ start a second one. Pure data: the dispatcher's lock guards it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..kafka import TP
 from ..offsets import FinishedOffsets, OffsetTracker, encode_finished
 from .lanes import Lanes
+
+if TYPE_CHECKING:
+    from .delivery import Delivery
 
 __all__ = ["Partition", "Partitions", "ACTIVE", "REVOKING", "CLOSED"]
 
@@ -136,6 +140,14 @@ class Partitions:
             if offset >= fin.end:
                 part.finished = None
         return part
+
+    @staticmethod
+    def started(ds: Iterable[Delivery]) -> None:
+        """The messages ``ds`` were taken by a worker: each counts running in its partition."""
+        for d in ds:
+            part = d.part
+            if part is not None:
+                part.running += 1
 
     def done(self, part: Partition, offset: int) -> None:
         """A message of ``part`` is done (ignored once the partition is closed)."""

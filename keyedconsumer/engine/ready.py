@@ -19,7 +19,14 @@ __all__ = ["ReadyQueue"]
 
 
 class ReadyQueue:
-    """Heads ready to run (first in, first out), delayed heads (by due time), held heads.
+    """Heads ready to run (oldest admitted first), delayed heads (by due time), held heads.
+
+    Ready heads are served in admission order (:attr:`Delivery.order`), not in the order they
+    became ready: a lane's next message that becomes ready goes before the heads of messages
+    admitted after it. So every partition's offsets start close to offset order (at
+    ``concurrency=1`` exactly in it), the committed offset follows the finished messages closely,
+    and a stop or a revoke has little to finish below the highest finished offset (xkafka's
+    proposal commits only up to the first unfinished offset: finishing out of order costs re-runs).
 
     Parameters
     ----------
@@ -27,30 +34,66 @@ class ReadyQueue:
         Monotonic clock in seconds for due times (a fake one in :mod:`keyedconsumer.testing`).
     """
 
-    __slots__ = ("clock", "ready", "_delayed", "_held", "_seq")
+    __slots__ = ("clock", "_fifo", "_late", "_delayed", "_held", "_seq")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.ready: deque[Delivery] = deque()
+        # The ready heads, split in two for speed; together they are served lowest order first.
+        # Heads pushed in increasing order (most of them: every new lane head at admission) append
+        # to a FIFO, which stays sorted; the others (a lane's next message, a retry that is due,
+        # a head given back) go to a heap of (order, head).
+        self._fifo: deque[Delivery] = deque()
+        self._late: list[tuple[int, Delivery]] = []
         self._delayed: list[tuple[float, int, Delivery]] = []  # heap of (due monotonic s, seq, head)
         self._held: list[Delivery] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
-        return len(self.ready)
+        """How many heads are ready."""
+        return len(self._fifo) + len(self._late)
 
     def push(self, d: Delivery) -> None:
-        self.ready.append(d)
+        """``d`` is ready."""
+        fifo = self._fifo
+        if not fifo or d.order > fifo[-1].order:
+            fifo.append(d)
+        else:
+            heapq.heappush(self._late, (d.order, d))
 
-    def push_front(self, d: Delivery) -> None:
-        self.ready.appendleft(d)
+    def oldest_order(self) -> int | None:
+        """The admission order of the oldest ready head, or ``None`` when none is ready."""
+        fifo, late = self._fifo, self._late
+        if late:
+            return min(late[0][0], fifo[0].order) if fifo else late[0][0]
+        return fifo[0].order if fifo else None
 
-    def take(self, n: int) -> list[Delivery]:
-        """Up to ``n`` ready heads, oldest first."""
-        ready = self.ready
-        if n <= 1 or len(ready) == 1:
-            return [ready.popleft()]
-        return [ready.popleft() for _ in range(min(n, len(ready)))]
+    def take(self, n: int, behind: Callable[[Delivery], int | None]) -> list[Delivery]:
+        """Up to ``n`` ready heads, oldest admitted first (some are ready).
+
+        ``behind(d)`` is the admission order of the message queued behind head ``d`` on its lane
+        (it becomes ready when ``d`` ends), or ``None``. The chunk stops before any head younger
+        than such a message, so one worker running the chunk still runs in admission order.
+        """
+        fifo, late = self._fifo, self._late
+        pop = heapq.heappop
+        out: list[Delivery] = []
+        limit: int | None = None
+        while len(out) < n:
+            if late and (not fifo or late[0][0] < fifo[0].order):
+                if limit is not None and late[0][0] > limit:
+                    break
+                d = pop(late)[1]
+            elif fifo:
+                if limit is not None and fifo[0].order > limit:
+                    break
+                d = fifo.popleft()
+            else:
+                break
+            out.append(d)
+            b = behind(d)
+            if b is not None and (limit is None or b < limit):
+                limit = b
+        return out
 
     # -- delayed ------------------------------------------------------------------------------------
 
@@ -67,7 +110,7 @@ class ReadyQueue:
         delayed = self._delayed
         added = 0
         while delayed and delayed[0][0] <= now:
-            self.ready.append(heapq.heappop(delayed)[2])
+            self.push(heapq.heappop(delayed)[2])
             added += 1
         return added
 
@@ -82,7 +125,7 @@ class ReadyQueue:
         added = 0
         for d in self._held:
             if may_start(d):
-                self.ready.append(d)
+                self.push(d)
                 added += 1
             else:
                 keep.append(d)
@@ -97,11 +140,23 @@ class ReadyQueue:
         if self._held:
             out.extend(d for d in self._held if drop(d))
             self._held = [d for d in self._held if not drop(d)]
-        if self.ready:
-            keep: deque[Delivery] = deque()
-            for d in self.ready:
-                (out if drop(d) else keep).append(d)
-            self.ready = keep
+        if self._fifo:
+            fifo: deque[Delivery] = deque()
+            for d in self._fifo:
+                if drop(d):
+                    out.append(d)
+                else:
+                    fifo.append(d)
+            self._fifo = fifo
+        if self._late:
+            late: list[tuple[int, Delivery]] = []
+            for e in self._late:
+                if drop(e[1]):
+                    out.append(e[1])
+                else:
+                    late.append(e)
+            heapq.heapify(late)
+            self._late = late
         if self._delayed:
             out.extend(e[2] for e in self._delayed if drop(e[2]))
             self._delayed = [e for e in self._delayed if not drop(e[2])]
@@ -110,11 +165,16 @@ class ReadyQueue:
 
     def clear(self) -> list[Delivery]:
         """Remove every head; returns them."""
-        out = list(self.ready) + self._held + [e[2] for e in self._delayed]
-        self.ready.clear()
+        out = self.ready_heads() + self._held + [e[2] for e in self._delayed]
+        self._fifo = deque()
+        self._late = []
         self._held = []
         self._delayed = []
         return out
+
+    def ready_heads(self) -> list[Delivery]:
+        """The ready heads (a copy, oldest admitted first)."""
+        return sorted([*self._fifo, *(e[1] for e in self._late)], key=lambda d: d.order)
 
     def held(self) -> list[Delivery]:
         """The held heads (a copy, in order)."""

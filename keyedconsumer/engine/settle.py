@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Settler"]
 
+_PENDING = Status.PENDING
+_SUCCESS = Status.SUCCESS
+
 
 class Settler:
     """``settler(msg, exc) -> Outcome`` for the runs of one dispatcher (one run of a consumer).
@@ -53,6 +56,9 @@ class Settler:
         self._contract = contract
 
     def __call__(self, msg: Message, exc: BaseException | None) -> Outcome:
+        if exc is None and msg.status is _PENDING and not self._d.closed and not self._contract:
+            msg.status = _SUCCESS  # the common case, first: returned normally, no contract broken
+            return DONE
         if self._d.closed:
             return HALT  # the run is over: nothing of it counts any more
         broken = self._contract.broken(msg)

@@ -783,7 +783,7 @@ def test_memory_does_not_grow_with_distinct_keys(kafka_bootstrap: str, new_topic
         pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
         done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())
         flow = d.flow
-        assert (lanes, flow.buffered, flow.buffered_bytes, flow.running, len(d.queue.ready), pending, done_sets) == (0, 0, 0, 0, 0, 0, 0)
+        assert (lanes, flow.buffered, flow.buffered_bytes, flow.running, len(d.queue), pending, done_sets) == (0, 0, 0, 0, 0, 0, 0)
     finally:
         assert r.stop()
 

@@ -62,7 +62,7 @@ def _tick_until(seq: RedisSequencer, pred: Callable[[], bool], timeout_s: float 
 def _hold_lease(seq: RedisSequencer, d: Dispatcher) -> str:
     """Admit a message of key "k0" and tick until its lease is held; returns the lease's Redis key."""
     d.admit([Message("t", 0, 0, b"k0", b"v")])
-    assert _tick_until(seq, lambda: len(d.queue.ready) == 1)
+    assert _tick_until(seq, lambda: len(d.queue) == 1)
     return keys.lease(seq.config.namespace, keys.lease_id(b"k0", "t", 0))
 
 

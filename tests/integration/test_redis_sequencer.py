@@ -240,7 +240,7 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
         seq.tick()
-        assert len(d.queue.ready) == 1 and owner["asked"] == 0  # no stall: leases come without a check
+        assert len(d.queue) == 1 and owner["asked"] == 0  # no stall: leases come without a check
         # when the poll thread stalls for longer than half the lease TTL, and the group has moved on
         time.sleep(0.7)
         owner["ok"] = False
@@ -250,11 +250,11 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
             time.sleep(0.25)
         # then the check is asked (again while it fails) and no lease is acquired meanwhile
         assert owner["asked"] >= 2
-        assert len(d.queue.ready) == 1 and seq._leases.want
+        assert len(d.queue) == 1 and seq._leases.want
         # when it passes, the lease is acquired
         owner["ok"] = True
         seq.tick()
-        assert len(d.queue.ready) == 2 and owner["asked"] >= 3
+        assert len(d.queue) == 2 and owner["asked"] >= 3
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
         owner["ok"] = False
@@ -265,7 +265,7 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         d.admit([Message("t", 0, 2, b"k2", b"v")])
         seq.tick()
         seq.tick()
-        assert owner["asked"] > asked and len(d.queue.ready) == 2
+        assert owner["asked"] > asked and len(d.queue) == 2
     finally:
         seq.detach()
 
@@ -308,18 +308,18 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
         seq.tick()
         seq._store.release = release
         # then k1's lease was not acquired: no run of it is ready
-        assert len(d.queue.ready) == 0
+        assert len(d.queue) == 0
         # and the ownership check is asked (again while it fails), with no lease meanwhile
         for _ in range(3):
             seq.tick()
             time.sleep(0.25)
-        assert owner["asked"] >= 1 and len(d.queue.ready) == 0
+        assert owner["asked"] >= 1 and len(d.queue) == 0
         # when it passes, the lease is acquired
         owner["ok"] = True
 
         def acquired() -> bool:
             seq.tick()
-            return len(d.queue.ready) == 1
+            return len(d.queue) == 1
 
         assert wait_until(acquired, 5)
     finally:
