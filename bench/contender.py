@@ -160,19 +160,21 @@ def kc_options(spec: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def kc_fetch_settings(spec: dict[str, Any]) -> dict[str, Any]:
-    """The FETCH_SETTINGS keyedconsumer gives librdkafka for this run's options, read at run time
-    from its config (so raw follows the engine's defaults when they change)."""
+def kc_fetch_settings(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the FETCH_SETTINGS keyedconsumer gives librdkafka for this run's options, its other fetch and
+    queue properties, which raw does not get), read at run time from its config, so raw follows the
+    engine's defaults when they change."""
     from keyedconsumer.config import ConsumerConfig
 
     conf = ConsumerConfig(**kc_options(spec)).librdkafka()
-    return {k: conf[k] for k in FETCH_SETTINGS if k in conf}
+    other = {k: v for k, v in conf.items() if k.startswith(("fetch.", "queued.")) and k not in FETCH_SETTINGS}
+    return {k: conf[k] for k in FETCH_SETTINGS if k in conf}, other
 
 
 def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:
     from confluent_kafka import Consumer, KafkaError
 
-    fetch = kc_fetch_settings(spec)
+    fetch, not_copied = kc_fetch_settings(spec)
     conf = {
         "bootstrap.servers": spec["brokers"],
         "group.id": spec["group"],
@@ -205,7 +207,8 @@ def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]
                          "enable.auto.offset.store": False, "store_offsets": "per message",
                          "enable.auto.commit": True,
                          "fetch settings from keyedconsumer's config": fetch,
-                         **({"librdkafka defaults (keyedconsumer sets none)": unset} if unset else {})}}
+                         **({"librdkafka defaults (keyedconsumer sets none)": unset} if unset else {}),
+                         "keyedconsumer's other fetch settings (not copied)": not_copied}}
 
 
 def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:

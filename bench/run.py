@@ -23,7 +23,7 @@ Workloads (full size; `ci` is a ~1 min smoke version on tiny data):
   1 overhead  1,500,000 x 100 B, 8 partitions, 10,000 keys, no-op handler; a run ends when the topic
               is consumed or 15 s after its first message
   2 io        600,000 x 100 B, 1 partition, 10,000 keys, handler waits 5 ms; each run handles the
-              prefix whose ideal time is 10 s (capped at 20 s)
+              prefix whose ideal time is 10 s (capped at 15 s)
   3 skew      50,000 messages like workload 2 with 20% of the messages on 5 hot keys
   4 memory    1,000,000 x 1 KB backlog, 1 partition, 10,000 keys + one blocked key (1% of the
               messages) whose handler blocks until the consumer stalls; max_in_flight=10,000;
@@ -74,9 +74,9 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "w1": dict(title="overhead", messages=1_500_000, size=100, partitions=8, keys=10_000, sleep_ms=0,
                    lat_every=4, max_seconds=15.0),
         # W2: each run handles the prefix whose ideal time is io_budget_s (10 s): c256 at 5 ms is
-        # 51,200 msg/s ideal, so 512,000 messages; runs far below the ideal stop at 20 s
+        # 51,200 msg/s ideal, so 512,000 messages; runs far below the ideal stop at 15 s
         "w2": dict(title="I/O-bound", messages=600_000, size=100, partitions=1, keys=10_000, sleep_ms=5,
-                   max_seconds=20.0),
+                   max_seconds=15.0),
         # W3: the 5 hot keys make the ideal time of 50,000 messages 10 s (longest key chain)
         "w3": dict(title="skewed keys", messages=50_000, size=100, partitions=1, keys=10_000, sleep_ms=5,
                    hot_keys=5, hot_share=0.20, max_seconds=30.0),
@@ -946,7 +946,7 @@ NOTES = [
     "repeat with the median msg/s; order violations are summed over the repeats and peak RSS is the highest.",
     "msg/s of one run: handled messages / seconds from the first handler start to the end of the last handled "
     "message. A run ends when its target is handled or at its cap (max_seconds after its first message: 15 s for "
-    "workload 1, 20 s for workload 2, 30 s for workload 3, 120 s for workload 4 (30 s for the peers)); a capped run "
+    "workload 1, 15 s for workload 2, 30 s for workload 3, 120 s for workload 4 (30 s for the peers)); a capped run "
     "counts what was handled by the cap, over the time to the cap (\"capped\"). Neither counts the contender's "
     "start-up nor its stop.",
     "Sizing: every full-size run lasts about 10 s or more. Workload 1 has 1,500,000 messages (raw handles "
