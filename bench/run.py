@@ -881,7 +881,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         run = data.get("run") or {}
         if run and (run.get("started") != results["started"] or run.get("command") != results["command"]):
             L += [f"- run separately: {run.get('started')} UTC, {fmt(run.get('wall_s'), 0)} s, `{run.get('command')}`, "
-                  f"keyedconsumer {run.get('keyedconsumer_commit')}", ""]
+                  f"{run.get('repeats', 1)} repeat(s), keyedconsumer {run.get('keyedconsumer_commit')}", ""]
         if data.get("notes"):
             L += [f"- {n}" for n in data["notes"]] + [""]
         L.append("| contender | workload | ordering | concurrency | sync/async | repeats | handled (median run) "
@@ -1150,7 +1150,7 @@ def main() -> int:
                     "examples/flights.py in a subprocess per repeat (its own topic); seconds from the first handler "
                     "start to the end of the handler that completed the last message: the group join before and "
                     "stop() after are reported apart (notes), not counted"],
-                    "run": {"started": results["started"], "command": results["command"],
+                    "run": {"started": results["started"], "command": results["command"], "repeats": repeats,
                             "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit")}}
                 results["workloads"][wl] = data
                 t_wl = time.perf_counter()
@@ -1188,7 +1188,7 @@ def main() -> int:
             if n != w["messages"]:
                 raise RuntimeError(f"{topic} holds {n} records, expected {w['messages']}")
             data = {**w, **meta, "runs": [], "repeat_runs": [], "notes": [],
-                    "run": {"started": results["started"], "command": results["command"],
+                    "run": {"started": results["started"], "command": results["command"], "repeats": repeats,
                             "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit")}}
             t_wl = time.perf_counter()
             if w.get("hot_keys"):
