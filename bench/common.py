@@ -20,11 +20,12 @@ from array import array
 HEADER = 25  # b"%010d %013d "
 
 #: librdkafka fetch settings that the raw contender takes from keyedconsumer (bench/README.md,
-#: "Fetch settings"): both bound how much librdkafka prefetches and how soon it fetches again when its
-#: queue is full, which caps a 1 KB backlog's throughput (workload 4). bench/contender.py reads their
+#: "Fetch settings"): they bound how much librdkafka prefetches (bytes, and messages per partition)
+#: and how soon it fetches again when its queue is full, which caps a 1 KB backlog's throughput
+#: (workload 4). bench/contender.py reads their
 #: values at run time from ``ConsumerConfig(...).librdkafka()``, built with the options the
 #: keyedconsumer runs get; a property keyedconsumer does not set keeps librdkafka's default for both.
-FETCH_SETTINGS = ("queued.max.messages.kbytes", "fetch.queue.backoff.ms")
+FETCH_SETTINGS = ("queued.max.messages.kbytes", "queued.min.messages", "fetch.queue.backoff.ms")
 
 
 def make_value(seq: int, ts_ms: int, size: int) -> bytes:
