@@ -373,6 +373,11 @@ class KeyedConsumer:
                         timeout_s = due_s
                 if rebalance.paused and timeout_s > 0.01:
                     timeout_s = 0.01  # paused: nothing arrives, so look again soon for room to resume
+                elif d.flow.short_of_room(batch) and not d.wait_room(batch, timeout_s):
+                    # Near the in-flight bound, wait for running messages to end rather than poll a
+                    # few records and pause (a pause drops librdkafka's prefetched queue, fetched
+                    # again on resume). Still short: poll at once (back-pressure pauses if over).
+                    timeout_s = 0.0
                 msgs = client.poll_batch(d.flow.poll_size(batch), timeout_s)
                 self.polled_at_s = time.monotonic()
                 if msgs:

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
+from weakref import ref as _weakref
 
 __all__ = ["Message", "Status"]
 
@@ -152,16 +153,22 @@ class Message:
         (``revoke_timeout_s``), once the consumer's run is over (``shutdown_timeout_s`` passed), or,
         with a :class:`~keyedconsumer.RedisSequencer`, once its key's lease was lost or taken over.
         The partition's (or the key's) new owner then runs the message again, so this run must not
-        act as if it were the last. A message not consumed by a :class:`~keyedconsumer.KeyedConsumer`
+        act as if it were the last. Also ``False`` once the run ended and the engine let the message go. A message not consumed by a :class:`~keyedconsumer.KeyedConsumer`
         (built by hand) is always owned.
         """
         owns = self._owns
-        return owns is None or owns(self._delivery)
+        if owns is None:
+            return True
+        delivery = self._delivery()
+        return delivery is not None and owns(delivery)
 
     def _bind(self, owns: Callable[[Any], bool], delivery: Any) -> None:
-        """Set by the engine when it admits the message: how :meth:`still_owned` asks it."""
+        """Set by the engine when it admits the message: how :meth:`still_owned` asks it. The
+        engine's record of the message refers to the message, so it is held weakly here: no
+        reference cycle per message for the cyclic garbage collector to find (and once the engine
+        let the record go, the run is over)."""
         self._owns = owns
-        self._delivery = delivery
+        self._delivery = _weakref(delivery)
 
     @property
     def timestamp(self) -> datetime | None:

@@ -55,7 +55,7 @@ class Delivery:
         every partition's offsets start (and finish) close to offset order.
     """
 
-    __slots__ = ("msg", "part", "lane", "lease_id", "offset", "size", "order")
+    __slots__ = ("msg", "part", "lane", "lease_id", "offset", "size", "order", "__weakref__")
 
     def __init__(
         self, msg: Message, part: Partition | None, lane: object | None, lease_id: str | None, size: int

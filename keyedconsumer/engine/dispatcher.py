@@ -513,6 +513,22 @@ class Dispatcher:
             if self._on_ready is not None:
                 self._on_ready(1 << 30)
 
+    def wait_room(self, batch: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds until the in-flight bounds leave room for a poll of
+        ``batch`` records (:meth:`~.flow.InFlight.short_of_room`). Returns whether they do."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while self.flow.short_of_room(batch) and not self.halted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._waiters += 1
+                try:
+                    self._settled.wait(left)
+                finally:
+                    self._waiters -= 1
+            return True
+
     def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
         """Wait until nothing of ``parts`` (all partitions when ``None``) runs. Returns success.
 

@@ -72,6 +72,12 @@ class InFlight:
             n = max(1, int(room_bytes // avg))
         return n
 
+    def short_of_room(self, batch: int) -> bool:
+        """Whether the next poll should wait for running messages to end first: some are in the
+        engine's hands and there is room for fewer than ``batch`` records (nor half the bound).
+        Waiting keeps the bound without pausing, which would drop librdkafka's prefetched queue."""
+        return self.buffered > 0 and self.poll_size(batch) < min(batch, max(1, self.max_messages // 2))
+
     def over(self) -> bool:
         """At either bound: pause fetching."""
         return self.buffered >= self.max_messages or self.buffered_bytes >= self.max_bytes
