@@ -4,6 +4,8 @@ and never reports an offset past an unfinished message, across revokes and re-as
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -321,3 +323,21 @@ def test_one_worker_runs_a_partition_in_offset_order() -> None:
             chunk = d.finish_many(results, 1e-7 * len(results)) or (take(d) if d.queue else [])
         assert order == list(range(len(keys)))
         assert d.commit_offsets(d.active())[0] == [("t", 0, len(keys))]
+
+
+def test_near_the_bound_the_poll_waits_for_room_instead_of_polling_and_pausing() -> None:
+    """Short of room for a poll's batch, ``wait_room`` waits until finished messages make room
+    (``max_in_flight`` 10, batch 4: 8 in flight leaves room for 2)."""
+    d = Dispatcher("key", concurrency=1, max_in_flight=10)
+    d.assign([("t", 0)])
+    d.admit([Message("t", 0, off, b"k%d" % off, b"v") for off in range(8)])
+    assert d.flow.short_of_room(4) and not d.wait_room(4, 0.05)  # nothing ends: times out
+    chunk = take(d) + take(d)  # two ending leave 6 in flight: room for 4
+    done = threading.Timer(0.05, lambda: d.finish_many([(x, DONE) for x in chunk], 0.0))
+    done.start()
+    t0 = time.monotonic()
+    assert d.wait_room(4, 5.0) and time.monotonic() - t0 < 4.0  # woken by the finish, not the timeout
+    done.join()
+    assert not d.flow.short_of_room(4)
+    empty = Dispatcher("key", concurrency=1, max_in_flight=2)
+    assert not empty.flow.short_of_room(500)  # nothing in flight: a small bound never waits
