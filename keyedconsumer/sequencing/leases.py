@@ -99,7 +99,7 @@ class LeaseTable:
             return head
         if not lease.waiting and lease.active is None:
             if lease.held:
-                self.idle[lid] = time.monotonic()
+                self._set_idle(lid)
             else:
                 self._forget(lease)
         return None
@@ -136,7 +136,7 @@ class LeaseTable:
             pass
         if lease.active is None and not lease.waiting:
             if lease.held:
-                self.idle[lid] = time.monotonic()
+                self._set_idle(lid)
             else:
                 self._forget(lease)
 
@@ -246,7 +246,7 @@ class LeaseTable:
             head.fencing_token = token
             return head
         if lease.active is None:
-            self.idle[lid] = time.monotonic()
+            self._set_idle(lid)
         return None
 
     def to_renew(self) -> list[tuple[str, str]]:
@@ -276,21 +276,34 @@ class LeaseTable:
         else:
             self._forget(lease)
 
+    def _set_idle(self, lid: str) -> None:
+        """``lid`` is idle from now: last in :attr:`idle`, which stays in order of idle time."""
+        idle = self.idle
+        idle.pop(lid, None)
+        idle[lid] = time.monotonic()
+
     def to_release(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Idle leases whose linger is over: ``[(lease id, owner)]``, forgotten here."""
+        """Idle leases whose linger is over: ``[(lease id, owner)]``, forgotten here. Reads
+        :attr:`idle` from the oldest and stops at the first lease idle for less than the linger
+        (the rest are younger), so a tick costs the leases released, not every idle one."""
         now = time.monotonic() if now is None else now
         out = []
-        keep: dict[str, float] = {}
+        drop = []
+        linger_s = self.linger_s
         for lid, since in self.idle.items():
             lease = self.by_id.get(lid)
             if lease is None or not lease.held or lease.active is not None or lease.waiting:
+                drop.append(lid)  # not idle any more: out of the list
                 continue
-            if now - since < self.linger_s:
-                keep[lid] = since
-                continue
-            del self.by_id[lid]
+            if now - since < linger_s:
+                break
+            drop.append(lid)
             out.append((lid, lease.owner))
-        self.idle = keep
+        idle, by_id = self.idle, self.by_id
+        for lid in drop:
+            del idle[lid]
+        for lid, _ in out:
+            del by_id[lid]
         return out
 
     def release_all(self) -> list[tuple[str, str]]:
