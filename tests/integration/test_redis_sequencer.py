@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -221,22 +222,30 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
     assert committed(kafka_bootstrap, group, topic, 1) == {0: n}
 
 
-@pytest.mark.timeout(30)
-def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(redis_url: str) -> None:
+def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequencer, Any, dict[str, Any]]:
+    """A sequencer (lease TTL 1 s) attached to a dispatcher with partition ("t", 0), whose ownership
+    check answers ``owner["ok"]`` and counts its calls in ``owner["asked"]``."""
     from keyedconsumer.engine.dispatcher import Dispatcher
-    from keyedconsumer.message import Message
 
-    # given a sequencer serving a dispatcher with one partition, and an ownership check we control
-    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False)
+    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False, **options)
     d = Dispatcher("key", 4, seq)
     d.assign([("t", 0)])
-    owner = {"ok": True, "asked": 0}
+    owner: dict[str, Any] = {"ok": True, "asked": 0}
 
     def confirm() -> bool:
         owner["asked"] += 1
-        return owner["ok"]
+        return bool(owner["ok"])
 
     seq.attach(d, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    return seq, d, owner
+
+
+@pytest.mark.timeout(30)
+def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(redis_url: str) -> None:
+    from keyedconsumer.message import Message
+
+    # given a sequencer serving a dispatcher with one partition, and an ownership check we control
+    seq, d, owner = _with_ownership_check(redis_url)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
         seq.tick()
@@ -272,22 +281,11 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
 
 @pytest.mark.timeout(30)
 def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(redis_url: str) -> None:
-    from keyedconsumer.engine.dispatcher import Dispatcher
     from keyedconsumer.engine.outcome import DONE
     from keyedconsumer.message import Message
 
     # given a sequencer whose idle lease of key k0 is released at the next tick (no linger)
-    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, lease_linger_s=0.0,
-                         require_durable=False)
-    d = Dispatcher("key", 4, seq)
-    d.assign([("t", 0)])
-    owner = {"ok": True, "asked": 0}
-
-    def confirm() -> bool:
-        owner["asked"] += 1
-        return owner["ok"]
-
-    seq.attach(d, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    seq, d, owner = _with_ownership_check(redis_url, lease_linger_s=0.0)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
         seq.tick()
