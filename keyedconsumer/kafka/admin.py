@@ -535,6 +535,9 @@ class TransactionalPublisher:
         ------
         PublishError
             The record could not be queued (e.g. larger than ``message.max.bytes``).
+        KafkaClientError
+            The producer hit a fatal error (e.g. ``_FENCED``: a newer publisher of this
+            ``transactional_id`` started); the error names it.
         """
         index = len(self._results)
         self._results.append(None)
@@ -557,7 +560,23 @@ class TransactionalPublisher:
             except BufferError:
                 self._producer.poll(0.1)
             except KafkaException as exc:
-                raise PublishError(f"cannot publish to {topic}: {exc.args[0].str()}") from None
+                err = exc.args[0]
+                if err.code() == KafkaError._FATAL:
+                    raise self._fatal_error(f"cannot publish to {topic}") from None
+                raise PublishError(f"cannot publish to {topic}: {err.str()}") from None
+
+    def _fatal_error(self, what: str) -> KafkaClientError:
+        """The producer's fatal error (e.g. ``_FENCED``) as a :class:`KafkaClientError`.
+
+        ``produce`` only says "Local: Fatal error"; the error itself is raised by the next poll,
+        where confluent-kafka turns librdkafka's fatal error event into a ``KafkaException``.
+        """
+        try:
+            self._producer.poll(0)
+        except KafkaException as exc:
+            err = exc.args[0]
+            return KafkaClientError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=True)
+        return KafkaClientError(f"{what}: a fatal producer error", code="_FATAL", fatal=True)
 
     def commit(self, offsets: dict[TP, tuple[int, str]], reader: TopicReader) -> list[tuple[int, int]]:
         """Commit the open transaction with ``offsets`` (``{(topic, partition): (offset, metadata)}``)
@@ -617,10 +636,13 @@ class TransactionalPublisher:
             self._abort()
 
     def close(self) -> None:
-        """Abort an open transaction and release the producer (errors are logged, not raised)."""
+        """Abort an open transaction and release the producer (errors are logged, not raised).
+
+        There is no flush: ``commit_transaction`` flushed a committed transaction's records and
+        ``abort_transaction`` purged an aborted one's (librdkafka). A flush after a fatal error
+        (e.g. this publisher was fenced) would run the purged records' delivery callbacks while
+        confluent-kafka holds the fatal error as a pending Python exception, which CPython turns
+        into a ``SystemError`` (confluent-kafka-python #865).
+        """
         self.abort()
-        try:
-            self._producer.flush(1.0)
-        except KafkaException as exc:  # e.g. fenced: a fatal error is raised again by every call
-            tools_log.debug("flush on close: %s", exc.args[0].str())
 

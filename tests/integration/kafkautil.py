@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None, int | None]]) -> list[tuple[int, int]]:
@@ -39,11 +39,31 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         c.close()
 
 
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+# the errors librdkafka returns while the group coordinator loads or moves (the KafkaError of
+# Consumer.committed() does not carry retriable(): the codes are named)
+_COORDINATOR_NOT_READY = frozenset(
+    {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+)
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float = 30.0) -> dict[int, int | None]:
+    """The group's committed offsets (``None``: nothing committed).
+
+    An error saying the group coordinator is not ready (loading or moved, e.g. just after a broker was
+    resumed: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is asked again until ``timeout_s``;
+    any other error is raised. The answer itself is never retried into a different one.
+    """
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    deadline = time.monotonic() + timeout_s
     try:
-        res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in res}
+        while True:
+            try:
+                res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+                return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in res}
+            except KafkaException as exc:
+                if exc.args[0].code() not in _COORDINATOR_NOT_READY or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
 
