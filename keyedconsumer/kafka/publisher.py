@@ -98,7 +98,9 @@ class Publisher:
         PublishError
             The broker refused the record (e.g. too large, not authorised), it could not be queued,
             or it was not delivered within ``delivery_timeout_s`` (e.g. the topic does not exist and
-            is not created, the broker is unreachable); librdkafka then sends it no more. Only if
+            is not created, the broker is unreachable); librdkafka then sends it no more. Or the
+            producer hit a fatal error (librdkafka's idempotent producer, e.g.
+            ``OUT_OF_ORDER_SEQUENCE_NUMBER``) and sends nothing more. Only if
             even the report does not come (it always does) does the error say the fate is unknown.
         """
         done = threading.Event()
@@ -121,7 +123,11 @@ class Publisher:
                     f"no delivery report for {topic} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
                     "the record's fate is unknown (it may still be delivered)"
                 )
-            self._producer.poll(min(left, 0.1))
+            try:
+                self._producer.poll(min(left, 0.1))
+            except KafkaException as exc:  # a fatal producer error: the producer sends nothing more
+                err = exc.args[0]
+                raise PublishError(f"cannot publish to {topic}: the producer failed: {err.name()}: {err.str()}") from None
         err, msg = result[0]
         if err is not None:
             raise PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
