@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from array import array
+from typing import Any
 
 HEADER = 25  # b"%010d %013d "
 
@@ -177,20 +178,25 @@ def _peek(counter: itertools.count[int]) -> int:
 
 
 class Sampler(threading.Thread):
-    """Every ``interval_s``: RSS of this process and its descendants, and the handled count."""
+    """Every ``interval_s``: RSS of this process and its descendants, the handled count and, if the
+    contender tells (:attr:`held`), how many messages it holds in flight."""
 
     def __init__(self, rec: Recorder, interval_s: float = 1.0, on_sample=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(name="bench-sampler", daemon=True)
         self.rec = rec
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float, int]] = []  # (seconds since start, RSS MB, handled)
+        # (seconds since start, RSS MB, handled, messages in flight or -1 when not known)
+        self.samples: list[tuple[float, float, int, int]] = []
+        #: the contender's count of messages it holds (admitted, not finished), if it tells
+        self.held: Any = None
         self.stop_event = threading.Event()
         self.on_sample = on_sample
         self.t0 = time.perf_counter()
 
     def sample(self) -> None:
         rss = tree_rss_bytes(os.getpid()) / 1e6
-        self.samples.append((round(time.perf_counter() - self.t0, 2), round(rss, 1), self.rec.handled))
+        held = self.held() if self.held is not None else -1
+        self.samples.append((round(time.perf_counter() - self.t0, 2), round(rss, 1), self.rec.handled, held))
         if self.on_sample is not None:
             self.on_sample(self.samples)
 

@@ -211,7 +211,7 @@ def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]
                          "keyedconsumer's other fetch settings (not copied)": not_copied}}
 
 
-def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]:
+def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block, sampler: Sampler) -> dict[str, Any]:
     from keyedconsumer import KeyedConsumer
 
     sync_h, async_h = make_handlers(spec, rec, block)
@@ -232,6 +232,7 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block) -> dict
 
         seq = RedisSequencer(spec["redis_url"], spec["group"])
     kc = KeyedConsumer(handler=handler, sequencer=seq, **opts)
+    sampler.held = lambda: kc.in_flight  # W4: the blocked key's messages wait in the engine, by design
 
     def stopper() -> None:
         wait_done(rec, spec)
@@ -383,7 +384,7 @@ def main() -> None:
         if name == "raw":
             out = run_raw(spec, rec, block)
         elif name in ("keyedconsumer", "keyedconsumer-redis"):
-            out = run_keyedconsumer(spec, rec, block)
+            out = run_keyedconsumer(spec, rec, block, sampler)
         elif name == "pyrallel-consumer":
             out = run_pyrallel(spec, rec, block)
         elif name in ("faststream", "faststream-unordered"):
