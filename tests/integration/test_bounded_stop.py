@@ -35,9 +35,14 @@ SHUTDOWN_S = 3.0
 BOUND_S = max(SHUTDOWN_S, BLOCKING_CALL_S) + SHUTDOWN_MARGIN_S
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def own_kafka() -> Iterator[object]:
-    """A broker (and Redis) of this module only, on free ports: these tests stop and kill it."""
+    """A broker (and Redis) of one test only, on free ports: these tests stop and kill it.
+
+    One per test: a broker that a test SIGSTOPped and resumed answered, but in one CI run did not
+    serve the next test's CreateTopics within 60 s ("Failed while waiting for controller"); what a
+    test does to its broker must not decide whether the next one can start.
+    """
     from tests.faults.services import Services, pick_ports
 
     run_dir = Path(tempfile.mkdtemp(prefix="kc-stop-"))
