@@ -1,0 +1,131 @@
+"""A 3-broker Kafka and a Redis Cluster of the tests' own: ``scripts/services cluster-*`` with a
+private run dir and free port ranges.
+
+Like :class:`tests.faults.services.Services`, it never touches the shared services: every command
+runs with ``KC_RUN_DIR`` set to its own directory, and the port ranges must be free before the
+start (a service already answering there would be reused, neither ours to kill nor to trust).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+from .common import REPO
+from .services import SERVICES, port_free
+
+KAFKA_NODES = 3
+REDIS_NODES = 6
+
+
+def _kafka_ports(base: int) -> list[int]:
+    """Every port the Kafka nodes use: each broker's and its controller's."""
+    return [base + 2 * i + j for i in range(KAFKA_NODES) for j in (0, 1)]
+
+
+def _redis_ports(base: int) -> list[int]:
+    """Every port the Redis nodes use: each node's and its cluster bus port (+10000)."""
+    return [base + i + j for i in range(REDIS_NODES) for j in (0, 10000)]
+
+
+def pick_bases(preferred: tuple[int, int] = (19092, 17000)) -> tuple[int, int]:
+    """``(kafka base, redis base)``: the preferred ones if all their ports are free, else free ones."""
+    def free(kafka: int, redis: int) -> bool:
+        return all(port_free(p) for p in _kafka_ports(kafka) + _redis_ports(redis))
+
+    if free(*preferred):
+        return preferred
+    rng = random.Random()
+    for _ in range(200):
+        kafka, redis = rng.randrange(30000, 39000, 10), rng.randrange(40000, 49000, 10)
+        if free(kafka, redis):
+            return kafka, redis
+    raise RuntimeError("no free ports for the test cluster")
+
+
+class Cluster:
+    """Start, kill and restart the nodes of the test cluster.
+
+    Parameters
+    ----------
+    run_dir:
+        ``KC_RUN_DIR`` of the cluster (its nodes' data, logs and pid files under ``cluster/``).
+    bases:
+        ``(kafka base port, redis base port)`` (:func:`pick_bases`).
+    """
+
+    def __init__(self, run_dir: Path, bases: tuple[int, int]) -> None:
+        self.run_dir = run_dir
+        self.kafka_base, self.redis_base = bases
+        env = dict(os.environ)
+        env.update({
+            "KC_RUN_DIR": str(run_dir),
+            "CLUSTER_KAFKA_BASE": str(self.kafka_base),
+            "CLUSTER_REDIS_BASE": str(self.redis_base),
+            "KC_KAFKA_STOP_TIMEOUT": "20",
+        })
+        shared_libs = REPO / ".run" / "cache" / "kafka-libs"
+        if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
+            env["KC_LIBS_DIR"] = str(shared_libs)  # read-only use of the resolved jars: no Maven run
+        py = REPO / ".venv" / "bin" / "python"
+        if "KC_PYTHON" not in env and py.exists():
+            env["KC_PYTHON"] = str(py)
+        self.env = env
+        self.log_path = run_dir / "services.out"
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port,...`` of the 3 brokers."""
+        return ",".join(f"127.0.0.1:{self.kafka_port(i)}" for i in range(1, KAFKA_NODES + 1))
+
+    @property
+    def redis_nodes(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of the 6 Redis Cluster nodes (startup nodes for a cluster client)."""
+        return [("127.0.0.1", self.redis_port(i)) for i in range(1, REDIS_NODES + 1)]
+
+    def kafka_port(self, node: int) -> int:
+        return self.kafka_base + 2 * (node - 1)
+
+    def redis_port(self, node: int) -> int:
+        return self.redis_base + node - 1
+
+    def kafka_node_of_port(self, port: int) -> int:
+        return (port - self.kafka_base) // 2 + 1
+
+    def _run(self, *args: str, timeout_s: float = 300.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n== scripts/services {' '.join(args)}\n".encode())
+            out.flush()
+            subprocess.run([str(SERVICES), *args], env=self.env, stdout=out, stderr=out, check=True, timeout=timeout_s)
+
+    def up(self) -> None:
+        for port in _kafka_ports(self.kafka_base) + _redis_ports(self.redis_base):
+            if not port_free(port):
+                raise RuntimeError(f"port {port} is in use: the tests run their own cluster only")
+        self._run("cluster-up")
+
+    def kafka_kill(self, node: int) -> None:
+        """SIGKILL broker ``node`` (1..3)."""
+        self._run("cluster-kafka-kill", str(node))
+
+    def kafka_start(self, node: int) -> None:
+        self._run("cluster-kafka-start", str(node))
+
+    def redis_kill(self, node: int) -> None:
+        """SIGKILL Redis node ``node`` (1..6)."""
+        self._run("cluster-redis-kill", str(node))
+
+    def redis_start(self, node: int) -> None:
+        self._run("cluster-redis-start", str(node))
+
+    def down(self) -> None:
+        try:
+            self._run("cluster-down", timeout_s=180)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            for i in range(1, KAFKA_NODES + 1):
+                self._run("cluster-kafka-kill", str(i))
+            for i in range(1, REDIS_NODES + 1):
+                self._run("cluster-redis-kill", str(i))
