@@ -71,7 +71,9 @@ class RedisSequencer:
     Parameters
     ----------
     url:
-        ``redis://`` or ``rediss://`` URL, password included if any. Kept as a :class:`RedisUrl`:
+        ``redis://`` or ``rediss://`` URL, or ``redis+cluster://host:port[,host:port...]``
+        (``rediss+cluster://``) for a Redis Cluster (:func:`~keyedconsumer.sequencing.store.connect`),
+        password included if any. Kept as a :class:`RedisUrl`:
         a repr, dump, JSON, log line or validation error (``errors()`` and ``json()`` included)
         shows it with the password replaced by ``***``; redis-py gets the real URL.
     namespace:

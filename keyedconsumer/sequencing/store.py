@@ -198,6 +198,51 @@ class StoreUnavailable(Exception):
     """Redis did not answer (connection refused, timeout, loading); try again later."""
 
 
+#: URL schemes of a Redis Cluster: ``redis+cluster://[user:password@]host:port[,host:port...][/0]``
+#: (``rediss+cluster://`` with TLS). The hosts are startup nodes; the client learns the rest of the
+#: cluster from them (``CLUSTER SLOTS``) and follows its slot moves and failovers.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def connect(url: str, socket_timeout_s: float) -> Any:
+    """A redis-py client for ``url``: ``redis.Redis`` for ``redis://`` / ``rediss://`` /
+    ``unix://``, ``redis.cluster.RedisCluster`` for the :data:`CLUSTER_SCHEMES`.
+
+    Raises
+    ------
+    ValueError
+        A cluster URL without a host, with a port that is not a number, or naming a database
+        other than 0 (a Redis Cluster has only database 0).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in CLUSTER_SCHEMES:
+        return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+    from urllib.parse import unquote
+
+    from redis.cluster import ClusterNode, RedisCluster
+
+    netloc, _, path = rest.partition("/")
+    path = path.split("?", 1)[0]
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, the URL names {path!r}")
+    creds, _, hosts = netloc.rpartition("@")
+    username, _, password = creds.partition(":") if ":" in creds else ("", "", creds)
+    nodes = []
+    for hp in hosts.split(","):
+        host, _, port = hp.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"a Redis Cluster URL lists host:port startup nodes, got {hp!r}")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))  # type: ignore[no-untyped-call]
+    return RedisCluster(
+        startup_nodes=nodes,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        ssl=scheme == "rediss+cluster",
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+    )
+
+
 class LeaseStore:
     """Leases of one namespace on one Redis.
 
@@ -213,7 +258,7 @@ class LeaseStore:
 
     def __init__(self, url: str, namespace: str, socket_timeout_s: float = 2.0) -> None:
         self.namespace = keys.check_namespace(namespace)
-        self._r: Any = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+        self._r: Any = connect(url, socket_timeout_s)
         self._acquire = self._r.register_script(_ACQUIRE)
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)
@@ -244,15 +289,22 @@ class LeaseStore:
             could repeat after a Redis restart.
         """
         try:
-            aof = self._r.config_get("appendonly").get("appendonly")
-            fsync = self._r.config_get("appendfsync").get("appendfsync")
+            if isinstance(self._r, redis.Redis):
+                found = {"": self._r.config_get("append*")}
+            else:  # a Redis Cluster: every node, a replica may become the master of its slots
+                found = self._r.config_get("append*", target_nodes=self._r.ALL_NODES)
+                if found and "appendonly" in found:  # redis-py merges the answer of a single node
+                    found = {"": found}
         except redis.RedisError as exc:
             raise StoreUnavailable(str(exc)) from None
-        if aof != "yes" or fsync != "always":
-            raise RuntimeError(
-                f"Redis must run with appendonly yes and appendfsync always (has appendonly={aof}, "
-                f"appendfsync={fsync}): otherwise a fencing token can repeat after a restart"
-            )
+        for node, conf in found.items():
+            aof, fsync = conf.get("appendonly"), conf.get("appendfsync")
+            if aof != "yes" or fsync != "always":
+                where = f" on {node}" if node else ""
+                raise RuntimeError(
+                    f"Redis must run with appendonly yes and appendfsync always (has appendonly={aof}, "
+                    f"appendfsync={fsync}{where}): otherwise a fencing token can repeat after a restart"
+                )
 
     def acquire(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[tuple[int, int]]:
         """Try to acquire ``[(lease id, owner token)]`` in one round trip.
@@ -271,31 +323,44 @@ class LeaseStore:
         return [bool(x) for x in self._pipeline(self._release, requests, None)]
 
     def _pipeline(self, script: Any, requests: Sequence[tuple[str, str]], ttl_ms: int | None, fence: bool = False) -> list[Any]:
-        """One ``EVALSHA`` per request, pipelined (no MULTI: each script is atomic on its own).
+        """The lease scripts for ``[(lease id, owner token)]`` in one round trip (:meth:`_evalsha_many`)."""
+        ns = self.namespace
+        lease = keys.lease
+        calls: list[tuple[tuple[str, ...], tuple[Any, ...]]]
+        if fence:
+            fence_k, park = keys.fence, keys.park
+            calls = [((lease(ns, lid), fence_k(ns, lid), park(ns, lid)), (owner, ttl_ms)) for lid, owner in requests]
+        elif ttl_ms is None:
+            calls = [((lease(ns, lid),), (owner,)) for lid, owner in requests]
+        else:
+            calls = [((lease(ns, lid),), (owner, ttl_ms)) for lid, owner in requests]
+        return self._evalsha_many(script, calls)
+
+    def _evalsha_many(self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """One ``EVALSHA`` of ``script`` per ``(keys, args)``, pipelined (no MULTI: each script is
+        atomic on its own; on a Redis Cluster each goes to the node that holds its keys' slot, which
+        is one slot per call: see :mod:`~keyedconsumer.sequencing.keys`).
 
         Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
-        (which also send ``SCRIPT EXISTS`` on each execute). A Redis that lost its script cache
-        (a restart) answers ``NOSCRIPT``: the script is loaded and the pipeline sent once more,
-        which is safe because no script ran.
+        (which also send ``SCRIPT EXISTS`` on each execute, and which redis-py's cluster pipeline
+        refuses). A Redis that lost its script cache (a restart, a replica promoted by a failover)
+        answers ``NOSCRIPT``: the script is loaded (on every master) and the pipeline sent once
+        more, which is safe because a script that was not found did not run.
+
+        Raises
+        ------
+        StoreUnavailable
+            Redis did not answer, or lost the script again right after it was loaded.
         """
-        if not requests:
+        if not calls:
             return []
-        ns = self.namespace
         sha = script.sha
-        lease, fence_k, park = keys.lease, keys.fence, keys.park
         for attempt in (1, 2):
             try:
                 pipe = self._r.pipeline(transaction=False)
                 cmd = pipe.execute_command
-                if fence:
-                    for lid, owner in requests:
-                        cmd("EVALSHA", sha, 3, lease(ns, lid), fence_k(ns, lid), park(ns, lid), owner, ttl_ms)
-                elif ttl_ms is None:
-                    for lid, owner in requests:
-                        cmd("EVALSHA", sha, 1, lease(ns, lid), owner)
-                else:
-                    for lid, owner in requests:
-                        cmd("EVALSHA", sha, 1, lease(ns, lid), owner, ttl_ms)
+                for k, a in calls:
+                    cmd("EVALSHA", sha, len(k), *k, *a)
                 return list(pipe.execute())
             except redis.exceptions.NoScriptError:
                 if attempt == 2:
@@ -334,21 +399,17 @@ class LeaseStore:
         when the lease is not ``owner``'s (nothing written).
         """
         ns = self.namespace
-        try:
-            pipe = self._r.pipeline(transaction=False)
-            for lid, owner, entries in batches:
-                args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes]
-                for field, off, entry in entries:
-                    args += [field, off, entry]
-                k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)]
-                self._park(keys=k, args=args, client=pipe)
-            out = pipe.execute()
-            n_added = sum(int(x[4]) for x in out if int(x[0]) == 1)
-            if n_added:  # appended entries only: a re-delivered one is taken, not appended
-                self._count(n_added, sum(int(x[3]) for x in out if int(x[0]) == 1))
-            return [(int(x[0]), int(x[1]), int(x[2]), int(x[3])) for x in out]
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        calls = []
+        for lid, owner, entries in batches:
+            args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes]
+            for field, off, entry in entries:
+                args += [field, off, entry]
+            calls.append(([keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], args))
+        out = self._evalsha_many(self._park, calls)
+        n_added = sum(int(x[4]) for x in out if int(x[0]) == 1)
+        if n_added:  # appended entries only: a re-delivered one is taken, not appended
+            self._count(n_added, sum(int(x[3]) for x in out if int(x[0]) == 1))
+        return [(int(x[0]), int(x[1]), int(x[2]), int(x[3])) for x in out]
 
     def fetch(self, lid: str, owner: str, n: int = 1) -> tuple[bool, list[bytes], int]:
         """The first ``n`` entries of the key's parked list: ``(still the owner, entries, length)``."""
@@ -526,7 +587,7 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
         Redis did not answer.
     """
     ns = keys.check_namespace(namespace)
-    r: Any = redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+    r: Any = connect(url, socket_timeout_s)
     try:
         prefix = keys.lease_prefix(ns)
         leases: list[dict[str, Any]] = []

@@ -29,6 +29,7 @@ import redis
 from keyedconsumer.middleware import DeadLetter, Retry
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
+from keyedconsumer.sequencing.store import connect
 
 from . import bugs
 from .common import HOLD, ONCE, OVERRUN, SIZES, key_names, load_json
@@ -97,7 +98,7 @@ def main() -> int:
     bug = cfg.get("bug") or ""
     rec(f"P {pid} {time.monotonic_ns()} start {bug or '-'}")
     hold = cfg.get("hold") or {}
-    ext = redis.Redis.from_url(cfg["redis_url"], socket_timeout=2.0, socket_connect_timeout=2.0)
+    ext = connect(cfg["redis_url"], 2.0)
     fenced = ext.register_script(UNFENCED_WRITE if cfg.get("harness_skip_fencing") else FENCED_WRITE)
     ns = cfg["namespace"]
 

@@ -152,3 +152,25 @@ def test_a_killed_redis_master_is_replaced_by_its_replica_with_the_writes_it_rep
             r.close()
     finally:
         cluster.redis_start(node)  # it rejoins as a replica
+
+
+def test_every_redis_cluster_node_must_persist_each_write(cluster) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    from keyedconsumer.sequencing.store import LeaseStore
+
+    # given the cluster, every node with appendonly yes and appendfsync always
+    url = "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in cluster.redis_nodes)
+    store = LeaseStore(url, f"ns{uuid.uuid4().hex[:6]}")
+    store.check_durable()
+    # when one replica stops persisting (a replica becomes its master's successor on a failover)
+    host, port = cluster.redis_nodes[-1]
+    node = redis.Redis(host=host, port=port, socket_timeout=5)
+    node.config_set("appendfsync", "everysec")
+    try:
+        # then the store refuses the cluster, naming that node
+        with pytest.raises(RuntimeError, match=f"appendfsync=everysec on {host}:{port}"):
+            store.check_durable()
+    finally:
+        node.config_set("appendfsync", "always")
+        node.close()

@@ -24,6 +24,7 @@ import redis
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
 from keyedconsumer.sequencing import inspect_redis
+from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import produce, wait_until
 
@@ -91,7 +92,7 @@ def test_a_scheduler_with_a_wrong_clock_runs_a_delayed_message_neither_early_nor
     # given the namespace's only scheduler: a process whose wall clock is off by skew_s
     topic, ns = new_topic(1), f"clock-{uuid.uuid4().hex[:8]}"
     p = Skewed(skew_s, kafka_bootstrap, topic, redis_url, ns, tmp_path)
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url, 5.0)
     try:
         assert wait_until(lambda: p.status().get("scheduler"), 60), p.status()
         # when a process with a correct clock schedules a message DELAY_S ahead
@@ -120,7 +121,7 @@ def test_a_parked_retry_keeps_its_back_off_whatever_the_schedulers_clock(
     # message "retry-me" on its first attempt for DELAY_S
     sched_topic, topic, ns = new_topic(1), new_topic(1), f"clock-{uuid.uuid4().hex[:8]}"
     p = Skewed(skew_s, kafka_bootstrap, sched_topic, redis_url, ns, tmp_path)
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url, 5.0)
     failed: list[tuple[float, int]] = []
 
     def handle(msg: Message) -> None:
@@ -161,7 +162,7 @@ def test_instances_whose_clocks_differ_by_80_s_check_in_on_redis_time_and_never_
     ns = f"clock-{uuid.uuid4().hex[:8]}"
     ahead = Skewed(20.0, kafka_bootstrap, new_topic(1), redis_url, ns, tmp_path)
     behind = Skewed(-60.0, kafka_bootstrap, new_topic(1), redis_url, ns, tmp_path)
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url, 5.0)
     try:
         assert wait_until(lambda: ahead.status() and behind.status(), 60)
         ids = {ahead.status()["instance"], behind.status()["instance"]}
@@ -189,7 +190,7 @@ def test_misfires_are_counted_on_the_redis_servers_clock(
     # given the namespace's only scheduler: a process whose wall clock is off by skew_s
     topic, ns = new_topic(1), f"clock-{uuid.uuid4().hex[:8]}"
     p = Skewed(skew_s, kafka_bootstrap, topic, redis_url, ns, tmp_path)
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url, 5.0)
     try:
         assert wait_until(lambda: p.status().get("scheduler"), 60), p.status()
         # when one message is scheduled due 5 s ago on the Redis server's clock (a misfire) and one

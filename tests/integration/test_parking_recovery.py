@@ -22,6 +22,7 @@ from keyedconsumer.middleware import Retry
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 from keyedconsumer.sequencing import inspect_redis
+from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
 
@@ -146,7 +147,7 @@ class _Redis:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--appendonly", "yes",
              "--appendfsync", "always", "--save", "", "--logfile", str(self.dir / "log")],
         )
-        r = redis.Redis.from_url(self.url)
+        r = connect(self.url, 5.0)
         assert wait_until(lambda: self._ping(r), 20)
 
     @staticmethod

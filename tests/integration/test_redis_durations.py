@@ -15,6 +15,7 @@ import redis
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
 from keyedconsumer.engine.dispatcher import Dispatcher
 from keyedconsumer.sequencing import keys
+from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import produce, wait_until
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.redis]
 
 @pytest.fixture
 def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url, 5.0)
     yield client
     client.close()
 
@@ -34,12 +35,10 @@ def _redis_ms(r: redis.Redis) -> float:
 
 
 def _time_and_pttl(r: redis.Redis, key: str) -> tuple[float, int]:
-    """The Redis server's time (ms) and the key's PTTL, read atomically."""
-    pipe = r.pipeline(transaction=True)
-    pipe.time()
-    pipe.pttl(key)
-    (sec, usec), pttl = pipe.execute()
-    return sec * 1000 + usec / 1000, int(pttl)
+    """The Redis server's time (ms) and the key's PTTL, read atomically on the node that holds the
+    key (one script: on a Redis Cluster a MULTI of TIME and PTTL could not be routed)."""
+    (sec, usec), pttl = r.eval("return {redis.call('TIME'), redis.call('PTTL', KEYS[1])}", 1, key)
+    return int(sec) * 1000 + int(usec) / 1000, int(pttl)
 
 
 def _attach(seq: RedisSequencer) -> Dispatcher:

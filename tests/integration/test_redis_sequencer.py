@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from pydantic import ValidationError
 
 from keyedconsumer import KeyedConsumer, RedisSequencer
+from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
 
@@ -71,7 +71,7 @@ def stop_all(*procs: subprocess.Popen[bytes]) -> None:
 
 
 def leftover_leases(redis_url: str, ns: str) -> list[bytes]:
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url, 5.0)
     return list(r.scan_iter(f"kc:{ns}:*:lease"))
 
 
@@ -267,7 +267,7 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
         owner["ok"] = False
-        r = redis.Redis.from_url(redis_url)
+        r = connect(redis_url, 5.0)
         for name in r.scan_iter(f"kc:{seq.config.namespace}:*:lease"):
             r.delete(name)
         assert wait_until(lambda: seq._leases.lost > 0, 5)

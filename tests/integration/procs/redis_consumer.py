@@ -16,9 +16,8 @@ import argparse
 import os
 import time
 
-import redis
-
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
+from keyedconsumer.sequencing.store import connect
 
 FENCED_WRITE = """
 local top = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
@@ -41,7 +40,7 @@ def main() -> None:
     a = ap.parse_args()
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
-    store = redis.Redis.from_url(a.redis_url)
+    store = connect(a.redis_url, 5.0)
     fenced = store.register_script(FENCED_WRITE)
 
     def log(kind: str, msg: Message, extra: str = "") -> None:

@@ -30,9 +30,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 
-import redis  # noqa: E402
-
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer  # noqa: E402
+from keyedconsumer.sequencing.store import connect  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
-    r = redis.Redis.from_url(a.redis_url)
+    r = connect(a.redis_url, 5.0)
 
     def handle(msg: Message) -> None:
         sec, usec = r.time()
