@@ -8,13 +8,11 @@ start (a service already answering there would be reused, neither ours to kill n
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 from pathlib import Path
 
-from .common import REPO
-from .services import SERVICES, port_free
+from .services import port_free, run_services, services_env
 
 KAFKA_NODES = 3
 REDIS_NODES = 6
@@ -59,20 +57,7 @@ class Cluster:
     def __init__(self, run_dir: Path, bases: tuple[int, int]) -> None:
         self.run_dir = run_dir
         self.kafka_base, self.redis_base = bases
-        env = dict(os.environ)
-        env.update({
-            "KC_RUN_DIR": str(run_dir),
-            "CLUSTER_KAFKA_BASE": str(self.kafka_base),
-            "CLUSTER_REDIS_BASE": str(self.redis_base),
-            "KC_KAFKA_STOP_TIMEOUT": "20",
-        })
-        shared_libs = REPO / ".run" / "cache" / "kafka-libs"
-        if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
-            env["KC_LIBS_DIR"] = str(shared_libs)  # read-only use of the resolved jars: no Maven run
-        py = REPO / ".venv" / "bin" / "python"
-        if "KC_PYTHON" not in env and py.exists():
-            env["KC_PYTHON"] = str(py)
-        self.env = env
+        self.env = services_env(run_dir, CLUSTER_KAFKA_BASE=self.kafka_base, CLUSTER_REDIS_BASE=self.redis_base)
         self.log_path = run_dir / "services.out"
 
     @property
@@ -95,11 +80,7 @@ class Cluster:
         return (port - self.kafka_base) // 2 + 1
 
     def _run(self, *args: str, timeout_s: float = 300.0) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            out.write(f"\n== scripts/services {' '.join(args)}\n".encode())
-            out.flush()
-            subprocess.run([str(SERVICES), *args], env=self.env, stdout=out, stderr=out, check=True, timeout=timeout_s)
+        run_services(self.env, self.log_path, *args, timeout_s=timeout_s)
 
     def up(self) -> None:
         for port in _kafka_ports(self.kafka_base) + _redis_ports(self.redis_base):

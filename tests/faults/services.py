@@ -47,6 +47,31 @@ def pick_ports(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
     raise RuntimeError("no free ports for the harness's Kafka and Redis")
 
 
+def services_env(run_dir: Path, **settings: object) -> dict[str, str]:
+    """The environment of ``scripts/services`` for services of their own in ``run_dir``: the
+    ``settings`` (ports), the shared Kafka jars read-only when they are resolved (no Maven run), and
+    the project's venv python for the readiness checks."""
+    env = dict(os.environ)
+    env.update({"KC_RUN_DIR": str(run_dir), "KC_KAFKA_STOP_TIMEOUT": "20"})
+    env.update({k: str(v) for k, v in settings.items()})
+    shared_libs = REPO / ".run" / "cache" / "kafka-libs"
+    if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
+        env["KC_LIBS_DIR"] = str(shared_libs)
+    py = REPO / ".venv" / "bin" / "python"
+    if "KC_PYTHON" not in env and py.exists():
+        env["KC_PYTHON"] = str(py)
+    return env
+
+
+def run_services(env: dict[str, str], log_path: Path, *args: str, timeout_s: float) -> None:
+    """Run ``scripts/services args`` with ``env``, its output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        out.write(f"\n== scripts/services {' '.join(args)}\n".encode())
+        out.flush()
+        subprocess.run([str(SERVICES), *args], env=env, stdout=out, stderr=out, check=True, timeout=timeout_s)
+
+
 class Services:
     """Start, kill and restart the harness's broker and Redis.
 
@@ -65,21 +90,8 @@ class Services:
         self.run_dir = run_dir
         self.kafka_port, self.controller_port, self.redis_port = ports
         self.durable_redis = durable_redis
-        env = dict(os.environ)
-        env.update({
-            "KC_RUN_DIR": str(run_dir),
-            "KAFKA_PORT": str(self.kafka_port),
-            "KAFKA_CONTROLLER_PORT": str(self.controller_port),
-            "REDIS_PORT": str(self.redis_port),
-            "KC_KAFKA_STOP_TIMEOUT": "20",
-        })
-        shared_libs = REPO / ".run" / "cache" / "kafka-libs"
-        if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
-            env["KC_LIBS_DIR"] = str(shared_libs)  # read-only use of the resolved jars: no Maven run
-        py = REPO / ".venv" / "bin" / "python"
-        if "KC_PYTHON" not in env and py.exists():
-            env["KC_PYTHON"] = str(py)
-        self.env = env
+        self.env = services_env(run_dir, KAFKA_PORT=self.kafka_port, KAFKA_CONTROLLER_PORT=self.controller_port,
+                                REDIS_PORT=self.redis_port)
         self.log_path = run_dir / "services.out"
 
     @property
@@ -91,11 +103,7 @@ class Services:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def _run(self, *args: str, timeout_s: float = 180.0) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            out.write(f"\n== scripts/services {' '.join(args)}\n".encode())
-            out.flush()
-            subprocess.run([str(SERVICES), *args], env=self.env, stdout=out, stderr=out, check=True, timeout=timeout_s)
+        run_services(self.env, self.log_path, *args, timeout_s=timeout_s)
 
     def up(self) -> None:
         for port in (self.kafka_port, self.controller_port, self.redis_port):
