@@ -116,7 +116,9 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_boots
     # given key "hot" on both partitions; instance A (p0 or p1) runs a slow "hot" message
     topic = new_topic(2)
     ttl = 2.0
-    recs = [(b"hot", f"h{i}".encode(), i % 2) for i in range(40)] + [(f"k{i}".encode(), b"x", i % 2) for i in range(200)]
+    # 100 "hot" messages of 0.3 s: 30 s of "hot" work, so the second instance's join (about 7 s
+    # here, classic protocol) lands while "hot" still runs (40 of them, 12 s, were too few once in CI)
+    recs = [(b"hot", f"h{i}".encode(), i % 2) for i in range(100)] + [(f"k{i}".encode(), b"x", i % 2) for i in range(200)]
     produce(kafka_bootstrap, topic, recs)
     group, ns = f"zombie-{uuid.uuid4().hex[:8]}", f"z{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
@@ -143,7 +145,7 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_boots
                 return int(e[1]), int(e[5]), int(e[2])
             return None
 
-        assert wait_until(lambda: running_hot() is not None, 60)
+        assert wait_until(lambda: running_hot() is not None, 50)
         zombie_pid, zombie_token, zombie_partition = running_hot()  # type: ignore[misc]
         zombie = procs[zombie_pid]
         other = a if zombie is b else b
