@@ -226,7 +226,7 @@ def connect(url: str, socket_timeout_s: float) -> Any:
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has only database 0, the URL names {path!r}")
     creds, _, hosts = netloc.rpartition("@")
-    username, _, password = creds.partition(":") if ":" in creds else ("", "", creds)
+    username, _, password = creds.partition(":")  # "user@", ":password@" or "user:password@", as redis-py reads them
     nodes = []
     for hp in hosts.split(","):
         host, _, port = hp.rpartition(":")
