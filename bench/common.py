@@ -119,6 +119,9 @@ class Recorder:
         self._lat_i = itertools.count()
         self._count = itertools.count(1)
         self._viol = itertools.count()
+        # the violations where the sequence number went back or repeated (a redelivery or a reorder),
+        # as opposed to a gap (which is also what a key that moved here from another instance shows)
+        self._back = itertools.count()
         self.t_first: float | None = None
         self.t_last: float | None = None
         # set when a run is stopped by its time cap: the handled count and the time at the cap (so a
@@ -132,7 +135,7 @@ class Recorder:
     def _make(self):  # type: ignore[no-untyped-def]
         rec = self
         last, get = self.last, self.last.get
-        lat, lat_i, viol, count = self.lat, self._lat_i, self._viol, self._count
+        lat, lat_i, viol, back, count = self.lat, self._lat_i, self._viol, self._back, self._count
         every, target = self.lat_every, self.target
         wall, perf = time.time, time.perf_counter
         done = self.done
@@ -142,8 +145,11 @@ class Recorder:
                 rec.t_first = perf()
                 rec.wall_first = wall()
             seq = int(value[:10])
-            if get(key, -1) + 1 != seq:
+            prev = get(key, -1)
+            if prev + 1 != seq:
                 next(viol)
+                if seq <= prev:
+                    next(back)
             last[key] = seq
             i = next(lat_i)
             if not i % every:
@@ -170,6 +176,11 @@ class Recorder:
     @property
     def violations(self) -> int:
         return _peek(self._viol)
+
+    @property
+    def backward(self) -> int:
+        """Violations where a key's sequence number repeated or went back (not a gap)."""
+        return _peek(self._back)
 
 
 def _peek(counter: itertools.count[int]) -> int:

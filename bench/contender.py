@@ -9,7 +9,8 @@ the project venv). Only the selected library is imported.
 The spec (a JSON object) names: contender, ordering, concurrency, mode (sync|async), brokers, topic,
 group, target (messages to handle before the run ends), sleep_ms (handler wait), max_seconds (cap
 from the first message), max_in_flight, batch_size, block_key / block_count / stall_s (workload 4),
-produce_t0_ms.
+produce_t0_ms; and, for runs of several instances in one group (bench/scaling.py): stop_file (the run
+ends when this file exists) and progress_file (rewritten with "<handled> <perf_counter>" at each sample).
 
 The last stdout line is ``BENCH_RESULT {json}``.
 """
@@ -125,8 +126,11 @@ def wait_done(rec: Recorder, spec: dict[str, Any], stop: threading.Event | None 
     """Block until the target is handled or ``max_seconds`` passed since the first message (or since
     start, plus ``startup_s``, if nothing arrives)."""
     max_s, startup_s = spec["max_seconds"], spec.get("startup_s", 60.0)
+    stop_file = spec.get("stop_file")
     while not rec.done.wait(0.05):
         if stop is not None and stop.is_set():
+            return
+        if stop_file and os.path.exists(stop_file):
             return
         now = time.perf_counter()
         if rec.t_first is None:
@@ -366,6 +370,19 @@ def run_faststream(spec: dict[str, Any], rec: Recorder, block: Block, unordered:
 # ------------------------------------------------------------------------------------------ main
 
 
+def progress_writer(path: str, rec: Recorder):  # type: ignore[no-untyped-def]
+    """A Sampler callback that rewrites ``path`` with ``<handled> <perf_counter>`` (atomically), so the
+    orchestrator of several instances sees each one's progress while it runs."""
+    tmp = path + ".tmp"
+
+    def write(_samples: list[tuple[float, float, int, int]]) -> None:
+        with open(tmp, "w") as f:
+            f.write(f"{rec.handled} {time.perf_counter()}\n")
+        os.replace(tmp, path)
+
+    return write
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -375,6 +392,8 @@ def main() -> None:
     block = Block(spec["block_key"].encode() if spec.get("block_key") else None,
                   spec["target"] - spec.get("block_count", 0), spec.get("stall_s", 3.0))
     sampler = Sampler(rec, spec.get("sample_s", 1.0))
+    if spec.get("progress_file"):
+        sampler.on_sample = progress_writer(spec["progress_file"], rec)
     sampler.start()
     threading.Thread(target=block.watch, args=(rec, sampler), daemon=True).start()
     name = spec["contender"]
@@ -423,9 +442,11 @@ def main() -> None:
         "aligned_p50_ms": ms(max(0.0, p50 - shift)) if p50 is not None else None,
         "aligned_p99_ms": ms(max(0.0, p99 - shift)) if p99 is not None else None,
         "order_violations": rec.violations,
+        "order_backward": rec.backward,
         "peak_rss_mb": max((s[1] for s in sampler.samples), default=None),
         "vm_hwm_mb": round(vm_hwm_bytes() / 1e6, 1),
         "rss_samples": sampler.samples,
+        "samples_t0": sampler.t0,  # time.perf_counter() of the samples' 0 (CLOCK_MONOTONIC: one clock for all processes)
         "block": block.info or None,
         "error": error,
         **out,

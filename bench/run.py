@@ -333,11 +333,12 @@ def java_bin() -> str | None:
 # ------------------------------------------------------------------------------------ producing
 
 
-def create_topic(brokers: str, name: str, partitions: int) -> None:
+def create_topic(brokers: str, name: str, partitions: int, replication_factor: int = 1) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": brokers})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(timeout=60)
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+    admin.create_topics([topic])[name].result(timeout=60)
 
 
 def delete_topics(brokers: str, names: list[str]) -> None:

@@ -1,0 +1,597 @@
+"""Scaling across instances: 1, 2, 4 and 8 processes in one consumer group on I/O-bound work.
+
+    .venv/bin/python bench/scaling.py                      # full size: starts its own 3-broker Kafka +
+                                                           # Redis Cluster (scripts/services cluster-up)
+    .venv/bin/python bench/scaling.py --size ci            # smoke size (seconds; asserts nothing about speed)
+    .venv/bin/python bench/scaling.py --brokers H:P --redis-url redis://H:P/0   # services of your own
+    scripts/bench --scaling ...                            # the same, after scripts/setup
+
+One topic (16 partitions, replication factor 3 on the cluster, 10,000 keys, 100 B records) is
+produced once. Each run starts N instances of ``bench/contender.py`` together, as separate processes
+in a fresh consumer group: keyedconsumer (``concurrency=16``, a ``time.sleep(0.005)`` handler on its
+worker threads, or ``asyncio.sleep`` with ``--mode async``), with the in-memory sequencer and with
+``RedisSequencer`` on the Redis Cluster, and the raw confluent-kafka loop with the same handler (one
+message at a time). Runs are interleaved round-robin over ``--repeats``.
+
+**The steady window.** An instance's first message comes after its process start and its group
+join, and the group rebalances each time one more instance joins. So a run waits until every
+instance has handled a message, waits ``settle_s`` more (the last rebalances), then measures a
+``window_s``-long window [t0, t1]: msg/s = messages handled by all instances in the window / its
+length. Each instance samples its handled count every 0.25 s with a ``CLOCK_MONOTONIC`` time stamp
+(one clock for every process), so its count at t0 and t1 is interpolated between its samples. The
+backlog is big enough that no partition runs dry before t1 (checked: a run flags a window in which
+the group's rate fell below half its median).
+
+**CPU.** At t0 and t1 the orchestrator reads ``/proc/stat`` (the whole machine: user + nice + system
++ irq + softirq + steal, of every process) and ``/proc/<pid>/stat`` (utime + stime) of each instance,
+each Kafka broker and each Redis node (pid files of the cluster it started): CPU seconds per 1,000
+messages per instance, and cores busy over the window per component, so the point where the two
+cores are used up shows.
+
+``--size ci`` (the smoke test): 3,000 records with a 1 ms handler, N = 1 and 2; each run also drains
+the topic (until the group's committed offsets reach the end offsets) and checks that every message
+was handled (at least once) and committed.
+
+Writes ``<out>/scaling.json`` and ``<out>/scaling.md`` (default out: bench/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import run as bench  # noqa: E402  (topic, produce, machine info and formatting helpers of the suite)
+
+SIZES: dict[str, dict[str, Any]] = {
+    # 8 instances at their ideal (8 x 16 / 5 ms = 25,600 msg/s) over ~30 s of start, join, settle and
+    # window use ~770k records; 1M leaves each partition a margin
+    "full": dict(messages=1_000_000, size=100, partitions=16, keys=10_000, sleep_ms=5, concurrency=16,
+                 settle_s=3.0, window_s=15.0, drain=False, repeats=2, instances="1,2,4,8", raw="all"),
+    "ci": dict(messages=3_000, size=100, partitions=16, keys=1_000, sleep_ms=1, concurrency=16,
+               settle_s=0.3, window_s=1.0, drain=True, repeats=1, instances="1,2", raw="1"),
+}
+CONTENDERS = ("raw", "keyedconsumer", "keyedconsumer-redis")
+SEQUENCER = {"raw": "–", "keyedconsumer": "in-memory", "keyedconsumer-redis": "Redis"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NCPU = os.cpu_count() or 1
+log = bench.log
+
+
+# ----------------------------------------------------------------------------------- services
+
+
+class Services:
+    """The Kafka brokers and Redis this benchmark uses: the 3-broker Kafka and 6-node Redis Cluster
+    of ``scripts/services cluster-up`` in a run dir of its own (started here, stopped at the end
+    unless ``keep``), or the ones named by ``--brokers`` / ``--redis-url`` (left alone; their CPU is
+    then counted in "other")."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.own = not args.brokers
+        self.brokers: str = args.brokers or ""
+        self.redis_url: str = args.redis_url or ""
+        self.run_dir = Path(args.run_dir)
+        self.env = dict(os.environ, KC_RUN_DIR=str(self.run_dir), CLUSTER_KAFKA_BASE=str(args.kafka_base),
+                        CLUSTER_REDIS_BASE=str(args.redis_base), KC_PYTHON=sys.executable)
+
+    def _services(self, cmd: str) -> str:
+        out = subprocess.run([str(ROOT / "scripts" / "services"), cmd], env=self.env, capture_output=True,
+                             text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"scripts/services {cmd} failed: {out.stderr.strip()[-2000:]}")
+        return out.stdout
+
+    def up(self) -> None:
+        if not self.own:
+            if not self.redis_url:
+                raise SystemExit("--brokers needs --redis-url too")
+            return
+        ours = (self.run_dir / "cluster" / "kafka-1" / "kafka" / "kafka.pid").exists()
+        if not ours:  # a service already answering there would be reused: not ours to measure or stop
+            busy = [p for p in (*[self.args.kafka_base + i for i in range(6)], *[self.args.redis_base + i for i in range(6)])
+                    if _port_open(p)]
+            if busy:
+                raise SystemExit(f"ports {busy} are in use: choose --kafka-base / --redis-base")
+        log(f"starting the cluster in {self.run_dir} (Kafka base {self.args.kafka_base}, Redis base {self.args.redis_base})")
+        out = self._services("cluster-up")
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        self.brokers = env["KAFKA_BOOTSTRAP_SERVERS"]
+        self.redis_url = "redis+cluster://" + env["REDIS_CLUSTER_NODES"]
+
+    def down(self) -> None:
+        if self.own and not self.args.keep_cluster:
+            log("stopping the cluster")
+            self._services("cluster-down")
+
+    def pids(self) -> dict[str, list[int]]:
+        """{"brokers": [...], "redis": [...]} of the cluster started here (pid files); {} otherwise."""
+        if not self.own:
+            return {}
+        out: dict[str, list[int]] = {"brokers": [], "redis": []}
+        for kind, pat in (("brokers", "kafka-*/kafka/kafka.pid"), ("redis", "redis-*/redis/redis.pid")):
+            for f in sorted((self.run_dir / "cluster").glob(pat)):
+                try:
+                    out[kind].append(int(f.read_text().strip()))
+                except (OSError, ValueError):
+                    pass
+        return out
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def broker_count(brokers: str) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    return len(AdminClient({"bootstrap.servers": brokers}).list_topics(timeout=30).brokers)
+
+
+# ----------------------------------------------------------------------------------------- CPU
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), seconds; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, Any]:
+    return {"t": time.perf_counter(), "machine": machine_jiffies(),
+            "pids": {kind: {p: proc_cpu_s(p) for p in pids} for kind, pids in groups.items()}}
+
+
+def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Cores busy over [a, b]: the machine's, and each group's (instances, brokers, redis, orchestrator)."""
+    secs = b["t"] - a["t"]
+    busy = b["machine"][0] - a["machine"][0]
+    total = b["machine"][1] - a["machine"][1]
+    out: dict[str, Any] = {"seconds": round(secs, 3),
+                           "machine_cores_busy": round(NCPU * busy / total, 3) if total else None,
+                           "machine_util": round(busy / total, 3) if total else None}
+    per: dict[str, dict[int, float]] = {}
+    for kind, pids in b["pids"].items():
+        per[kind] = {p: round(v - a["pids"][kind][p], 2) for p, v in pids.items()
+                     if v is not None and a["pids"][kind].get(p) is not None}
+        out[f"{kind}_cores"] = round(sum(per[kind].values()) / secs, 3) if secs else None
+    if out["machine_cores_busy"] is not None:
+        known = sum(out.get(f"{k}_cores") or 0.0 for k in per)
+        out["other_cores"] = round(out["machine_cores_busy"] - known, 3)
+    out["per_pid_cpu_s"] = per
+    return out
+
+
+# ------------------------------------------------------------------------------------- running
+
+
+def interp(samples: list[tuple[float, int]], t: float) -> float:
+    """A count at time ``t`` from (time, count) samples, linear between the two around it."""
+    if not samples:
+        return 0.0
+    if t <= samples[0][0]:
+        return float(samples[0][1])
+    for (ta, ca), (tb, cb) in zip(samples, samples[1:], strict=False):
+        if ta <= t <= tb:
+            return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 1.0)
+    return float(samples[-1][1])
+
+
+def read_progress(path: Path) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def group_lag(brokers: str, topic: str, group: str, partitions: int) -> int | None:
+    """end offsets - the group's committed offsets, summed (None if it cannot be read)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        committed = c.committed(tps, timeout=10)
+        lag = 0
+        for tp in committed:
+            hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)[1]
+            lag += hi - max(tp.offset, 0)
+        return lag
+    except Exception as exc:  # noqa: BLE001
+        log(f"lag of {group}: {exc}")
+        return None
+    finally:
+        c.close()
+
+
+def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, meta: dict[str, Any],
+               contender: str, n: int, rep: int) -> dict[str, Any]:
+    """N instances of one contender in a fresh group: the steady window's msg/s and CPU."""
+    rid = f"{contender}/n{n}"
+    group = f"{meta['topic']}-{contender}-n{n}-r{rep}-{uuid.uuid4().hex[:6]}"
+    work = args.out / "tmp" / "scaling" / group
+    work.mkdir(parents=True, exist_ok=True)
+    stop_file = work / "STOP"
+    window_s, settle_s = args.window_s or size["window_s"], size["settle_s"]
+    base = {
+        "contender": contender, "ordering": "key" if contender != "raw" else "partition",
+        "concurrency": size["concurrency"] if contender != "raw" else 1, "mode": args.mode,
+        "brokers": svc.brokers, "topic": meta["topic"], "group": group,
+        "target": size["messages"] + 1,  # never reached: every run ends at its stop file
+        "partitions": size["partitions"], "sleep_ms": size["sleep_ms"],
+        "max_seconds": 600.0, "startup_s": 120.0, "max_in_flight": 10_000,
+        "produce_t0_ms": meta["produce_t0_ms"], "sample_s": 0.25, "lat_every": 64,
+        "redis_url": svc.redis_url, "stop_file": str(stop_file),
+    }
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    load0 = bench.loadavg()
+    procs, progress, outs = [], [], []
+    for i in range(n):
+        spec = dict(base, progress_file=str(work / f"progress-{i}"))
+        progress.append(Path(spec["progress_file"]))
+        out_f, err_f = open(work / f"i{i}.out", "w"), open(work / f"i{i}.err", "w")  # noqa: SIM115
+        outs.append((out_f, err_f))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "contender.py"), json.dumps(spec)],
+                                      cwd=work, env=env, stdout=out_f, stderr=err_f))
+    t_start = time.perf_counter()
+    groups = {"instances": [p.pid for p in procs], "orchestrator": [os.getpid()], **svc.pids()}
+    res: dict[str, Any] = {"id": rid, "contender": contender, "sequencer": SEQUENCER[contender], "instances": n,
+                           "repeat": rep, "group": group, "loadavg_before": load0, "notes": []}
+    # 1. every instance has handled a message (its join is done), or the topic is drained (ci)
+    t_all = None
+    while time.perf_counter() - t_start < 150:
+        counts = [read_progress(p) for p in progress]
+        if all(counts) or (size["drain"] and sum(counts) >= size["messages"]):
+            t_all = time.perf_counter()
+            break
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.05)
+    res["all_handling_s"] = round(t_all - t_start, 2) if t_all is not None else None
+    if t_all is None:
+        res["notes"].append("not every instance handled a message within 150 s of the start")
+        t_all = time.perf_counter()
+    # 2. the window: settle, then [t0, t1] with a CPU snapshot at each end
+    time.sleep(max(0.0, t_all + settle_s - time.perf_counter()))
+    snap0 = cpu_snapshot(groups)
+    time.sleep(max(0.0, snap0["t"] + window_s - time.perf_counter()))
+    snap1 = cpu_snapshot(groups)
+    # 3. ci: until the group has committed every offset (auto commit: every 5 s)
+    lag = None
+    if size["drain"]:
+        deadline = time.perf_counter() + 120
+        while time.perf_counter() < deadline:
+            if sum(read_progress(p) for p in progress) >= size["messages"]:
+                lag = group_lag(svc.brokers, meta["topic"], group, size["partitions"])
+                if lag == 0:
+                    break
+            time.sleep(0.5)
+    stop_file.write_text("stop\n")
+    results = []
+    for i, p in enumerate(procs):
+        try:
+            p.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            p.kill()  # our own child, by its pid
+            p.wait()
+            res["notes"].append(f"instance {i} did not stop within 90 s: killed")
+        for f in outs[i]:
+            f.close()
+        text = (work / f"i{i}.out").read_text()
+        line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("BENCH_RESULT ")), None)
+        if line is None:
+            err = (work / f"i{i}.err").read_text().strip()[-1500:]
+            results.append({"error": f"exit {p.returncode}, no result; stderr tail: {err}"})
+        else:
+            results.append(json.loads(line[len("BENCH_RESULT "):]))
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    res["loadavg_after"] = bench.loadavg()
+    res.update(measure(results, [p.pid for p in procs], snap0, snap1, size))
+    # every instance's usable concurrency at once (10,000 keys: never bound by the keys)
+    res["ideal_msg_per_s"] = n * base["concurrency"] * 1000.0 / size["sleep_ms"]
+    if size["drain"]:
+        res["lag_at_end"] = group_lag(svc.brokers, meta["topic"], group, size["partitions"])
+        res["handled_total"] = sum(r.get("handled") or 0 for r in results)
+        res["drained"] = res["lag_at_end"] == 0 and res["handled_total"] >= size["messages"]
+    errors = [f"instance {i}: {r['error']}" for i, r in enumerate(results) if r.get("error")]
+    res["error"] = "; ".join(errors) or None
+    return res
+
+
+def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any], snap1: dict[str, Any],
+            size: dict[str, Any]) -> dict[str, Any]:
+    """The window's figures from the instances' samples and the two CPU snapshots."""
+    t0, t1 = snap0["t"], snap1["t"]
+    series = [[(r["samples_t0"] + s[0], int(s[2])) for s in r.get("rss_samples") or []] if r.get("samples_t0")
+              else [] for r in results]
+    handled = [interp(s, t1) - interp(s, t0) for s in series]
+    total = sum(handled)
+    cpu = cpu_delta(snap0, snap1)
+    inst_cpu = cpu["per_pid_cpu_s"].get("instances", {})
+    per_inst = []
+    for r, h, pid in zip(results, handled, pids, strict=True):
+        cpu_s = inst_cpu.get(pid) or 0.0
+        per_inst.append({"handled_in_window": round(h), "cpu_s": cpu_s,
+                         "cpu_s_per_1000": round(1000 * cpu_s / h, 4) if h else None,
+                         "startup_s": r.get("startup_s"), "peak_rss_mb": r.get("peak_rss_mb"),
+                         "handled": r.get("handled"), "order_violations": r.get("order_violations"),
+                         "order_backward": r.get("order_backward")})
+    # the group's rate second by second: steady, or did a partition run dry?
+    secs = max(1, int(t1 - t0))
+    step = (t1 - t0) / secs
+    rates = [sum(interp(s, t0 + (k + 1) * step) - interp(s, t0 + k * step) for s in series) / step
+             for k in range(secs)]
+    out: dict[str, Any] = {
+        "window_s": round(t1 - t0, 3),
+        "msg_per_s": round(total / (t1 - t0), 1) if total else None,
+        "handled_in_window": round(total),
+        "rate_per_second": [round(x) for x in rates],
+        "cpu": {k: v for k, v in cpu.items() if k != "per_pid_cpu_s"},
+        "cpu_per_pid_s": cpu["per_pid_cpu_s"],
+        "per_instance": per_inst,
+        "cpu_s_per_1000": round(1000 * sum(inst_cpu.values()) / total, 4) if total else None,
+        "order_violations": sum(r.get("order_violations") or 0 for r in results),
+        "order_backward": sum(r.get("order_backward") or 0 for r in results),
+        "peak_rss_mb": max((r.get("peak_rss_mb") or 0 for r in results), default=None),
+    }
+    med = statistics.median(rates) if rates else 0
+    if not size["drain"] and med and min(rates) < 0.5 * med:
+        out["unsteady"] = True  # a partition ran dry, or a rebalance in the window
+    return out
+
+
+# ----------------------------------------------------------------------------------- the lock
+
+
+def take_lock(path: str, wait_s: float) -> tuple[Any, dict[str, Any]]:
+    """An exclusive flock on ``path`` (others hold it shared during their heavy runs), waiting up to
+    ``wait_s``; without it the runs go on and the results say so."""
+    f = open(path, "a")  # noqa: SIM115
+    t0 = time.perf_counter()
+    load0 = bench.loadavg()
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f, {"path": path, "held": True, "waited_s": round(time.perf_counter() - t0, 1)}
+        except BlockingIOError:
+            if time.perf_counter() - t0 > wait_s:
+                f.close()
+                return None, {"path": path, "held": False, "waited_s": round(time.perf_counter() - t0, 1),
+                              "loadavg_when_giving_up": bench.loadavg(), "loadavg_when_asking": load0}
+            time.sleep(1.0)
+
+
+# ----------------------------------------------------------------------------------- reporting
+
+
+def summarize(runs: list[dict[str, Any]], instances: list[int]) -> list[dict[str, Any]]:
+    """Per contender and N: the median over the repeats (min-max kept) of msg/s, ratio to linear
+    (msg/s / (N x the same repeat's N=1 msg/s)), ratio Redis / in-memory, CPU figures."""
+    by: dict[tuple[str, int, int], dict[str, Any]] = {(r["contender"], r["instances"], r["repeat"]): r for r in runs}
+    for r in runs:
+        one = by.get((r["contender"], 1, r["repeat"]), {}).get("msg_per_s")
+        r["ratio_to_linear"] = round(r["msg_per_s"] / (r["instances"] * one), 3) if one and r.get("msg_per_s") else None
+        mem = by.get(("keyedconsumer", r["instances"], r["repeat"]), {}).get("msg_per_s")
+        r["ratio_to_in_memory"] = (round(r["msg_per_s"] / mem, 3) if r["contender"] == "keyedconsumer-redis"
+                                   and mem and r.get("msg_per_s") else None)
+        r["of_ideal"] = round(r["msg_per_s"] / r["ideal_msg_per_s"], 3) if r.get("msg_per_s") else None
+    rows = []
+    for c in CONTENDERS:
+        for n in instances:
+            xs = [r for r in runs if r["contender"] == c and r["instances"] == n]
+            if not xs:
+                continue
+            row: dict[str, Any] = {"contender": c, "sequencer": SEQUENCER[c], "instances": n, "repeats": len(xs),
+                                   "ideal_msg_per_s": xs[0]["ideal_msg_per_s"]}
+            for key, path in (("msg_per_s", ()), ("ratio_to_linear", ()), ("ratio_to_in_memory", ()), ("of_ideal", ()),
+                              ("cpu_s_per_1000", ()), ("machine_cores_busy", ("cpu",)), ("instances_cores", ("cpu",)),
+                              ("brokers_cores", ("cpu",)), ("redis_cores", ("cpu",)), ("other_cores", ("cpu",))):
+                vals = [v for x in xs if (v := (x.get(path[0], {}) if path else x).get(key)) is not None]
+                if vals:
+                    row[key] = statistics.median(vals)
+                    row[key + "_all"] = vals
+            row["loadavg"] = [[x["loadavg_before"], x["loadavg_after"]] for x in xs]
+            row["errors"] = [x["error"] for x in xs if x.get("error")]
+            row["unsteady"] = sum(1 for x in xs if x.get("unsteady"))
+            row["order_backward"] = sum(x.get("order_backward") or 0 for x in xs)
+            rows.append(row)
+    return rows
+
+
+def write_markdown(res: dict[str, Any], path: Path) -> None:
+    fmt, spread_of = bench.fmt, bench.spread_of
+    m, s = res["machine"], res["size_settings"]
+    lock = res["lock"]
+    L = [
+        "# Scaling across instances",
+        "",
+        f"{res['started']} UTC, `{res['command']}`, {res['repeats']} repeat(s), {m.get('nproc')} cores "
+        f"({m.get('cpu')}), {m.get('memory_gb')} GB, Python {m.get('python')}, librdkafka {m.get('librdkafka')}, "
+        f"keyedconsumer {m.get('keyedconsumer_commit')}.",
+        "",
+        f"Kafka `{res['brokers']}` ({res['broker_count']} brokers, topic of {s['partitions']} partitions, "
+        f"replication factor {res['replication_factor']}), Redis `{res['redis_url']}`. "
+        f"{s['messages']:,} records of {s['size']} B on {s['keys']:,} keys, produced once; handler: "
+        f"{'`time.sleep`' if res['mode'] == 'sync' else '`asyncio.sleep`'}({s['sleep_ms']} ms) "
+        f"({res['mode']}); keyedconsumer `concurrency={s['concurrency']}`, `ordering=\"key\"`, "
+        "`max_in_flight=10_000`; raw: one message at a time. Each run: N processes in a fresh group, "
+        f"{s['settle_s']:g} s after every instance handled its first message, a {s['window_s']:g} s window.",
+        "",
+        ("Exclusive lock `{}` held for the runs (waited {} s).".format(lock["path"], lock["waited_s"]) if lock["held"]
+         else "**The exclusive lock `{}` was not obtained within {} s: the runs went on while others ran** "
+              "(load average when asking {}, when giving up {}).".format(lock["path"], lock["waited_s"],
+                                                                         lock.get("loadavg_when_asking"),
+                                                                         lock.get("loadavg_when_giving_up"))),
+        f"Load average at the start {m.get('loadavg_start')}, at the end {m.get('loadavg_end')}.",
+        "",
+        "msg/s, ratio to linear (msg/s / (N x the same repeat's 1-instance msg/s)) and the ratios: median over "
+        "the repeats, min–max in brackets. CPU over the window: CPU s / 1,000 msgs = the instances' CPU "
+        "(user + sys) / the messages they handled; cores busy: of the machine (/proc/stat, every process), "
+        "of the instances, the Kafka brokers, the Redis nodes, and the rest (other).",
+        "",
+        "| contender | N | msg/s | ideal | of ideal | ratio to linear | Redis / in-memory | CPU s / 1,000 msgs | "
+        "machine cores busy | instances | brokers | Redis | other | loadavg (1 min) before → after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in res["summary"]:
+        def sp(key: str, nd: int = 2, row: dict[str, Any] = row) -> str:
+            return spread_of(row.get(key + "_all") or [], nd)
+
+        name = {"raw": "raw", "keyedconsumer": "keyedconsumer in-memory",
+                "keyedconsumer-redis": "keyedconsumer Redis Cluster"}[row["contender"]]
+        flags = (" (unsteady)" if row["unsteady"] else "") + (" **error**" if row["errors"] else "")
+        loads = ", ".join(f"{a[0] if a else '?'} → {b[0] if b else '?'}" for a, b in row["loadavg"])
+        L.append(f"| {name}{flags} | {row['instances']} | {sp('msg_per_s', 0)} | {fmt(row['ideal_msg_per_s'])} | "
+                 f"{sp('of_ideal')} | {sp('ratio_to_linear')} | {sp('ratio_to_in_memory')} | "
+                 f"{sp('cpu_s_per_1000', 3)} | {sp('machine_cores_busy')} | {sp('instances_cores')} | "
+                 f"{sp('brokers_cores')} | {sp('redis_cores')} | {sp('other_cores')} | {loads} |")
+    L += ["", "## Runs", "",
+          "| run | repeat | msg/s | window s | rate per second in the window (min–max) | all handling after s | "
+          "CPU s / 1,000 msgs per instance | per-key order: gaps+repeats / repeats | notes |",
+          "| --- | ---: | ---: | ---: | --- | ---: | --- | --- | --- |"]
+    for r in res["runs"]:
+        rates = r.get("rate_per_second") or []
+        per = ", ".join(fmt(x.get("cpu_s_per_1000"), 3) for x in r.get("per_instance", []))
+        notes = "; ".join([*r.get("notes", []), *(["unsteady window"] if r.get("unsteady") else []),
+                           *([f"error: {r['error'][:200]}"] if r.get("error") else []),
+                           *([f"drained: {r['drained']} (lag {r.get('lag_at_end')}, handled {r.get('handled_total')})"]
+                             if "drained" in r else [])])
+        L.append(f"| {r['id']} | {r['repeat'] + 1} | {fmt(r.get('msg_per_s'))} | {r.get('window_s')} | "
+                 f"{fmt(min(rates)) if rates else '–'}–{fmt(max(rates)) if rates else '–'} | {r.get('all_handling_s')} | "
+                 f"{per} | {r.get('order_violations')} / {r.get('order_backward')} | {notes} |")
+    L += ["", "Per-key order: each instance checks that a key's sequence numbers follow one another; a key "
+          "that moved to this instance at a rebalance shows a gap (counted in the first figure), a "
+          "redelivered or reordered message a repeat (the second).", ""]
+    path.write_text("\n".join(L))
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=tuple(SIZES), default="full")
+    ap.add_argument("--instances", default=None, help="instance counts, e.g. 1,2,4,8 (1 is always run: the base)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--raw", choices=("all", "1", "none"), default=None,
+                    help="raw loop at every instance count, at 1 only, or not (default: all at full size)")
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync", help="keyedconsumer's handler")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--window-s", type=float, default=None)
+    ap.add_argument("--brokers", default=None, help="use these brokers (and --redis-url) instead of starting a cluster")
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--run-dir", default="/tmp/kc-scaling-run", help="KC_RUN_DIR of the cluster started here")
+    ap.add_argument("--kafka-base", type=int, default=29092)
+    ap.add_argument("--redis-base", type=int, default=27000)
+    ap.add_argument("--keep-cluster", action="store_true", help="leave the cluster running (reused by the next run)")
+    ap.add_argument("--lock", default=None, help="take an exclusive flock on this file for the measured runs")
+    ap.add_argument("--lock-wait-s", type=float, default=1200.0)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--seed", type=int, default=20261202)
+    args = ap.parse_args()
+    size = SIZES[args.size]
+    if args.window_s:
+        size = dict(size, window_s=args.window_s)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    counts = sorted({1, *(int(x) for x in (args.instances or size["instances"]).split(","))})
+    contenders = [c for c in CONTENDERS if c in args.contenders.split(",")]
+    raw = args.raw or size["raw"]
+    repeats = args.repeats or size["repeats"]
+    plan = [(c, n) for n in counts for c in contenders
+            if c != "raw" or raw == "all" or (raw == "1" and n == 1)]
+    svc = Services(args)
+    started = dt.datetime.now(dt.timezone.utc)
+    svc.up()
+    topic = f"bench-scaling-{uuid.uuid4().hex[:8]}"
+    runs: list[dict[str, Any]] = []
+    res: dict[str, Any] = {
+        "schema": 1, "size": args.size, "size_settings": size, "repeats": repeats, "mode": args.mode,
+        "started": started.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["bench/scaling.py", *sys.argv[1:]]),
+        "brokers": svc.brokers, "redis_url": svc.redis_url, "machine": bench.machine_info(None), "runs": runs,
+    }
+    lock_f = None
+    failed = False
+    try:
+        nb = broker_count(svc.brokers)
+        rf = min(3, nb)
+        res.update(broker_count=nb, replication_factor=rf, topic=topic)
+        bench.create_topic(svc.brokers, topic, size["partitions"], rf)
+        key_ids = bench.keys_for(size, random.Random(args.seed))
+        log(f"producing {size['messages']:,} x {size['size']} B to {topic} ({size['partitions']} partitions, RF {rf})")
+        meta = bench.produce(svc.brokers, topic, size, key_ids)
+        meta["topic"] = topic
+        if bench.end_offsets(svc.brokers, topic, size["partitions"]) != size["messages"]:
+            raise RuntimeError(f"{topic} does not hold {size['messages']} records")
+        res["produce_s"] = meta["produce_s"]
+        if args.lock:
+            log(f"waiting for an exclusive lock on {args.lock} (up to {args.lock_wait_s:g} s)")
+            lock_f, res["lock"] = take_lock(args.lock, args.lock_wait_s)
+            log(f"lock: {res['lock']}")
+        else:
+            res["lock"] = {"path": None, "held": False, "waited_s": 0}
+        res["machine"]["loadavg_start"] = bench.loadavg()
+        for rep in range(repeats):
+            for c, n in plan:
+                r = run_config(args, size, svc, meta, c, n, rep)
+                runs.append(r)
+                res["summary"] = summarize(runs, counts)
+                log(f"r{rep + 1}/{repeats} {r['id']:26s} {bench.fmt(r.get('msg_per_s')):>8} msg/s "
+                    f"(ideal {bench.fmt(r['ideal_msg_per_s'])}, x{bench.fmt(r.get('ratio_to_linear'), 2)} linear) "
+                    f"cpu/1k {bench.fmt(r.get('cpu_s_per_1000'), 3)} s, machine {bench.fmt(r['cpu'].get('machine_cores_busy'), 2)} "
+                    f"cores (inst {bench.fmt(r['cpu'].get('instances_cores'), 2)}, brokers "
+                    f"{bench.fmt(r['cpu'].get('brokers_cores'), 2)}, redis {bench.fmt(r['cpu'].get('redis_cores'), 2)}) "
+                    f"load {r['loadavg_before'][:1]}->{r['loadavg_after'][:1]} ({r['wall_s']} s) "
+                    f"{'; '.join(r['notes'])} {r.get('error') or ''}"[:600])
+                if r.get("error") or r.get("drained") is False:
+                    failed = True
+                if r["contender"] != "raw" and r.get("order_backward") and size["drain"]:
+                    failed = True
+                res["machine"]["loadavg_end"] = bench.loadavg()
+                (args.out / "scaling.json").write_text(json.dumps(res, indent=1))
+    finally:
+        if lock_f is not None:
+            lock_f.close()
+        bench.delete_topics(svc.brokers, [topic])
+        svc.down()
+    res["machine"]["loadavg_end"] = bench.loadavg()
+    res["summary"] = summarize(runs, counts)
+    (args.out / "scaling.json").write_text(json.dumps(res, indent=1))
+    write_markdown(res, args.out / "scaling.md")
+    log(f"wrote {args.out / 'scaling.json'} and {args.out / 'scaling.md'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
