@@ -58,10 +58,11 @@ sys.path.insert(0, str(HERE))
 import run as bench  # noqa: E402  (topic, produce, machine info and formatting helpers of the suite)
 
 SIZES: dict[str, dict[str, Any]] = {
-    # 8 instances at their ideal (8 x 16 / 5 ms = 25,600 msg/s) over ~30 s of start, join, settle and
-    # window use ~770k records; 1M leaves each partition a margin
-    "full": dict(messages=1_000_000, size=100, partitions=16, keys=10_000, sleep_ms=5, concurrency=16,
-                 settle_s=3.0, window_s=15.0, drain=False, repeats=2, instances="1,2,4,8", raw="all"),
+    # 12 and 16 instances go past the two cores (about 60 us of CPU a message x 3,200 msg/s an
+    # instance); 16 instances have one partition each: at their ideal (3,200 msg/s) a partition of
+    # 125,000 records lasts 39 s, more than start, join, settle and window together
+    "full": dict(messages=2_000_000, size=100, partitions=16, keys=10_000, sleep_ms=5, concurrency=16,
+                 settle_s=3.0, window_s=15.0, drain=False, repeats=2, instances="1,2,4,8,12,16", raw="all"),
     "ci": dict(messages=3_000, size=100, partitions=16, keys=1_000, sleep_ms=1, concurrency=16,
                settle_s=0.3, window_s=1.0, drain=True, repeats=1, instances="1,2", raw="1"),
 }
@@ -255,6 +256,8 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
     }
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
+    if args.engine_dir:
+        env["PYTHONPATH"] = str(args.engine_dir)  # before the venv's editable install of the working tree
     load0 = bench.loadavg()
     procs, progress, outs = [], [], []
     for i in range(n):
@@ -371,6 +374,25 @@ def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any
     return out
 
 
+def engine_source(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyedconsumer the instances import: ``--engine REV`` exports that commit's ``keyedconsumer/``
+    (``git archive``) and puts it first on their PYTHONPATH, so uncommitted edits in a shared working
+    tree are not measured; ``--engine worktree`` imports the working tree (the venv's install)."""
+    if args.engine == "worktree":
+        args.engine_dir = None
+        return {"engine": "working tree", "commit": bench.machine_info(None).get("keyedconsumer_commit")}
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.engine], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dest = args.out / "tmp" / f"engine-{rev}"
+    if not (dest / "keyedconsumer" / "__init__.py").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "keyedconsumer"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    args.engine_dir = dest
+    return {"engine": f"commit {rev} (git archive into {dest})", "commit": rev}
+
+
 # ----------------------------------------------------------------------------------- the lock
 
 
@@ -438,7 +460,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "",
         f"{res['started']} UTC, `{res['command']}`, {res['repeats']} repeat(s), {m.get('nproc')} cores "
         f"({m.get('cpu')}), {m.get('memory_gb')} GB, Python {m.get('python')}, librdkafka {m.get('librdkafka')}, "
-        f"keyedconsumer {m.get('keyedconsumer_commit')}.",
+        f"keyedconsumer: {res['engine']['engine']}.",
         "",
         f"Kafka `{res['brokers']}` ({res['broker_count']} brokers, topic of {s['partitions']} partitions, "
         f"replication factor {res['replication_factor']}), Redis `{res['redis_url']}`. "
@@ -517,6 +539,8 @@ def main() -> int:
     ap.add_argument("--keep-cluster", action="store_true", help="leave the cluster running (reused by the next run)")
     ap.add_argument("--lock", default=None, help="take an exclusive flock on this file for the measured runs")
     ap.add_argument("--lock-wait-s", type=float, default=1200.0)
+    ap.add_argument("--engine", default="HEAD",
+                    help="the keyedconsumer commit the instances run (git archive), or 'worktree' (default: HEAD)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--seed", type=int, default=20261202)
     args = ap.parse_args()
@@ -540,6 +564,7 @@ def main() -> int:
         "schema": 1, "size": args.size, "size_settings": size, "repeats": repeats, "mode": args.mode,
         "started": started.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["bench/scaling.py", *sys.argv[1:]]),
         "brokers": svc.brokers, "redis_url": svc.redis_url, "machine": bench.machine_info(None), "runs": runs,
+        "engine": engine_source(args),
     }
     lock_f = None
     failed = False
