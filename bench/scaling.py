@@ -149,13 +149,33 @@ def broker_count(brokers: str) -> int:
 # ----------------------------------------------------------------------------------------- CPU
 
 
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
+def machine_jiffies() -> tuple[int, int, int]:
+    """(busy, total, kernel) clock ticks of all CPUs since boot, from /proc/stat (kernel: system +
+    irq + softirq)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:9]]
     user, nice, system, idle, iowait, irq, softirq, steal = v
     busy = user + nice + system + irq + softirq + steal
-    return busy, busy + idle + iowait
+    return busy, busy + idle + iowait, system + irq + softirq
+
+
+def proc_detail(pid: int) -> tuple[float, float, int] | None:
+    """(utime s, stime s, context switches of all its threads) of a process; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        switches = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                            switches += int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK, switches
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def proc_cpu_s(pid: int) -> float | None:
@@ -170,7 +190,8 @@ def proc_cpu_s(pid: int) -> float | None:
 
 def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, Any]:
     return {"t": time.perf_counter(), "machine": machine_jiffies(),
-            "pids": {kind: {p: proc_cpu_s(p) for p in pids} for kind, pids in groups.items()}}
+            "pids": {kind: {p: proc_cpu_s(p) for p in pids} for kind, pids in groups.items()},
+            "instances": {p: proc_detail(p) for p in groups.get("instances", [])}}
 
 
 def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +210,13 @@ def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if out["machine_cores_busy"] is not None:
         known = sum(out.get(f"{k}_cores") or 0.0 for k in per)
         out["other_cores"] = round(out["machine_cores_busy"] - known, 3)
+    out["machine_kernel_share"] = round((b["machine"][2] - a["machine"][2]) / busy, 3) if busy else None
+    # the instances: user and system time, and context switches (all threads) over the window
+    d = [(b["instances"][p], a["instances"].get(p)) for p in b.get("instances", {})]
+    d = [(x, y) for x, y in d if x is not None and y is not None]
+    user, system = sum(x[0] - y[0] for x, y in d), sum(x[1] - y[1] for x, y in d)
+    out["instances_sys_share"] = round(system / (user + system), 3) if user + system else None
+    out["instances_ctx_switches"] = sum(x[2] - y[2] for x, y in d)
     out["per_pid_cpu_s"] = per
     return out
 
@@ -288,8 +316,22 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
     # 2. the window: settle, then [t0, t1] with a CPU snapshot at each end
     time.sleep(max(0.0, t_all + settle_s - time.perf_counter()))
     snap0 = cpu_snapshot(groups)
+    prof = None
+    if args.profile == n and contender != "raw":  # instance 0 over the window, with py-spy (GIL samples)
+        raw_out = args.out / f"profile-scaling-{contender}-n{n}-r{rep}.raw.txt"
+        prof = subprocess.Popen([args.py_spy, "record", "--pid", str(procs[0].pid), "--duration", str(int(window_s)),
+                                 "--rate", "100", "--gil", "--nonblocking", "--format", "raw", "-o", str(raw_out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(max(0.0, snap0["t"] + window_s - time.perf_counter()))
     snap1 = cpu_snapshot(groups)
+    if prof is not None:
+        try:
+            prof.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            prof.kill()  # our own child, by its pid
+            prof.wait()
+        res["profile"] = bench.summarize_profile(raw_out)
+        res["notes"].append("py-spy recorded instance 0 during the window (not a measurement run)")
     # 3. ci: until the group has committed every offset (auto commit: every 5 s)
     lag = None
     if size["drain"]:
@@ -364,6 +406,7 @@ def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any
         "cpu_per_pid_s": cpu["per_pid_cpu_s"],
         "per_instance": per_inst,
         "cpu_s_per_1000": round(1000 * sum(inst_cpu.values()) / total, 4) if total else None,
+        "ctx_switches_per_msg": round(cpu["instances_ctx_switches"] / total, 2) if total else None,
         "order_violations": sum(r.get("order_violations") or 0 for r in results),
         "order_backward": sum(r.get("order_backward") or 0 for r in results),
         "peak_rss_mb": max((r.get("peak_rss_mb") or 0 for r in results), default=None),
@@ -437,7 +480,8 @@ def summarize(runs: list[dict[str, Any]], instances: list[int]) -> list[dict[str
             row: dict[str, Any] = {"contender": c, "sequencer": SEQUENCER[c], "instances": n, "repeats": len(xs),
                                    "ideal_msg_per_s": xs[0]["ideal_msg_per_s"]}
             for key, path in (("msg_per_s", ()), ("ratio_to_linear", ()), ("ratio_to_in_memory", ()), ("of_ideal", ()),
-                              ("cpu_s_per_1000", ()), ("machine_cores_busy", ("cpu",)), ("instances_cores", ("cpu",)),
+                              ("cpu_s_per_1000", ()), ("ctx_switches_per_msg", ()), ("instances_sys_share", ("cpu",)),
+                              ("machine_cores_busy", ("cpu",)), ("instances_cores", ("cpu",)),
                               ("brokers_cores", ("cpu",)), ("redis_cores", ("cpu",)), ("other_cores", ("cpu",))):
                 vals = [v for x in xs if (v := (x.get(path[0], {}) if path else x).get(key)) is not None]
                 if vals:
@@ -483,8 +527,10 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "of the instances, the Kafka brokers, the Redis nodes, and the rest (other).",
         "",
         "| contender | N | msg/s | ideal | of ideal | ratio to linear | Redis / in-memory | CPU s / 1,000 msgs | "
-        "machine cores busy | instances | brokers | Redis | other | loadavg (1 min) before → after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "sys share | context switches / msg | machine cores busy | instances | brokers | Redis | other | "
+        "loadavg (1 min) before → after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- |",
     ]
     for row in res["summary"]:
         def sp(key: str, nd: int = 2, row: dict[str, Any] = row) -> str:
@@ -496,7 +542,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         loads = ", ".join(f"{a[0] if a else '?'} → {b[0] if b else '?'}" for a, b in row["loadavg"])
         L.append(f"| {name}{flags} | {row['instances']} | {sp('msg_per_s', 0)} | {fmt(row['ideal_msg_per_s'])} | "
                  f"{sp('of_ideal')} | {sp('ratio_to_linear')} | {sp('ratio_to_in_memory')} | "
-                 f"{sp('cpu_s_per_1000', 3)} | {sp('machine_cores_busy')} | {sp('instances_cores')} | "
+                 f"{sp('cpu_s_per_1000', 3)} | {sp('instances_sys_share')} | {sp('ctx_switches_per_msg', 1)} | "
+                 f"{sp('machine_cores_busy')} | {sp('instances_cores')} | "
                  f"{sp('brokers_cores')} | {sp('redis_cores')} | {sp('other_cores')} | {loads} |")
     L += ["", "## Runs", "",
           "| run | repeat | msg/s | window s | rate per second in the window (min–max) | all handling after s | "
@@ -541,6 +588,11 @@ def main() -> int:
     ap.add_argument("--lock-wait-s", type=float, default=1200.0)
     ap.add_argument("--engine", default="HEAD",
                     help="the keyedconsumer commit the instances run (git archive), or 'worktree' (default: HEAD)")
+    ap.add_argument("--profile", type=int, default=None,
+                    help="record instance 0 of the keyedconsumer runs of this many instances with py-spy "
+                         "(--gil) over the window: <out>/profile-scaling-*.top.txt (its sampling costs CPU: "
+                         "not for measured runs)")
+    ap.add_argument("--py-spy", default=str(bench.PEERS_PY.parent / "py-spy"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--seed", type=int, default=20261202)
     args = ap.parse_args()
