@@ -1,10 +1,16 @@
-"""The only module that imports ``redis``: leases with fencing tokens, as Lua scripts.
+"""Leases with fencing tokens, parked and scheduled messages, as Lua scripts on Redis (with
+:mod:`~keyedconsumer.sequencing.connection`, the only modules that import ``redis``).
 
 A lease follows redis-py's ``lock.py``: ``SET NX PX`` with a random owner token; renew and release
 compare the token atomically. Acquiring also ``INCR``s the key's fencing counter in the same script;
 the result is the fencing token. The counter must never repeat, also after a Redis restart: the
 store refuses to start unless Redis persists every write before answering (``appendonly yes`` and
-``appendfsync always``; Redis 7.0 has no ``WAITAOF``), unless ``require_durable=False``.
+``appendfsync always``; Redis 7.0 has no ``WAITAOF``), unless ``require_durable=False``. On a
+Redis Cluster, the writes that must also survive a failover wait for a replica
+(:func:`~keyedconsumer.sequencing.connection.send_replicated`): acquiring and renewing leases,
+parking, scheduling and moving scheduled messages in, due times, quarantine, the scheduler's lease
+and check-ins. Releases, settling finished parked messages and the parked totals do not: losing one
+in a failover delays a key by a lease TTL or runs a message once more, within at-least-once.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from typing import Any
 import redis
 
 from . import keys
+from .connection import StoreUnavailable, check_replicas, connect, is_cluster, send_replicated
 
-__all__ = ["LeaseStore", "StoreUnavailable", "inspect_namespace"]
+__all__ = ["LeaseStore", "StoreUnavailable", "connect", "inspect_namespace"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -194,55 +201,6 @@ return 1
 """
 
 
-class StoreUnavailable(Exception):
-    """Redis did not answer (connection refused, timeout, loading); try again later."""
-
-
-#: URL schemes of a Redis Cluster: ``redis+cluster://[user:password@]host:port[,host:port...][/0]``
-#: (``rediss+cluster://`` with TLS). The hosts are startup nodes; the client learns the rest of the
-#: cluster from them (``CLUSTER SLOTS``) and follows its slot moves and failovers.
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-
-
-def connect(url: str, socket_timeout_s: float) -> Any:
-    """A redis-py client for ``url``: ``redis.Redis`` for ``redis://`` / ``rediss://`` /
-    ``unix://``, ``redis.cluster.RedisCluster`` for the :data:`CLUSTER_SCHEMES`.
-
-    Raises
-    ------
-    ValueError
-        A cluster URL without a host, with a port that is not a number, or naming a database
-        other than 0 (a Redis Cluster has only database 0).
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in CLUSTER_SCHEMES:
-        return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
-    from urllib.parse import unquote
-
-    from redis.cluster import ClusterNode, RedisCluster
-
-    netloc, _, path = rest.partition("/")
-    path = path.split("?", 1)[0]
-    if path not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has only database 0, the URL names {path!r}")
-    creds, _, hosts = netloc.rpartition("@")
-    username, _, password = creds.partition(":")  # "user@", ":password@" or "user:password@", as redis-py reads them
-    nodes = []
-    for hp in hosts.split(","):
-        host, _, port = hp.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a Redis Cluster URL lists host:port startup nodes, got {hp!r}")
-        nodes.append(ClusterNode(host.strip("[]"), int(port)))  # type: ignore[no-untyped-call]
-    return RedisCluster(
-        startup_nodes=nodes,
-        username=unquote(username) or None,
-        password=unquote(password) or None,
-        ssl=scheme == "rediss+cluster",
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_timeout_s,
-    )
-
-
 class LeaseStore:
     """Leases of one namespace on one Redis.
 
@@ -253,12 +211,15 @@ class LeaseStore:
     namespace:
         Isolates consumer groups and tenants.
     socket_timeout_s:
-        Bound of one Redis call, in seconds.
+        Bound of one Redis call, in seconds. On a Redis Cluster a write waits at most a quarter of
+        it for a replica's acknowledgement (``WAIT``; at least 10 ms).
     """
 
     def __init__(self, url: str, namespace: str, socket_timeout_s: float = 2.0) -> None:
         self.namespace = keys.check_namespace(namespace)
         self._r: Any = connect(url, socket_timeout_s)
+        self._cluster = is_cluster(self._r)
+        self._wait_ms = max(10, int(socket_timeout_s * 250))
         self._acquire = self._r.register_script(_ACQUIRE)
         self._renew = self._r.register_script(_RENEW)
         self._release = self._r.register_script(_RELEASE)
@@ -286,7 +247,8 @@ class LeaseStore:
             Redis did not answer.
         RuntimeError
             ``appendonly`` is not ``yes`` or ``appendfsync`` is not ``always``: a fencing token
-            could repeat after a Redis restart.
+            could repeat after a Redis restart. On a Redis Cluster also a master without a replica
+            (:func:`~keyedconsumer.sequencing.connection.check_replicas`).
         """
         try:
             if isinstance(self._r, redis.Redis):
@@ -305,6 +267,8 @@ class LeaseStore:
                     f"Redis must run with appendonly yes and appendfsync always (has appendonly={aof}, "
                     f"appendfsync={fsync}{where}): otherwise a fencing token can repeat after a restart"
                 )
+        if self._cluster:
+            check_replicas(self._r)
 
     def acquire(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[tuple[int, int]]:
         """Try to acquire ``[(lease id, owner token)]`` in one round trip.
@@ -312,17 +276,19 @@ class LeaseStore:
         Returns, per request, ``(fencing token (> 0) or -(ms until the holder's lease ends), length of
         the key's parked list)``.
         """
-        return [(int(x[0]), int(x[1])) for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True)]
+        return [(int(x[0]), int(x[1])) for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True, replicated=True)]
 
     def renew(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
         """Extend ``[(lease id, owner token)]``; ``False`` where the lease is no longer ours."""
-        return [bool(x) for x in self._pipeline(self._renew, requests, ttl_ms)]
+        return [bool(x) for x in self._pipeline(self._renew, requests, ttl_ms, replicated=True)]
 
     def release(self, requests: Sequence[tuple[str, str]]) -> list[bool]:
         """Release ``[(lease id, owner token)]``; ``False`` where it was no longer ours."""
         return [bool(x) for x in self._pipeline(self._release, requests, None)]
 
-    def _pipeline(self, script: Any, requests: Sequence[tuple[str, str]], ttl_ms: int | None, fence: bool = False) -> list[Any]:
+    def _pipeline(
+        self, script: Any, requests: Sequence[tuple[str, str]], ttl_ms: int | None, fence: bool = False, replicated: bool = False
+    ) -> list[Any]:
         """The lease scripts for ``[(lease id, owner token)]`` in one round trip (:meth:`_evalsha_many`)."""
         ns = self.namespace
         lease = keys.lease
@@ -334,12 +300,15 @@ class LeaseStore:
             calls = [((lease(ns, lid),), (owner,)) for lid, owner in requests]
         else:
             calls = [((lease(ns, lid),), (owner, ttl_ms)) for lid, owner in requests]
-        return self._evalsha_many(script, calls)
+        return self._evalsha_many(script, calls, replicated)
 
-    def _evalsha_many(self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def _evalsha_many(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], replicated: bool = False
+    ) -> list[Any]:
         """One ``EVALSHA`` of ``script`` per ``(keys, args)``, pipelined (no MULTI: each script is
         atomic on its own; on a Redis Cluster each goes to the node that holds its keys' slot, which
-        is one slot per call: see :mod:`~keyedconsumer.sequencing.keys`).
+        is one slot per call: see :mod:`~keyedconsumer.sequencing.keys`). ``replicated``: on a Redis
+        Cluster, each counts only once a replica has it (:func:`send_replicated`).
 
         Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
         (which also send ``SCRIPT EXISTS`` on each execute, and which redis-py's cluster pipeline
@@ -355,6 +324,8 @@ class LeaseStore:
         if not calls:
             return []
         sha = script.sha
+        if replicated and self._cluster:
+            return send_replicated(self._r, [(k[0], ("EVALSHA", sha, len(k), *k, *a)) for k, a in calls], self._wait_ms, script.script)
         for attempt in (1, 2):
             try:
                 pipe = self._r.pipeline(transaction=False)
@@ -405,7 +376,7 @@ class LeaseStore:
             for field, off, entry in entries:
                 args += [field, off, entry]
             calls.append(([keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], args))
-        out = self._evalsha_many(self._park, calls)
+        out = self._evalsha_many(self._park, calls, replicated=True)
         n_added = sum(int(x[4]) for x in out if int(x[0]) == 1)
         if n_added:  # appended entries only: a re-delivered one is taken, not appended
             self._count(n_added, sum(int(x[3]) for x in out if int(x[0]) == 1))
@@ -444,17 +415,14 @@ class LeaseStore:
         """Replace the head of the key's parked list (its attempt and due time) under the lease."""
         ns = self.namespace
         k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
-        ok, delta = self._call(self._replace_head, k, [owner, head, new])
+        ok, delta = self._call(self._replace_head, k, [owner, head, new], replicated=True)
         if int(delta):
             self._count(0, int(delta))
         return bool(int(ok))
 
     def set_due(self, lid: str, score_ms: float) -> None:
         """``ZADD`` the key to the due set at ``score_ms`` (ms since the epoch, a unique float)."""
-        try:
-            self._r.zadd(keys.due(self.namespace), {lid: score_ms})
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        self._write(keys.due(self.namespace), "ZADD", keys.due(self.namespace), repr(score_ms), lid)
 
     def clear_due(self, lid: str, seen_score_ms: float) -> bool:
         """Remove the key from the due set unless its score changed since ``seen_score_ms``."""
@@ -490,7 +458,7 @@ class LeaseStore:
     def schedule(self, sid: str, due_ms: int, entry: bytes) -> None:
         """Store a scheduled message ``entry`` under id ``sid``, due at ``due_ms`` (ms since the epoch)."""
         ns = self.namespace
-        self._call(self._schedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid, due_ms, entry])
+        self._call(self._schedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid, due_ms, entry], replicated=True)
 
     def due_scheduled(self, limit: int) -> tuple[float, list[tuple[str, float, bytes | None]]]:
         """Scheduled messages due now on the Redis server's clock: ``(that time in ms, [(id, due ms,
@@ -505,7 +473,8 @@ class LeaseStore:
         Returns ``(appended, length before)``."""
         ns = self.namespace
         r = self._call(
-            self._move_in, [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], [f"s.{sid}", entry, seen_ttl_ms]
+            self._move_in, [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], [f"s.{sid}", entry, seen_ttl_ms],
+            replicated=True,
         )
         if int(r[0]):
             self._count(1, len(entry))
@@ -518,20 +487,17 @@ class LeaseStore:
     def quarantine(self, lid: str, seen_score_ms: float) -> None:
         """Take the key out of the due set and list it as quarantined (its head was dead-lettered)."""
         self.clear_due(lid, seen_score_ms)
-        try:
-            self._r.sadd(keys.quarantine(self.namespace), lid)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        self._write(keys.quarantine(self.namespace), "SADD", keys.quarantine(self.namespace), lid)
 
     def release_quarantine(self, lid: str) -> bool:
         """Make a quarantined key due now (on the Redis server's clock), atomically; ``False`` if it
         was not quarantined."""
         ns = self.namespace
-        return bool(self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid]))
+        return bool(self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True))
 
     def hold(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Acquire or renew a plain lease (the scheduler's) for ``owner``; ``False`` when held by another."""
-        return bool(self._call(self._hold, [key], [owner, ttl_ms]))
+        return bool(self._call(self._hold, [key], [owner, ttl_ms], replicated=True))
 
     def release_plain(self, key: str, owner: str) -> None:
         self._call(self._release, [key], [owner])
@@ -539,7 +505,7 @@ class LeaseStore:
     def check_in(self, instance: str, timeout_ms: int) -> list[str]:
         """Record this instance's heartbeat at the Redis server's time; remove and return the
         instances silent for ``timeout_ms`` on that clock."""
-        _sec, _usec, gone = self._call(self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms])
+        _sec, _usec, gone = self._call(self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms], replicated=True)
         return [_text(g) for g in gone]
 
     def check_out(self, instance: str) -> None:
@@ -548,9 +514,21 @@ class LeaseStore:
         except redis.RedisError as exc:
             log.debug("check-out failed: %s", exc)
 
-    def _call(self, script: Any, k: list[str], args: list[Any]) -> Any:
+    def _call(self, script: Any, k: list[str], args: list[Any], replicated: bool = False) -> Any:
+        """One script; ``replicated``: on a Redis Cluster it counts only once a replica has it."""
+        if replicated and self._cluster:
+            return self._evalsha_many(script, [(k, args)], replicated=True)[0]
         try:
             return script(keys=k, args=args)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def _write(self, key: str, *command: Any) -> Any:
+        """One command that writes ``key``; on a Redis Cluster it counts only once a replica has it."""
+        if self._cluster:
+            return send_replicated(self._r, [(key, command)], self._wait_ms)[0]
+        try:
+            return self._r.execute_command(*command)
         except redis.RedisError as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 

@@ -174,3 +174,82 @@ def test_every_redis_cluster_node_must_persist_each_write(cluster) -> None:  # t
     finally:
         node.config_set("appendfsync", "always")
         node.close()
+
+
+def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_message(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The replica is made to lag for certain, not by chance: it is stopped (SIGSTOP) and its master
+    then writes more than every kernel buffer between them can hold (``tcp_rmem`` + ``tcp_wmem``
+    maxima), so the writes that follow stay in the master's memory and die with it."""
+    import os
+    import signal
+
+    import redis
+
+    from keyedconsumer.sequencing import keys as kk
+    from keyedconsumer.sequencing.store import LeaseStore, StoreUnavailable
+
+    # given a store on the cluster, and a key whose master M has one replica R
+    url = "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in cluster.redis_nodes)
+    ns = f"ns{uuid.uuid4().hex[:6]}"
+    store = LeaseStore(url, ns, socket_timeout_s=2.0)
+    store.check_durable()
+    lid = "k." + b"account-1".hex()
+    r = store._r
+    master = r.get_node_from_key(kk.lease(ns, lid))
+    nodes = r.cluster_nodes()
+    replica = next(addr for addr, d in nodes.items() if d.get("master_id") == nodes[master.name]["node_id"])
+    m_node = cluster.redis_node_of_port(master.port)
+    r_node = cluster.redis_node_of_port(int(replica.rsplit(":", 1)[1]))
+    # and a lease (token 1) and a parked message that R acknowledged
+    issued = [store.acquire([(lid, "owner-1")], 30_000)[0][0]]
+    assert issued == [1]
+    assert store.park([(lid, "owner-1", [("t/0", 0, b"parked-before")])], 60_000, 10, 10_000)[0][0] == 1
+    assert store.release([(lid, "owner-1")]) == [True]
+    # when R stops, and M writes more than the kernel can buffer on the way to R
+    kernel = sum(int(Path(f"/proc/sys/net/ipv4/{f}").read_text().split()[2]) for f in ("tcp_rmem", "tcp_wmem"))
+    chunk = 16 << 20
+    pid = cluster.redis_pid(r_node)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(kernel // chunk + 2):
+            r.set(f"{kk.lease(ns, lid)}:filler:{i}", b"x" * chunk)
+        # then a new lease and a parking on M are refused, not counted: no replica has them
+        with pytest.raises(StoreUnavailable, match="no replica"):
+            store.acquire([(lid, "owner-2")], 30_000)
+        with pytest.raises(StoreUnavailable, match="no replica"):
+            store.park([(lid, "owner-2", [("t/0", 1, b"parked-during-the-lag")])], 60_000, 10, 10_000)
+        # and M dies with them (SIGKILL), so R takes its slots over without them
+        cluster.redis_kill(m_node)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    def promoted() -> bool:
+        try:
+            store._r.nodes_manager.initialize()
+            return store._r.get_node_from_key(kk.lease(ns, lid)).port == cluster.redis_port(r_node)
+        except redis.RedisError:
+            return False
+
+    try:
+        assert wait_until(promoted, 60, 0.5)
+        # while the new master has no replica, it takes no lease (a token it issued could be lost)
+        with pytest.raises(StoreUnavailable, match="no replica"):
+            store.acquire([(lid, "owner-3")], 30_000)
+    finally:
+        cluster.redis_start(m_node)  # M rejoins, as R's replica
+
+    def acquired() -> bool:
+        try:
+            token = store.acquire([(lid, "owner-3")], 30_000)[0][0]
+        except StoreUnavailable:
+            return False
+        issued.append(token)
+        return True
+
+    assert wait_until(acquired, 90, 0.5)
+    # and no fencing token was issued twice: the refused acquire's token was never handed out
+    assert len(issued) == 2 and issued[1] > issued[0], issued
+    # and the parked message that counted is there, the refused one is not
+    ok, entries, depth = store.fetch(lid, "owner-3", 10)
+    assert ok and entries == [b"parked-before"] and depth == 1
+    store.close()
