@@ -95,6 +95,7 @@ class Logs:
         self.started: dict[int, int] = {}
         self.termed: dict[int, int] = {}
         self.stops: dict[int, list[list[float]]] = defaultdict(list)
+        self.cuts: dict[int, list[list[float]]] = defaultdict(list)  # its host off the network (cluster runs)
         self.redis_windows: list[tuple[int, float]] = []
         self.kafka_windows: list[tuple[int, float]] = []
         for t, kind, pid, detail in self.faults:
@@ -110,6 +111,10 @@ class Logs:
                 self.stops[int(pid)].append([t, INF])
             if kind in ("cont", "term_end", "kill") and self.stops.get(int(pid)) and self.stops[int(pid)][-1][1] == INF:
                 self.stops[int(pid)][-1][1] = t
+            if kind == "cut":
+                self.cuts[int(pid)].append([t, INF])
+            elif kind in ("heal", "term_end", "kill") and self.cuts.get(int(pid)) and self.cuts[int(pid)][-1][1] == INF:
+                self.cuts[int(pid)][-1][1] = t
             if kind == "redis_kill":
                 self.redis_windows.append((t, INF))
             elif kind == "redis_up" and self.redis_windows:
@@ -354,7 +359,9 @@ def check_order(g: Logs) -> Check:
 
 
 def _stopped_during(g: Logs, pid: int, a: float, b: float) -> bool:
-    return any(s < b and c > a for s, c in g.stops.get(pid, []))
+    """Whether ``pid`` was SIGSTOPped, or its host cut off, at some time in ``(a, b)``: a run in
+    progress then is a zombie once its lease lapsed (its results must not count)."""
+    return any(s < b and c > a for s, c in g.stops.get(pid, []) + g.cuts.get(pid, []))
 
 
 def _resumed_just_before(g: Logs, r: RunRec, ends_by_pid_key: dict[tuple[int, str], list[float]]) -> bool:
@@ -441,7 +448,7 @@ def check_exclusive(g: Logs) -> Check:
     return Check(5, "no two runs of one key at once",
                  overlaps == 0 and stale == 0 and unended == 0 and stale_writes == 0,
                  f"{_n(len(g.runs))} runs, {_n(overlaps)} overlaps + {_n(stale)} stale-token starts not excused; "
-                 f"{_n(excused)} overlaps by SIGSTOP zombies (lower token, write refused or before the newer "
+                 f"{_n(excused)} overlaps by SIGSTOP or cut-host zombies (lower token, write refused or before the newer "
                  f"token's) + {_n(stale_excused)} excused stale starts; {_n(killed_cut)} runs cut by SIGKILL; "
                  f"{_n(refused)} writes refused, {_n(stale_writes)} accepted after a higher token; "
                  f"{_n(unended)} runs never ended", ev_writes + ev)
@@ -480,9 +487,10 @@ def check_duplicates(g: Logs) -> Check:
         k = kills.get(pid)
         if k is not None and t1 <= k <= t2 and not g.covered_before(p, o, k):
             return "kill"
-        for s, c in g.stops.get(pid, []):
-            if s <= t2 and t1 <= c + max_run and (t1 >= s or not g.covered_before(p, o, s)):
-                return "stop"
+        for kind, pauses in (("stop", g.stops), ("cut", g.cuts)):  # a cut host is paused for the others
+            for s, c in pauses.get(pid, []):
+                if s <= t2 and t1 <= c + max_run and (t1 >= s or not g.covered_before(p, o, s)):
+                    return kind
         if from_redis(p, o, s1):
             # run from a parked list: its entry is removed from Redis just after it ends, so a kill
             # of its process within PARKED_SETTLE_S after it ended may leave it to run again
@@ -523,7 +531,9 @@ def check_duplicates(g: Logs) -> Check:
             i = bisect.bisect_right(st, t1)
             t2 = st[i] if i < len(st) else t2c
             # a SIGSTOP zombie's run that ends after the new owner's (check 5 judges it) counts for the stop
-            why = "stop" if _stopped_during(g, pid2, s2, t2c) else cause(p, o, t1, pid1, t2, s1)
+            zombie = _stopped_during(g, pid2, s2, t2c)
+            why = ("cut" if any(s < t2c and c > s2 for s, c in g.cuts.get(pid2, [])) else "stop") if zombie \
+                else cause(p, o, t1, pid1, t2, s1)
             dups[why or "graceful"] += 1
             if why is None and len(ev) < 40:
                 terms = [f"term/leave of {q} at {_sec(t, t0)}" for q, t in g.termed.items() if t1 <= t <= t2]
@@ -554,13 +564,14 @@ def check_duplicates(g: Logs) -> Check:
         bounds["kill"] += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k))
         bounds["kill"] += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k))
         bounds["kill"] += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
-    for pid, ivs in g.stops.items():
-        for s, c in ivs:
-            bounds["stop"] += sum(1 for t, p, o in by_pid.get(pid, [])
-                                  if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
-            bounds["stop"] += sum(1 for t, p, o in parked_by.get(pid, [])
-                                  if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
-            bounds["stop"] += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
+    for kind, pauses in (("stop", g.stops), ("cut", g.cuts)):
+        for pid, ivs in pauses.items():
+            for s, c in ivs:
+                bounds[kind] += sum(1 for t, p, o in by_pid.get(pid, [])
+                                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
+                bounds[kind] += sum(1 for t, p, o in parked_by.get(pid, [])
+                                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
+                bounds[kind] += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
     for k2, up in g.kafka_windows:
         bounds["broker"] += sum(1 for t, p, o in every
                                 if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2))
@@ -662,7 +673,8 @@ def check_all(d: Path) -> tuple[str, list[Check], bool]:
     kinds: dict[str, int] = defaultdict(int)
     for _t, kind, _pid, _detail in g.faults:
         kinds[kind] += 1
-    faults = ", ".join(f"{k} {kinds[k]}" for k in ("kill", "term", "stop", "join", "leave", "redis_kill", "kafka_kill")
+    faults = ", ".join(f"{k} {kinds[k]}" for k in ("kill", "term", "stop", "cut", "join", "leave", "redis_kill",
+                                                                  "kafka_kill")
                        if kinds[k])
     unexpected = g.final.get("unexpected_exits", 0)
     header = (f"run: {g.cfg['size']} seed {g.cfg['seed']} bug {g.cfg.get('bug') or 'none'} faults "

@@ -52,23 +52,33 @@ class Cluster:
         ``KC_RUN_DIR`` of the cluster (its nodes' data, logs and pid files under ``cluster/``).
     bases:
         ``(kafka base port, redis base port)`` (:func:`pick_bases`).
+    host:
+        The address every node binds and announces (``KC_SERVICES_HOST``): loopback, or the bridge
+        of the test hosts (:mod:`tests.faults.hosts`).
     """
 
-    def __init__(self, run_dir: Path, bases: tuple[int, int]) -> None:
+    def __init__(self, run_dir: Path, bases: tuple[int, int], host: str = "127.0.0.1") -> None:
         self.run_dir = run_dir
         self.kafka_base, self.redis_base = bases
-        self.env = services_env(run_dir, CLUSTER_KAFKA_BASE=self.kafka_base, CLUSTER_REDIS_BASE=self.redis_base)
+        self.host = host
+        self.env = services_env(run_dir, CLUSTER_KAFKA_BASE=self.kafka_base, CLUSTER_REDIS_BASE=self.redis_base,
+                                KC_SERVICES_HOST=host)
         self.log_path = run_dir / "services.out"
 
     @property
     def bootstrap(self) -> str:
         """``host:port,...`` of the 3 brokers."""
-        return ",".join(f"127.0.0.1:{self.kafka_port(i)}" for i in range(1, KAFKA_NODES + 1))
+        return ",".join(f"{self.host}:{self.kafka_port(i)}" for i in range(1, KAFKA_NODES + 1))
 
     @property
     def redis_nodes(self) -> list[tuple[str, int]]:
         """``(host, port)`` of the 6 Redis Cluster nodes (startup nodes for a cluster client)."""
-        return [("127.0.0.1", self.redis_port(i)) for i in range(1, REDIS_NODES + 1)]
+        return [(self.host, self.redis_port(i)) for i in range(1, REDIS_NODES + 1)]
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis Cluster's URL (``redis+cluster://``, every node a startup node)."""
+        return "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in self.redis_nodes)
 
     def kafka_port(self, node: int) -> int:
         return self.kafka_base + 2 * (node - 1)
@@ -78,6 +88,13 @@ class Cluster:
 
     def kafka_node_of_port(self, port: int) -> int:
         return (port - self.kafka_base) // 2 + 1
+
+    def redis_node_of_port(self, port: int) -> int:
+        return port - self.redis_base + 1
+
+    def redis_pid(self, node: int) -> int:
+        """The pid of Redis node ``node`` (1..6), from its pid file."""
+        return int((self.run_dir / "cluster" / f"redis-{node}" / "redis" / "redis.pid").read_text().split()[0])
 
     def _run(self, *args: str, timeout_s: float = 300.0) -> None:
         run_services(self.env, self.log_path, *args, timeout_s=timeout_s)
@@ -106,7 +123,11 @@ class Cluster:
         try:
             self._run("cluster-down", timeout_s=180)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-            for i in range(1, KAFKA_NODES + 1):
-                self._run("cluster-kafka-kill", str(i))
-            for i in range(1, REDIS_NODES + 1):
-                self._run("cluster-redis-kill", str(i))
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every node (when their data does not matter any more)."""
+        for i in range(1, KAFKA_NODES + 1):
+            self._run("cluster-kafka-kill", str(i))
+        for i in range(1, REDIS_NODES + 1):
+            self._run("cluster-redis-kill", str(i))

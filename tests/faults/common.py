@@ -75,6 +75,7 @@ class Size:
     concurrency: int = 16
     max_in_flight: int = 5000
     consumers: int = 3
+    cut_s: tuple[float, float] = (14.0, 16.0)  # a host cut off (cluster runs): above TTL and session timeout
 
 
 SIZES = {
@@ -82,6 +83,12 @@ SIZES = {
                  consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=240.0),
     "ci": Size("ci", partitions=12, keys=300, messages=15_000, fault_window_s=75.0,
                consumer_fault_every_s=(9.0, 12.0), drain_timeout_s=120.0),
+    # the cluster run (--cluster): 3 brokers, a Redis Cluster, consumers on hosts; a longer window,
+    # for the host cut and the failovers
+    "cluster-full": Size("cluster-full", partitions=12, keys=2000, messages=150_000, fault_window_s=240.0,
+                         consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=300.0),
+    "cluster-ci": Size("cluster-ci", partitions=12, keys=300, messages=15_000, fault_window_s=90.0,
+                       consumer_fault_every_s=(10.0, 14.0), drain_timeout_s=150.0),
 }
 
 

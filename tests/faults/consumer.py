@@ -98,7 +98,7 @@ def main() -> int:
     bug = cfg.get("bug") or ""
     rec(f"P {pid} {time.monotonic_ns()} start {bug or '-'}")
     hold = cfg.get("hold") or {}
-    ext = connect(cfg["redis_url"], 2.0)
+    ext = connect(cfg.get("db_url") or cfg["redis_url"], 2.0)  # the handler's database (cluster runs: its own)
     fenced = ext.register_script(UNFENCED_WRITE if cfg.get("harness_skip_fencing") else FENCED_WRITE)
     ns = cfg["namespace"]
 
@@ -109,7 +109,8 @@ def main() -> int:
         while True:
             try:
                 return int(fenced(keys=[f"ext:{ns}:{key}"], args=[token, seq]))
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.exceptions.ClusterError,
+                    redis.exceptions.RedisClusterException):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

@@ -61,8 +61,11 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from keyedconsumer.sequencing.store import connect
+
 from . import checker
 from .common import HOLD, REPO, SIZES, Size, plan
+from .hosted import ClusterServices, used_memory
 from .services import Services, pick_ports
 
 BUGS = ("commit_on_poll", "skip_fencing", "no_aof")
@@ -78,9 +81,12 @@ class Interrupted(Exception):
 
 
 # ------------------------------------------------------------------------------------------- plan
-def fault_schedule(size: Size, seed: int, faults: str, window_s: float) -> list[tuple[float, str]]:
+def fault_schedule(size: Size, seed: int, faults: str, window_s: float,
+                   cluster: bool = False) -> list[tuple[float, str]]:
     """``[(seconds after the consumers started, kind)]``, sorted. Kinds: ``kill``, ``term``,
-    ``stop`` (a consumer), ``join``, ``leave``, ``redis``, ``kafka``."""
+    ``stop`` (a consumer), ``join``, ``leave``, ``redis``, ``kafka``; with ``cluster``, also ``cut``
+    (a consumer's host off the network, with no consumer fault from 12 s before it until 3 s after
+    its heal), and at the full size a second ``cut``, ``redis`` and ``kafka``."""
     rng = random.Random(f"faults-{seed}")
     out: list[tuple[float, str]] = []
     lo, hi = size.consumer_fault_every_s
@@ -97,6 +103,15 @@ def fault_schedule(size: Size, seed: int, faults: str, window_s: float) -> list[
         out.append((rng.uniform(0.50, 0.60) * window_s, "leave"))
         out.append((rng.uniform(0.30, 0.42) * window_s, "redis"))
         out.append((rng.uniform(0.64, 0.74) * window_s, "kafka"))
+        if cluster:  # the first cut while the backlog runs: its victim has runs in progress
+            cuts = [rng.uniform(0.10, 0.14) * window_s]
+            if window_s >= 200:  # the full size: a second cut, Redis master and broker
+                cuts.append(rng.uniform(0.44, 0.48) * window_s)
+                out += [(rng.uniform(0.78, 0.81) * window_s, "redis"), (rng.uniform(0.86, 0.89) * window_s, "kafka")]
+            # no consumer fault from shortly before a cut until after its heal: the others take over
+            quiet = [(c - 12.0, c + size.cut_s[1] + 3.0) for c in cuts]
+            out = [(t, k) for t, k in out if k not in ("kill", "term", "stop") or not any(a <= t <= b for a, b in quiet)]
+            out += [(c, "cut") for c in cuts]
     elif faults not in TARGETED:
         raise ValueError(f"unknown --faults {faults!r}")
     return sorted(out)  # a targeted run's one fault is landed by Run.targeted(), not by the clock
@@ -123,6 +138,7 @@ class Proc:
         self.popen = popen
         self.pid = popen.pid
         self.stopped = False
+        self.isolated = False  # its host is cut off (cluster runs)
         self.expect_exit = False
         self.exited_ns: int | None = None
 
@@ -130,7 +146,8 @@ class Proc:
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.size = SIZES[args.size]
+        self.cluster = bool(args.cluster)
+        self.size = SIZES[f"cluster-{args.size}" if self.cluster else args.size]
         self.out: Path = args.out.resolve()
         self.bug: str = args.bug or ""
         self.faults: str = args.faults or {"commit_on_poll": "kills", "skip_fencing": "stops",
@@ -168,8 +185,15 @@ class Run:
         (self.out / "events").mkdir()
         (self.out / "logs").mkdir()
         self.svc_dir = Path(tempfile.mkdtemp(prefix="kc-faults-"))
-        ports = pick_ports((self.args.kafka_port, self.args.kafka_port + 1, self.args.redis_port))
-        self.svc = Services(self.svc_dir, ports, durable_redis=self.bug != "no_aof")
+        self.svc: Services | ClusterServices
+        if self.cluster:
+            if self.bug or self.args.faults not in (None, "all"):
+                raise SystemExit("--cluster runs the seeded schedule only (no --bug, no targeted --faults)")
+            ports: tuple[int, ...] = ()
+            self.svc = ClusterServices(self.svc_dir, os.getpid(), self.flog)
+        else:
+            ports = pick_ports((self.args.kafka_port, self.args.kafka_port + 1, self.args.redis_port))
+            self.svc = Services(self.svc_dir, ports, durable_redis=self.bug != "no_aof")
         tag = uuid.uuid4().hex[:8]
         self.topic = f"faults-{self.args.seed}-{tag}"
         hold_index = HOLD_INDEX if self.faults in TARGETED else None
@@ -185,9 +209,11 @@ class Run:
             "namespace": f"f{tag}", "partitions": self.size.partitions,
             "messages": len(msgs), "backlog": backlog, "window_s": self.window_s,
             "steady_s": max(5.0, self.window_s - 6.0),
-            "schedule": fault_schedule(self.size, self.args.seed, self.faults, self.window_s),
+            "schedule": fault_schedule(self.size, self.args.seed, self.faults, self.window_s, self.cluster),
             "size_params": {k: v for k, v in vars(self.size).items()},
         }
+        if isinstance(self.svc, ClusterServices):
+            self.cfg.update(self.svc.describe())
         if hold_index is not None:
             hold_s, session_ms = TARGETED[self.faults]
             self.cfg["hold_index"] = hold_index
@@ -217,8 +243,8 @@ class Run:
         self.svc.up()
         self.flog("services_up")
         admin = AdminClient({"bootstrap.servers": self.svc.bootstrap})
-        fs = admin.create_topics([NewTopic(self.topic, self.size.partitions, 1),
-                                  NewTopic(self.cfg["dlq_topic"], 1, 1)])
+        # the brokers' default replication: 1 on the single broker, 3 on the cluster
+        fs = admin.create_topics([NewTopic(self.topic, self.size.partitions), NewTopic(self.cfg["dlq_topic"], 1)])
         for f in fs.values():
             f.result(60)
 
@@ -257,10 +283,11 @@ class Run:
 
     # -- samplers -------------------------------------------------------------------------------
     def spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None,
-              new_session: bool = False) -> subprocess.Popen[bytes]:
-        """Start a harness program (listed in pids.txt for the watchdog)."""
+              new_session: bool = False, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """Start a harness program (listed in pids.txt for the watchdog); ``prefix`` runs it on a
+        host (``ip netns exec NS``, which execs it: the pid is the program's)."""
         with open(self.out / "logs" / log_name, "ab") as err:
-            popen = subprocess.Popen([PY, "-m", *argv], cwd=REPO, env=env, stdout=err, stderr=err,
+            popen = subprocess.Popen([*prefix, PY, "-m", *argv], cwd=REPO, env=env, stdout=err, stderr=err,
                                      start_new_session=new_session)
         with open(self.out / "pids.txt", "a") as f:
             f.write(f"{popen.pid}\n")
@@ -286,9 +313,7 @@ class Run:
         return {}
 
     def sample_resources(self) -> None:
-        import redis
-
-        r = redis.Redis.from_url(self.svc.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        r = connect(self.svc.redis_url, 0.5)
         with open(self.out / "resources.log", "a", buffering=1) as f:
             while not self.stop_samplers.wait(1.0):
                 rss = []
@@ -302,14 +327,15 @@ class Run:
                             pass
                 f.write(f"{ns()} rss {','.join(rss) or '-'}\n")
                 try:
-                    f.write(f"{ns()} redis {r.info('memory')['used_memory']}\n")
+                    f.write(f"{ns()} redis {used_memory(r)}\n")
                 except Exception:
                     f.write(f"{ns()} redis ERR\n")
 
     # -- consumers ------------------------------------------------------------------------------
     def start_consumer(self, slot: str, role: str = "base") -> Proc:
+        prefix = tuple(self.svc.exec_prefix(slot)) if isinstance(self.svc, ClusterServices) else ()
         popen = self.spawn(["tests.faults.consumer", str(self.out)], f"consumer-{slot}-{time.monotonic_ns()}.err",
-                           None, new_session=True)
+                           None, new_session=True, prefix=prefix)
         p = Proc(role, popen)
         self.procs[slot] = p
         self.all_procs.append(p)
@@ -340,7 +366,8 @@ class Run:
         """A live base consumer, preferring one that has partitions (a fault on an idle member
         proves little)."""
         live = [(s, p) for s, p in sorted(self.procs.items())
-                if s.startswith("c") and p.exited_ns is None and not p.stopped and not p.expect_exit]
+                if s.startswith("c") and p.exited_ns is None and not p.stopped and not p.isolated
+                and not p.expect_exit]
         busy = [(s, p) for s, p in live if self.assigned(p)]
         return rng.choice(busy or live) if live else None
 
@@ -373,6 +400,23 @@ class Run:
             p.stopped = False
             self.flog("cont", p.pid)
             self.say(f"cont pid {p.pid}")
+        elif action == "cut" and isinstance(self.svc, ClusterServices):
+            v = self.victim(rng)
+            if v is None:
+                self.flog("skipped", "-", action)
+                return
+            slot, p = v
+            p.isolated = True
+            self.flog("cut", p.pid, slot)  # logged before the cut: the window covers it
+            self.svc.cut(slot)
+            self.at(rng.uniform(*self.size.cut_s), "heal", (slot, p))
+            self.say(f"cut {slot}'s host (pid {p.pid})")
+        elif action == "heal" and isinstance(self.svc, ClusterServices):
+            slot, p = arg
+            self.svc.heal(slot)
+            p.isolated = False
+            self.flog("heal", p.pid, slot)  # logged after the heal
+            self.say(f"heal {slot}'s host (pid {p.pid})")
         elif action == "restart":
             if self.procs.get(arg) is None or self.procs[arg].exited_ns is not None:
                 p = self.start_consumer(arg)
@@ -439,7 +483,7 @@ class Run:
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, action, arg = heapq.heappop(self.timers)
-                if self.in_faults or action in ("cont", "restart"):
+                if self.in_faults or action in ("cont", "restart", "heal"):
                     self.do(action, arg, self.rng)
             self.reap()
             if self.scenario is not None and self.in_faults:
@@ -516,8 +560,6 @@ class Run:
             yield from self.stop_and_take_over(part, off, key, seq)
 
     def stop_and_take_over(self, part: int, off: int, key: str, seq: int) -> Any:
-        import redis
-
         from keyedconsumer.sequencing import keys
 
         pid = yield from self.wait_for("the hold message to start", lambda: self.find_event("S", part, off))
@@ -528,7 +570,7 @@ class Run:
         self.signal(p, signal.SIGSTOP)
         self.flog("stop", p.pid, "hold")
         self.say(f"stop pid {pid} (running the hold message)")
-        r = redis.Redis.from_url(self.svc.redis_url, socket_timeout=2)
+        r = connect(self.svc.redis_url, 2)
         ns_ = self.cfg["namespace"]
         lid = keys.lease_id(key.encode(), self.topic, part)
         lease_key, fence_key = keys.lease(ns_, lid), keys.fence(ns_, lid)
@@ -604,17 +646,15 @@ class Run:
 
         nsp = self.cfg["namespace"]
         try:
-            r = redis.Redis.from_url(self.svc.redis_url, socket_timeout=2)
+            r = connect(self.svc.redis_url, 2)
             return int(r.zcard(f"kc:{nsp}:{{_sched}}:due")) + int(r.zcard(f"kc:{nsp}:{{_sched}}:sdue"))
-        except redis.RedisError:
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
             return -1
 
     def redis_keys(self) -> dict[str, Any]:
         """What the namespace left in Redis: key counts by kind (``lease``, ``fence``, ``park``,
         ``seen`` ..., and ``sched.<kind>`` for the namespace-wide ``{_sched}`` keys)."""
-        import redis
-
-        r = redis.Redis.from_url(self.svc.redis_url, socket_timeout=5)
+        r = connect(self.svc.redis_url, 5)
         nsp = self.cfg["namespace"]
         kinds: dict[str, int] = {}
         names: dict[str, list[str]] = {}
@@ -627,9 +667,10 @@ class Run:
             if len(names[kind]) < 20:
                 names[kind].append(name)
         totals = {k.decode(): v.decode() for k, v in r.hgetall(f"kc:{nsp}:{{_sched}}:totals").items()}
-        ext = sum(1 for _ in r.scan_iter(f"ext:{nsp}:*", count=1000))
+        db = connect(self.cfg.get("db_url") or self.svc.redis_url, 5)  # the handler's database
+        ext = sum(1 for _ in db.scan_iter(f"ext:{nsp}:*", count=1000))
         return {"by_kind": kinds, "examples": names, "totals": totals, "ext_keys": ext,
-                "used_memory": int(r.info("memory")["used_memory"])}
+                "used_memory": used_memory(r)}
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -669,7 +710,7 @@ class Run:
             self.in_faults = False
             self.flog("faults_end")
             self.say("faults end")
-            pending = [(a, x) for _, _, a, x in sorted(self.timers) if a in ("cont", "restart")]
+            pending = [(a, x) for _, _, a, x in sorted(self.timers) if a in ("cont", "restart", "heal")]
             self.timers.clear()
             for action, arg in pending:
                 self.do(action, arg, self.rng)
@@ -783,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--park", action="store_true", help="Retry(..., park=True): ordered retries parked in Redis")
     ap.add_argument("--harness-skip-fencing", action="store_true",
                     help="the handler's own fenced write skips its token check (fails check 5 whatever the engine does)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="3 brokers, a Redis Cluster, consumers on network-namespace hosts, host cuts (needs root)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--kafka-port", type=int, default=39092)
     ap.add_argument("--redis-port", type=int, default=36379)

@@ -5,7 +5,8 @@
 Started by the orchestrator in a session of its own. Once the orchestrator is gone: SIGKILLs the
 harness processes listed in ``RUN_DIR/pids.txt`` (only those whose command line is still a
 ``tests.faults`` program), and stops the harness's own Kafka and Redis (``scripts/services down``
-with the harness's run dir and ports, from ``run.json``) if that run dir still exists. After a
+with the harness's run dir and ports, from ``run.json``) if that run dir still exists; for a cluster
+run, SIGKILLs its cluster's nodes and removes its hosts (:func:`tests.faults.hosted.cleanup`). After a
 normal end there is nothing left to do.
 """
 
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import hosted
 from .common import load_json
 from .services import Services
 
@@ -56,6 +58,9 @@ def main() -> int:
                 except ProcessLookupError:
                     pass
     cfg = load_json(run_dir / "run.json")
+    if cfg.get("cluster"):  # the cluster run: its nodes, the handler's Redis, its hosts
+        hosted.cleanup(cfg)
+        return 0
     svc_dir = Path(cfg["services_dir"])
     if svc_dir.exists():
         svc = Services(svc_dir, tuple(cfg["ports"]), durable_redis=not cfg.get("nondurable_redis"))  # type: ignore[arg-type]
