@@ -373,12 +373,14 @@ def run_faststream(spec: dict[str, Any], rec: Recorder, block: Block, unordered:
 def progress_writer(path: str, rec: Recorder):  # type: ignore[no-untyped-def]
     """A Sampler callback that rewrites ``path`` with ``<handled> <perf_counter>`` (atomically), so the
     orchestrator of several instances sees each one's progress while it runs."""
-    tmp = path + ".tmp"
-
     def write(_samples: list[tuple[float, float, int, int]]) -> None:
-        with open(tmp, "w") as f:
-            f.write(f"{rec.handled} {time.perf_counter()}\n")
-        os.replace(tmp, path)
+        tmp = f"{path}.{threading.get_ident()}.tmp"  # the sampler thread and its stop() may write at once
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{rec.handled} {time.perf_counter()}\n")
+            os.replace(tmp, path)
+        except OSError as exc:  # the progress is a hint for the orchestrator: never fail the run for it
+            print(f"progress file {path}: {exc}", file=sys.stderr)
 
     return write
 
