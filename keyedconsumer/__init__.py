@@ -3,6 +3,7 @@
 Public names are listed in ``__all__``; everything else is internal.
 """
 
+from .app import KeyedApp, Route
 from .config import ConsumerConfig
 from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
 from .errors import (
@@ -20,6 +21,8 @@ from .outcomes import PermanentError, RetryLater, SkipMessage
 from .sequencing import RedisSequencer, RedisSequencerConfig
 
 __all__ = [
+    "KeyedApp",
+    "Route",
     "KeyedConsumer",
     "Message",
     "Status",

@@ -11,6 +11,7 @@ same thread). Workers (:mod:`keyedconsumer.engine.executors`) run the handler ch
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -189,7 +190,21 @@ class KeyedConsumer:
         """
         loop = asyncio.get_running_loop()
         self._reset()
-        fut = loop.run_in_executor(None, self._serve, self._executor(loop))
+        # a thread of its own, not the loop's default executor (a few threads, shared): an app of
+        # many consumers on one loop must never wait for a free thread to start one
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        executor = self._executor(loop)
+
+        def serve() -> None:
+            try:
+                self._serve(executor)
+            except BaseException as exc:  # handed to the awaiting task
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        threading.Thread(target=serve, name=f"keyedconsumer-{self.config.name}", daemon=True).start()
+        fut = asyncio.wrap_future(done)
         signals.register(self)
         try:
             await asyncio.shield(fut)

@@ -3,7 +3,8 @@ handlers (``keyedconsumer.signals``), however the consumers run.
 
 A subprocess (``tests/integration/procs/two_consumers.py``) runs two consumers of two topics and
 groups: both with ``run()``, one in the main thread and one in another thread; or both with
-``run_async()`` under one ``asyncio.gather``. Once both consumed every message, one SIGTERM must
+``run_async()`` under one ``asyncio.gather``; or as two routes of one ``KeyedApp`` (whose shutdown
+hook must run after both stopped, before ``run()`` returns). Once both consumed every message, one SIGTERM must
 end the process (exit 0) with both groups' offsets committed at the end offsets: each consumer
 stopped gracefully and made its final commit.
 """
@@ -31,7 +32,7 @@ PARTITIONS = 2
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("mode", ["threads", "async"])
+@pytest.mark.parametrize("mode", ["threads", "async", "app"])
 def test_one_sigterm_stops_both_consumers_of_a_process_and_each_commits(
     kafka_bootstrap: str, new_topic: Callable[..., str], mode: str
 ) -> None:
@@ -75,6 +76,8 @@ def test_one_sigterm_stops_both_consumers_of_a_process_and_each_commits(
     err = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0, f"rc={proc.returncode} {lines} {err[-3000:]}"
     assert any(line.startswith("returned") for line in lines), lines
+    if mode == "app":
+        assert lines[0] == "startup" and lines[-2:] == ["shutdown", "returned"], lines
     # and each group's committed offsets reached the end offsets: each made its final commit
     for topic, group in zip(topics, groups, strict=True):
         assert committed(kafka_bootstrap, group, topic, PARTITIONS) == end_offsets(kafka_bootstrap, topic, PARTITIONS)

@@ -5,7 +5,9 @@
 ``MODE`` ``threads``: the first consumer's ``run()`` in the main thread, the second's in another
 thread; ``async``: ``asyncio.gather(c1.run_async(), c2.run_async())`` with ``async def`` handlers.
 Prints ``consumed GROUP`` once a consumer has handled ``N`` messages, and ``returned`` once both
-``run()`` / ``run_async()`` calls returned; exits 0 then (1 if either raised).
+``run()`` / ``run_async()`` calls returned; exits 0 then (1 if either raised). ``app``: one
+``KeyedApp`` with an ``async def`` route per topic (group = route name), whose startup and shutdown
+hooks print ``startup`` and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from keyedconsumer import KeyedConsumer, Message
+from keyedconsumer import KeyedApp, KeyedConsumer, Message
 
 
 def main() -> int:
@@ -44,8 +46,20 @@ def main() -> int:
         return KeyedConsumer(name=group, handler=counter(group), brokers=[bootstrap], topics=[topic], concurrency=4,
                              config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
 
-    c1, c2 = consumer(topic1, group1), consumer(topic2, group2)
     errors: list[BaseException] = []
+    if mode == "app":
+        app = KeyedApp(brokers=[bootstrap], concurrency=4, config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+        app.on_startup(lambda: print("startup", flush=True))
+        app.on_shutdown(lambda: print("shutdown", flush=True))
+        app.handler(topic1, name=group1)(counter(group1))
+        app.handler(topic2, name=group2)(counter(group2))
+        try:
+            app.run()
+        except BaseException as exc:
+            errors.append(exc)
+        print("returned", *(repr(e) for e in errors), flush=True)
+        return 1 if errors else 0
+    c1, c2 = consumer(topic1, group1), consumer(topic2, group2)
     if mode == "threads":
         def run_second() -> None:
             try:
