@@ -28,7 +28,7 @@ def load_handler(spec: str, app_dir: str | None = ".") -> Callable[..., Any]:
 
     Returns
     -------
-    The callable.
+    The callable, or a :class:`~keyedconsumer.KeyedApp` (``module:app``).
 
     Raises
     ------
@@ -68,6 +68,10 @@ def load_handler(spec: str, app_dir: str | None = ".") -> Callable[..., Any]:
             obj = getattr(obj, part)
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}", 2) from None
+    from ..app import KeyedApp
+
+    if isinstance(obj, KeyedApp):  # keyedconsumer run module:app
+        return obj  # type: ignore[return-value]
     if pyinspect.isclass(obj):
         raise CliError(f"handler {spec!r} is a class: give a function or an instance with __call__", 2)
     if not callable(obj):

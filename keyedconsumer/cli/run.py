@@ -10,9 +10,11 @@ from urllib.parse import urlsplit
 
 import typer
 
+from ..app import KeyedApp
 from ..config import ENV_PREFIX, ConsumerConfig, redact
 from ..errors import KeyedConsumerError, PublishError
 from ..sequencing import redact_url
+from ..sequencing.config import CLUSTER_SCHEMES
 from .errors import CliError
 from .handler import load_handler
 from .output import _Level, _print_json, _reports_errors, _setup_logging
@@ -173,6 +175,11 @@ def run(
         "auto_offset_reset": auto_offset_reset.value if auto_offset_reset else None,
         "shutdown_timeout_s": shutdown_timeout_s,
     }
+    if handler is not None:
+        target = load_handler(handler, app_dir)
+        if isinstance(target, KeyedApp):
+            _run_app(handler, target, {k: v for k, v in flags.items() if k != "handler"}, props, config_file)
+            return
     settings, options = _resolve_run(flags, props or [], config_file)
     if not options.handler:
         raise CliError(
@@ -189,9 +196,10 @@ def run(
 
     sequencer = None
     if options.redis:
-        if urlsplit(options.redis).scheme not in ("redis", "rediss", "unix"):
+        if urlsplit(options.redis).scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
             raise CliError(
-                f"--redis {redact_url(options.redis)!r}: expected a redis://, rediss:// or unix:// URL", 2
+                f"--redis {redact_url(options.redis)!r}: expected a redis://, rediss://, unix:// or "
+                "redis+cluster:// URL", 2
             )
         sequencer = RedisSequencer(url=options.redis, namespace=options.namespace or settings.group)
     try:
@@ -216,6 +224,26 @@ def run(
     except KeyedConsumerError as exc:
         raise CliError(f"stopped: {exc}", 1) from None
     except Exception as exc:  # e.g. Redis refused as not durable; --log-level DEBUG shows the traceback
+        log.debug("run failed", exc_info=True)
+        raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
+    log.info("stopped")
+
+
+def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] | None, config_file: str | None) -> None:
+    """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
+
+    Its routes carry their own options, so the consumer flags, ``-X`` and a TOML file are refused
+    (exit 2) rather than silently ignored or half applied."""
+    given = sorted(k for k, v in flags.items() if v is not None)
+    if given or props or config_file:
+        named = ", ".join(given + (["-X"] if props else []) + (["--config-file"] if config_file else []))
+        raise CliError(f"{spec} is a KeyedApp: its routes carry their options; remove {named}", 2)
+    log.info("running %s: %s", spec, ", ".join(f"{r.settings.name} <- {','.join(r.settings.topics)}" for r in app.routes))
+    try:
+        app.run()
+    except KeyedConsumerError as exc:
+        raise CliError(f"stopped: {exc}", 1) from None
+    except Exception as exc:
         log.debug("run failed", exc_info=True)
         raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
     log.info("stopped")

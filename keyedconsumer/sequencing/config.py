@@ -38,6 +38,12 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+#: URL schemes of a Redis Cluster: ``redis+cluster://[user:password@]host:port[,host:port...][/0]``
+#: (``rediss+cluster://`` with TLS). The hosts are startup nodes; the client learns the rest of the
+#: cluster from them (``CLUSTER SLOTS``) and follows its slot moves and failovers.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
 class RedisUrl(Secret[str]):
     """A Redis URL that shows only with its password replaced by ``***`` (:func:`redact_url`): in a
     repr, ``str()``, ``model_dump_json()`` and validation errors. ``get_secret_value()`` is the URL

@@ -26,14 +26,12 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from .config import CLUSTER_SCHEMES
+
 __all__ = ["CLUSTER_SCHEMES", "StoreUnavailable", "connect", "is_cluster", "send_replicated", "check_replicas"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
-#: URL schemes of a Redis Cluster: ``redis+cluster://[user:password@]host:port[,host:port...][/0]``
-#: (``rediss+cluster://`` with TLS). The hosts are startup nodes; the client learns the rest of the
-#: cluster from them (``CLUSTER SLOTS``) and follows its slot moves and failovers.
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 #: Replicas that must acknowledge a write on a cluster before it counts (``WAIT``'s first argument).
 REPLICA_ACKS = 1

@@ -184,6 +184,36 @@ def test_run_consumes_then_sigterm_drains_and_commits(
 
 
 @pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_shutdown(
+    kafka_bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    # given two topics of 200 records each, and a KeyedApp with a route for each (one group)
+    topics = [new_topic(2), new_topic(2)]
+    for t in topics:
+        produce(kafka_bootstrap, t, [(f"k{i % 20}".encode(), str(i).encode(), None) for i in range(200)])
+    group = f"cli-app-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "handled.log"
+    env = {"KC_CLI_BROKERS": kafka_bootstrap, "KC_CLI_GROUP": group, "KC_CLI_TOPIC1": topics[0], "KC_CLI_TOPIC2": topics[1]}
+    # when `keyedconsumer run module:app` runs it until every record was handled, then gets SIGTERM
+    proc = start_run(["tests.integration.procs.cli_app:app"], log, env)
+    try:
+        assert wait_until(lambda: len(read_log(log)) >= 400 or proc.poll() is not None, 60)
+    finally:
+        code, output = stop(proc)
+    # then it exited 0, both routes handled all, the offsets are at the end, the shutdown hook ran last
+    assert code == 0, output[-3000:]
+    rows = read_log(log)
+    assert rows[-1][0] == "shutdown" and len(rows) - 1 >= 400, rows[-3:]  # the log names no topic: counted
+    for t in topics:
+        assert committed(kafka_bootstrap, group, t, 2) == end_offsets(kafka_bootstrap, t, 2)
+    # and consumer flags next to an app are refused, not ignored
+    bad = start_run(["tests.integration.procs.cli_app:app", "--concurrency", "4"], log, env)
+    out, err = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "is a KeyedApp" in err and "concurrency" in err, err
+
+
+@pytest.mark.kafka
 @pytest.mark.timeout(60)
 def test_run_failure_exits_1_without_secrets_or_traceback(kafka_bootstrap: str, tmp_path: Path) -> None:
     # given brokers that do not answer, a SASL password and a Redis URL with a password
