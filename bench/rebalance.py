@@ -22,7 +22,7 @@ config: IncrementalAlterConfigs on the GROUP resource). The broker's group.initi
 first step is reported, and not used for the model.
 
 Timings are only meaningful on a quiet machine: run it under ``flock -x /tmp/kc-quiet.lock``.
-Writes ``<out>/rebalance.json`` and ``<out>/rebalance.md``.
+Writes ``<out>/rebalance.json`` and ``<out>/rebalance.md`` (``--name``: another base name).
 """
 
 from __future__ import annotations
@@ -231,6 +231,7 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=120.0)
     ap.add_argument("--smoke", action="store_true", help="16 partitions, 1 -> 2 -> 1 members, both protocols (< 1 min)")
     ap.add_argument("--quiet-lock", action="store_true")
+    ap.add_argument("--name", default="rebalance", help="the results' file names: <out>/<name>.json and .md")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
     if args.smoke:
@@ -249,9 +250,9 @@ def main() -> int:
     results["loadavg_after"] = suite.loadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rebalance.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_markdown(results, out / "rebalance.md")
-    print((out / "rebalance.md").read_text())
+    (out / f"{args.name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_markdown(results, out / f"{args.name}.md")
+    print((out / f"{args.name}.md").read_text())
     return 0
 
 

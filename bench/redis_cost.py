@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -403,6 +404,44 @@ def load_scripts(url: str) -> None:
 
 
 
+def capacity(url: str, requests: int) -> list[dict[str, Any]]:
+    """One Redis's throughput and CPU per call of the sequencer's acquire script on fresh keys
+    (``GET``, ``LLEN``, ``SET PX``, ``INCR``: the costliest lease call) and of its release script,
+    driven by ``redis-benchmark`` (random keys; ``clients`` connections, ``pipeline`` calls in flight
+    on each), as many instances' pipelined calls would drive it."""
+    from keyedconsumer.sequencing import store as kstore
+
+    nodes = Nodes(url)
+    (name, c), = nodes.clients.items()
+    host, port = name.rsplit(":", 1)
+    out = []
+    for label, script in (("acquire (fresh key)", kstore._ACQUIRE), ("release (not ours)", kstore._RELEASE)):
+        sha = c.script_load(script)
+        for clients, pipeline in ((100, 1), (100, 16)):
+            before = nodes.snapshot()[name]
+            t0 = time.perf_counter()
+            proc = subprocess.run(
+                ["redis-benchmark", "-h", host, "-p", port, "-n", str(requests), "-c", str(clients), "-P", str(pipeline),
+                 "-r", "100000000", "--csv", "EVALSHA", sha, "3", "kc:cap:{k.__rand_int__}:lease",
+                 "kc:cap:{k.__rand_int__}:fence", "kc:cap:{k.__rand_int__}:park", "owner", "10000"],
+                capture_output=True, text=True, check=True)
+            wall = time.perf_counter() - t0
+            after = nodes.snapshot()[name]
+            row = proc.stdout.strip().splitlines()[-1].split('","')
+            calls = after["calls"].get("evalsha", 0) - before["calls"].get("evalsha", 0)
+            cpu = after["cpu_s"] - before["cpu_s"]
+            out.append({"script": label, "clients": clients, "pipeline": pipeline, "requests": requests,
+                        "rps": float(row[1]), "p50_ms": float(row[4]), "p99_ms": float(row[6]),
+                        "wall_s": round(wall, 2), "evalsha_calls": calls,
+                        "cpu_us_per_call": round(cpu * 1e6 / max(1, calls), 2),
+                        "cpu_busy_share": round(cpu / wall, 2)})
+            suite.log(f"capacity: {out[-1]}")
+    for name_ in list(c.scan_iter(match="kc:cap:*", count=5000)):
+        c.delete(name_)
+    nodes.close()
+    return out
+
+
 def measure_target(args: argparse.Namespace, label: str, url: str) -> dict[str, Any]:
     n = args.messages
     out: dict[str, Any] = {"url": url, "workloads": {}}
@@ -504,6 +543,16 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             f"{m['memory_usage_pbytes']} ({m['parked_per_key']} messages a key) | {m['scheduled_bytes_per_message']} |"
         )
     lines += ["", f"({results['memory_note']})", ""]
+    if "capacity" in results:
+        cap = results["capacity"]
+        lines += ["## Capacity of one Redis (redis-benchmark, AOF appendfsync always)", "",
+                  f"Commit `{cap['commit']}`, {cap['date']}, load average {cap['loadavg_before']} -> {cap['loadavg_after']}.", "",
+                  "| script | connections | pipeline | calls/s | p50 ms | p99 ms | Redis CPU us/call | Redis CPU busy |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in cap["runs"]:
+            lines.append(f"| {r['script']} | {r['clients']} | {r['pipeline']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} "
+                         f"| {r['cpu_us_per_call']} | {r['cpu_busy_share']:.0%} |")
+        lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -521,6 +570,8 @@ def main() -> int:
     ap.add_argument("--cluster-fix", action="store_true",
                     help="also measure the cluster with EVALSHA routed client-side in pipelines (route_scripts_client_side)")
     ap.add_argument("--label-commit", action="store_true", help="name each target <target>@<commit> (with --merge: several commits side by side)")
+    ap.add_argument("--capacity", type=int, default=0, metavar="N",
+                    help="only: N calls of the acquire and release scripts by redis-benchmark against --redis (capacity of one Redis)")
     ap.add_argument("--quiet-lock", action="store_true", help="say in the report that it ran under the exclusive lock")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--merge", action="store_true", help="add the targets measured to an existing redis_cost.json")
@@ -531,10 +582,12 @@ def main() -> int:
         args.messages, args.idle_s, args.cap_s = 2_000, 2.0, 40.0
         args.mem_leases, args.mem_parked, args.mem_parked_keys, args.mem_scheduled = 1_000, 1_000, 100, 200
     targets = [(k, u) for k, u in (("single", args.redis), ("cluster", args.redis_cluster)) if u]
+    if args.capacity:
+        targets = []
     if args.redis_cluster and args.cluster_fix:
         targets.append(("cluster-fix", args.redis_cluster))
-    if not targets:
-        ap.error("give --redis and/or --redis-cluster")
+    if not targets and not (args.capacity and args.redis):
+        ap.error("give --redis and/or --redis-cluster (--capacity: --redis)")
     CLIENT.install()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -552,6 +605,10 @@ def main() -> int:
     )
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
     results["kc_src"] = KC_SRC
+    if args.capacity:
+        results["capacity"] = {"commit": results["commit"], "date": results["date"], "loadavg_before": suite.loadavg(),
+                               "runs": capacity(args.redis, args.capacity)}
+        results["capacity"]["loadavg_after"] = suite.loadavg()
     for label, url in targets:
         route_scripts_client_side(label == "cluster-fix")
         load_before = suite.loadavg()
