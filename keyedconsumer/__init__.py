@@ -3,6 +3,8 @@
 Public names are listed in ``__all__``; everything else is internal.
 """
 
+from importlib import metadata as _metadata
+
 from .app import KeyedApp, Route
 from .config import ConsumerConfig
 from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
@@ -46,4 +48,7 @@ __all__ = [
     "PublishError",
 ]
 
-__version__ = "0.1.0"
+try:  # one place: the version in pyproject.toml, as installed
+    __version__ = _metadata.version("keyedconsumer")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -124,10 +124,20 @@ class Tracing:
         try:
             from opentelemetry import context as otel_context
             from opentelemetry import propagate, trace
+
+            # the attribute names, from the semantic conventions' own package (the messaging ones
+            # are still "incubating" there, hence the module path)
+            from opentelemetry.semconv._incubating.attributes import messaging_attributes as sc
+            from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
             from opentelemetry.trace.status import Status as SpanStatus
             from opentelemetry.trace.status import StatusCode
         except ImportError as exc:
-            raise ImportError("Tracing needs opentelemetry-api: pip install 'keyedconsumer[tracing]'") from exc
+            raise ImportError(
+                "Tracing needs opentelemetry-api and opentelemetry-semantic-conventions: "
+                "pip install 'keyedconsumer[tracing]'"
+            ) from exc
+        self._sc = sc
+        self._error_type = ERROR_TYPE
         self.record_key = bool(record_key)
         self.tracer: Tracer = trace.get_tracer("keyedconsumer.middleware.tracing", tracer_provider=tracer_provider)
         self.propagator: TextMapPropagator = propagator if propagator is not None else propagate.get_global_textmap()
@@ -166,23 +176,24 @@ class Tracing:
         return parent
 
     def _attributes(self, msg: Message) -> dict[str, Any]:
+        sc = self._sc
         attrs: dict[str, Any] = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.destination.name": msg.topic,
-            "messaging.destination.partition.id": str(msg.partition),
-            "messaging.kafka.offset": msg.offset,
-            "messaging.consumer.group.name": msg.group_id,
+            sc.MESSAGING_SYSTEM: sc.MessagingSystemValues.KAFKA.value,
+            sc.MESSAGING_OPERATION_TYPE: sc.MessagingOperationTypeValues.PROCESS.value,
+            sc.MESSAGING_OPERATION_NAME: "process",
+            sc.MESSAGING_DESTINATION_NAME: msg.topic,
+            sc.MESSAGING_DESTINATION_PARTITION_ID: str(msg.partition),
+            sc.MESSAGING_KAFKA_OFFSET: msg.offset,
+            sc.MESSAGING_CONSUMER_GROUP_NAME: msg.group_id,
             ATTEMPT: msg.attempt,
         }
         if msg.value is None:
-            attrs["messaging.kafka.message.tombstone"] = True
+            attrs[sc.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
         else:
-            attrs["messaging.message.body.size"] = len(msg.value)
+            attrs[sc.MESSAGING_MESSAGE_BODY_SIZE] = len(msg.value)
         if self.record_key and msg.key is not None:
             try:
-                attrs["messaging.kafka.message.key"] = msg.key.decode("utf-8")
+                attrs[sc.MESSAGING_KAFKA_MESSAGE_KEY] = msg.key.decode("utf-8")
             except UnicodeDecodeError:
                 pass  # no canonical text form: not recorded (semantic conventions)
         return attrs
@@ -237,7 +248,7 @@ class Tracing:
 
     def _failed(self, span: Span, error: BaseException, description: str | None = None) -> None:
         span.record_exception(error)
-        span.set_attribute("error.type", _fqcn(error))
+        span.set_attribute(self._error_type, _fqcn(error))
         text = description if description is not None else f"{type(error).__name__}: {error}"
         span.set_status(self._status(self._error, text[:_MAX_STATUS_CHARS]))
 

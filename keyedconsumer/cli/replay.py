@@ -7,6 +7,7 @@ import importlib
 import logging
 from typing import Annotated, Any
 
+import pydantic
 import typer
 from rich.table import Table
 
@@ -35,15 +36,18 @@ def parse_since(text: str) -> int:
     text = text.strip()
     if text.isdigit():
         return int(text)
-    try:
-        when = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
+    try:  # pydantic's ISO 8601 parser: "Z", offsets, dates, fractions of a second
+        when = _DATETIME.validate_python(text)
+    except pydantic.ValidationError:
         raise CliError(
             f"--since {text!r}: expected an ISO 8601 time (2026-11-30T12:00:00Z) or epoch milliseconds", 2
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return int(when.timestamp() * 1000)
+
+
+_DATETIME = pydantic.TypeAdapter(dt.datetime)
 
 
 def _header(record: admin.Record, name: str) -> str | None:
