@@ -183,14 +183,20 @@ class KeyedApp:
         """The running consumers, one per route, in route order (empty before a run)."""
         return list(self._consumers)
 
-    def run(self) -> None:
+    def run(self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None) -> None:
         """Run every route until :meth:`stop`, SIGINT/SIGTERM, or a route's unhandled error, on a new
         event loop (``asyncio.run``). See :meth:`run_async`."""
-        asyncio.run(self.run_async())
+        asyncio.run(self.run_async(client_factory=client_factory, clock=clock))
 
-    async def run_async(self) -> None:
+    async def run_async(
+        self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         """Startup hooks, then every route's consumer (:meth:`KeyedConsumer.run_async`) on this loop,
         then, once all have stopped and committed, the shutdown hooks.
+
+        ``client_factory`` and ``clock`` replace the app's for this run only: the same app object,
+        routes and middleware run on :class:`~keyedconsumer.testing.InMemoryBroker`
+        (``broker.run_app(app)`` passes them).
 
         SIGINT and SIGTERM stop the app (also during the startup hooks: then no consumer starts):
         every consumer drains and commits (:mod:`keyedconsumer.signals` is the one owner of these
@@ -217,7 +223,7 @@ class KeyedApp:
             for hook in self._startup:
                 await _call(hook)
             try:
-                await self._serve()
+                await self._serve(client_factory or self._client_factory, clock or self._clock)
             finally:
                 await self._run_shutdown()
         finally:
@@ -227,11 +233,11 @@ class KeyedApp:
                 self._stopping = False
                 self._consumers = []
 
-    async def _serve(self) -> None:
+    async def _serve(self, client_factory: ClientFactory | None, clock: Callable[[], float]) -> None:
         with self._lock:
             if self._stopping:
                 return
-            self._consumers = [self._consumer(r) for r in self.routes]
+            self._consumers = [self._consumer(r, client_factory, clock) for r in self.routes]
         tasks = [asyncio.ensure_future(c.run_async()) for c in self._consumers]
         first: BaseException | None = None
         try:
@@ -250,15 +256,16 @@ class KeyedApp:
         if first is not None:
             raise first
 
-    def _consumer(self, route: Route) -> KeyedConsumer:
+    @staticmethod
+    def _consumer(route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]) -> KeyedConsumer:
         return KeyedConsumer(
             handler=route.handler,
             middlewares=route.middlewares,
             error_handler=route.error_handler,
-            client_factory=self._client_factory,
+            client_factory=client_factory,
             settings=route.settings,
             sequencer=route.sequencer() if route.sequencer is not None else None,
-            clock=self._clock,
+            clock=clock,
         )
 
     async def _run_shutdown(self) -> None:

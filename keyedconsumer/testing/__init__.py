@@ -50,6 +50,6 @@ from .broker import GroupEvent, InMemoryBroker, Record
 from .client import FakeClient, FakePublisher
 from .clock import FakeClock
 from .group import Commit
-from .run import Run
+from .run import AppRun, Run
 
-__all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "Record", "Commit", "Run", "GroupEvent"]
+__all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "Record", "Commit", "Run", "AppRun", "GroupEvent"]

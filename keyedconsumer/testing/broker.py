@@ -40,13 +40,14 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..app import KeyedApp
 from ..consumer import KeyedConsumer
 from ..errors import KafkaClientError
 from ..kafka import TP
 from .client import FakeClient, FakePublisher
 from .clock import FakeClock
 from .group import Commit, ConsumerGroup, EventKind, matches
-from .run import Run
+from .run import AppRun, Run
 
 if TYPE_CHECKING:
     from ..kafka import ClientFactory
@@ -559,6 +560,18 @@ class InMemoryBroker:
             A consumer uses the real Kafka client (it was built without ``client_factory``).
         """
         return Run(self, consumers)
+
+
+    def run_app(self, app: KeyedApp) -> AppRun:
+        """Run ``app`` (a :class:`~keyedconsumer.KeyedApp`: its routes, hooks and middleware as
+        written) on this broker and its fake clock, in a thread; use the result as a context manager,
+        which stops it on exit. See :class:`AppRun`::
+
+            with broker.run_app(app) as run:
+                broker.produce("payments", "10", key="acct-1")
+                run.until_idle()
+        """
+        return AppRun(self, app)
 
 
 if TYPE_CHECKING:  # mypy checks that the fake satisfies the engine's seam

@@ -9,13 +9,15 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ..app import KeyedApp
+from ..config import ConsumerConfig
 from ..consumer import KeyedConsumer
 from ..kafka.client import connect
 
 if TYPE_CHECKING:
     from .broker import InMemoryBroker
 
-__all__ = ["Run"]
+__all__ = ["Run", "AppRun"]
 
 log = logging.getLogger("keyedconsumer.testing")
 
@@ -41,6 +43,22 @@ class _Runner:
             return None
         self._reported = True
         return self._error
+
+
+def _left(broker: InMemoryBroker, configs: Iterable[ConsumerConfig]) -> str:
+    """What is not committed yet of the consumers' topics, per group: ``""`` when nothing."""
+    groups: dict[str, set[str]] = {}
+    for cfg in configs:
+        groups.setdefault(cfg.group, set()).update(cfg.topics)
+    committed = {g: broker.committed(g) for g in groups}
+    parts = []
+    for g, topics in sorted(groups.items()):
+        for (topic, p), lag in sorted(broker.lag(g, sorted(topics)).items()):
+            if lag > 0:
+                c = committed[g].get((topic, p))
+                end = (c or 0) + lag
+                parts.append(f"group {g!r} {topic}[{p}] committed {c} of end {end} ({lag} left)")
+    return ", ".join(parts)
 
 
 class Run:
@@ -145,18 +163,7 @@ class Run:
             self._broker.wait_for_change(seen, 0.002)
 
     def _left(self) -> str:
-        groups: dict[str, set[str]] = {}
-        for r in self._runners:
-            groups.setdefault(r.consumer.config.group, set()).update(r.consumer.config.topics)
-        committed = {g: self._broker.committed(g) for g in groups}
-        parts = []
-        for g, topics in sorted(groups.items()):
-            for (topic, p), lag in sorted(self._broker.lag(g, sorted(topics)).items()):
-                if lag > 0:
-                    c = committed[g].get((topic, p))
-                    end = (c or 0) + lag
-                    parts.append(f"group {g!r} {topic}[{p}] committed {c} of end {end} ({lag} left)")
-        return ", ".join(parts)
+        return _left(self._broker, [r.consumer.config for r in self._runners])
 
     def __enter__(self) -> Run:
         return self
@@ -171,3 +178,89 @@ class Run:
             self.stop()
         except BaseException as err:
             log.warning("a consumer also ended with: %r", err)
+
+
+class AppRun:
+    """A :class:`~keyedconsumer.KeyedApp` running in a thread on an :class:`InMemoryBroker`, its
+    routes, hooks and middleware as written (``app.run(client_factory=broker.client_factory,
+    clock=broker.clock)``); made by :meth:`InMemoryBroker.run_app`.
+
+    Use it as a context manager: on exit the app is stopped (its shutdown hooks run) and the error
+    that ended ``app.run()``, if any, is raised (once), unless the body raised.
+    """
+
+    def __init__(self, broker: InMemoryBroker, app: KeyedApp) -> None:
+        self._broker = broker
+        self.app = app
+        self._error: BaseException | None = None
+        self._reported = False
+        self.thread = threading.Thread(target=self._main, name="keyedconsumer-app", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.app.run(client_factory=self._broker.client_factory, clock=self._broker.clock)
+        except BaseException as exc:  # kept for the test thread, which re-raises it
+            self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None and not self._reported and not self.thread.is_alive():
+            self._reported = True
+            raise self._error
+
+    def until_idle(self, timeout_s: float = 5.0) -> None:
+        """Wait until every record of every route's topics is committed by the route's group.
+
+        Raises
+        ------
+        BaseException
+            The error that ended ``app.run()`` (e.g. ``MessageError``), once.
+        RuntimeError
+            The app stopped, without error, before that.
+        TimeoutError
+            Not idle within ``timeout_s`` real seconds (the message names what is left).
+        """
+        deadline = time.monotonic() + timeout_s
+        configs = [r.settings for r in self.app.routes]
+        while True:
+            seen = self._broker.version()
+            self._raise_error()
+            left = _left(self._broker, configs)
+            if not left and self.app.consumers:
+                return
+            if not self.thread.is_alive():
+                self._raise_error()
+                raise RuntimeError(f"the app stopped before every record was committed: {left}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"not idle after {timeout_s:g} s: {left or 'the routes did not start'}")
+            self._broker.wait_for_change(seen, 0.002)
+
+    def stop(self) -> None:
+        """Stop the app (every route drains and commits, the shutdown hooks run) and wait for it.
+
+        Raises
+        ------
+        BaseException
+            The error that ended ``app.run()``, if not raised before.
+        TimeoutError
+            It did not stop within the longest route's ``shutdown_timeout_s`` + 10 s.
+        """
+        self.app.stop()
+        self.thread.join(max((r.settings.shutdown_timeout_s for r in self.app.routes), default=30.0) + 10.0)
+        if self.thread.is_alive():
+            raise TimeoutError("the app did not stop")
+        self._raise_error()
+
+    def __enter__(self) -> AppRun:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.stop()
+            return
+        try:  # the body's exception wins; the app's error is only logged
+            self.stop()
+        except BaseException as err:
+            log.warning("the app also ended with: %r", err)

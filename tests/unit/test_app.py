@@ -213,3 +213,58 @@ def test_many_routes_on_one_loop_all_start() -> None:
     app.stop()
     t.join(30)
     assert not t.is_alive() and errors == []
+
+
+def test_an_app_is_tested_by_its_routes_on_the_in_memory_broker(kc_broker: InMemoryBroker) -> None:
+    # given the app as the service defines it (real brokers named, no test wiring in it)
+    app = KeyedApp(brokers=["kafka.prod:9092"], group_id="billing", poll_timeout_s=0.01)
+    totals: dict[bytes, int] = {}
+    calls: list[tuple[bytes | None, bytes | None]] = []
+    pool: list[str] = []
+
+    @app.on_startup
+    async def open_pool() -> None:
+        pool.append("open")
+
+    @app.handler("payments", concurrency=8)
+    async def payment(msg: Message) -> None:
+        assert pool == ["open"]
+        calls.append((msg.key, msg.value))
+        totals[msg.key or b""] = totals.get(msg.key or b"", 0) + int(msg.value or b"0")
+
+    # when the test publishes to the topic and runs the app until idle on the in-memory broker
+    kc_broker.create_topic("payments", partitions=3)
+    with kc_broker.run_app(app) as run:
+        for i in range(50):
+            kc_broker.produce("payments", str(i), key=f"acct-{i % 4}")
+        run.until_idle()
+        # then every message reached the handler, in order per key
+        assert totals == {f"acct-{k}".encode(): sum(i for i in range(50) if i % 4 == k) for k in range(4)}
+        for k in range(4):
+            values = [int(v or b"0") for key, v in calls if key == f"acct-{k}".encode()]
+            assert values == sorted(values)
+    assert kc_broker.committed("billing") and len(calls) == 50
+
+
+def test_the_plugin_keeps_keyedconsumer_environment_out_of_tests(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    # given a developer's shell with KEYEDCONSUMER_CONCURRENCY=7, and a test that builds a config
+    test = tmp_path / "test_inner.py"
+    test.write_text(
+        "from keyedconsumer import ConsumerConfig\n"
+        "def test_default():\n"
+        "    assert ConsumerConfig(name='x', topics=['t']).concurrency == 1\n"
+    )
+    env = {**os.environ, "KEYEDCONSUMER_CONCURRENCY": "7"}
+
+    def inner(*args: str) -> int:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(test)]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=120).returncode
+
+    # then with the plugin (installed with the package) the test sees the defaults
+    assert inner() == 0
+    # and without it the variable would have leaked in (the control: the plugin is what keeps it out)
+    assert inner("-p", "no:keyedconsumer") == 1
