@@ -194,6 +194,49 @@ def set_group_config(brokers: str, group: str, conf: dict[str, str]) -> None:
         fut.result(timeout=30)
 
 
+def prefetch(args: argparse.Namespace, partitions: int, messages: int) -> dict[str, Any]:
+    """RSS of one consumer process with KeyedConsumer's librdkafka properties, subscribed to a topic
+    of ``partitions`` partitions holding ``messages`` x 100 B, that polls nothing for 15 s: what
+    librdkafka prefetches (its queue bounds: queued.max.messages.kbytes for the whole consumer,
+    queued.min.messages per partition). Measured in a child process of its own."""
+    import subprocess
+
+    topic = f"rb-{uuid.uuid4().hex[:8]}-prefetch-{partitions}"
+    suite.create_topic(args.brokers, topic, partitions)
+    import random as _random
+
+    suite.produce(args.brokers, topic, {"size": 100}, suite.keys_for({"messages": messages, "keys": 100_000},
+                                                                       _random.Random(3)))
+    code = f"""
+import json, os, sys, time
+sys.path.insert(0, {KC_SRC!r}); sys.path.insert(0, {str(HERE)!r})
+from common import tree_rss_bytes
+from confluent_kafka import Consumer
+from keyedconsumer.config import ConsumerConfig
+conf = ConsumerConfig(name="pf-{uuid.uuid4().hex[:8]}", topics=[{topic!r}], brokers=[{args.brokers!r}]).librdkafka()
+r0 = tree_rss_bytes(os.getpid())
+c = Consumer(conf)
+c.subscribe([{topic!r}])
+t0 = time.time()
+while not c.assignment() and time.time() - t0 < 60:
+    c.poll(0.1)  # until assigned; then nothing is polled and librdkafka prefetches alone
+samples = []
+t1 = time.time()
+while time.time() - t1 < 15:
+    time.sleep(1)
+    samples.append(tree_rss_bytes(os.getpid()))
+print(json.dumps({{"rss_before_mb": r0 / 1e6, "rss_peak_mb": max(samples) / 1e6, "assigned": len(c.assignment()),
+                  "props": {{k: conf[k] for k in ("queued.max.messages.kbytes", "queued.min.messages")}}}}))
+c.close()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    suite.delete_topics(args.brokers, [topic])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out.update(partitions=partitions, messages=messages)
+    suite.log(f"prefetch: {out}")
+    return out
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines = [
         "# Rebalance time: classic cooperative-sticky against KIP-848",
@@ -217,6 +260,13 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             lines.append(f"| {r['protocol']} | {r['partitions']} | {prev} -> {s['members']} | {s['settle_s']} "
                          f"| {s['moved']} | {s['unowned_partition_s']} |")
             prev = s["members"]
+    if results.get("prefetch"):
+        lines += ["", "## librdkafka prefetch: RSS of a consumer that polls nothing for 15 s", "",
+                  "| partitions | messages in the topic | RSS before the client MB | peak RSS MB | properties |",
+                  "| ---: | ---: | ---: | ---: | --- |"]
+        for x in results["prefetch"]:
+            lines.append(f"| {x['partitions']:,} | {x['messages']:,} | {x['rss_before_mb']:.0f} | {x['rss_peak_mb']:.0f} "
+                         f"| {x['props']} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -231,6 +281,8 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=120.0)
     ap.add_argument("--smoke", action="store_true", help="16 partitions, 1 -> 2 -> 1 members, both protocols (< 1 min)")
     ap.add_argument("--quiet-lock", action="store_true")
+    ap.add_argument("--prefetch", default="", metavar="P,P",
+                    help="only: RSS of a consumer that polls nothing, librdkafka prefetching from P partitions")
     ap.add_argument("--name", default="rebalance", help="the results' file names: <out>/<name>.json and .md")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
@@ -244,7 +296,10 @@ def main() -> int:
         "command": " ".join(["bench/rebalance.py", *sys.argv[1:]]), "runs": [],
     }
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
-    for p in [int(x) for x in args.partitions.split(",")]:
+    if args.prefetch:
+        results["prefetch"] = [prefetch(args, int(p), 2_000_000) for p in args.prefetch.split(",")]
+        args.partitions = ""
+    for p in [int(x) for x in args.partitions.split(",") if x]:
         for proto in args.protocols.split(","):
             results["runs"].append(run_protocol(args, proto, p))
     results["loadavg_after"] = suite.loadavg()
