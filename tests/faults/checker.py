@@ -677,11 +677,13 @@ def check_all(d: Path) -> tuple[str, list[Check], bool]:
                                                                   "kafka_kill")
                        if kinds[k])
     unexpected = g.final.get("unexpected_exits", 0)
+    deaths = g.final.get("thread_deaths", [])
     header = (f"run: {g.cfg['size']} seed {g.cfg['seed']} bug {g.cfg.get('bug') or 'none'} faults "
               f"{g.cfg.get('faults')}{' park' if g.cfg.get('park') else ''}; {_n(len(g.acked))} acked "
               f"({_n(g.cfg['backlog'])} backlog), {g.nacks} not acked; {g.cfg['partitions']} partitions, "
               f"{g.size.keys} keys; {_n(len(g.parked))} parked; faults: {faults or 'none'}; "
-              f"unexpected consumer exits {unexpected}; "
+              f"unexpected consumer exits {unexpected}; consumer threads died {len(deaths)}"
+              f"{' (' + ', '.join(deaths[:4]) + ')' if deaths else ''}; "
               f"{g.final.get('seconds', '?')} s")
     checks = [check_lost(g), check_final_commits(g), check_commits_safe(g), check_order(g), check_exclusive(g),
               check_duplicates(g), check_memory(g), check_clean_end(g)]
@@ -689,7 +691,7 @@ def check_all(d: Path) -> tuple[str, list[Check], bool]:
         checks[4].ok = False
         checks[4].figures += f"; {len(g.double_starts)} runs started twice in one process"
         checks[4].evidence += [f"double start: {x}" for x in g.double_starts[:20]]
-    return header, checks, unexpected == 0
+    return header, checks, unexpected == 0 and not deaths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -710,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         {"header": header, "clean_run": clean,
          "checks": {str(c.n): {"ok": c.ok, "line": c.line()} for c in checks}}, indent=1))
     if not clean:
-        print("RUN FAIL: a consumer exited unexpectedly (see faults.log and logs/)")
+        print("RUN FAIL: a consumer exited unexpectedly, or one of its threads died (see faults.log and logs/)")
     return 0 if clean and all(c.ok for c in checks) else 1
 
 

@@ -1,7 +1,7 @@
 """The fault-injection run (issue 6): one command, bounded in time, stopping by itself.
 
     python -m tests.faults.run --size ci|full --seed N [--bug NAME] [--faults all|kills|stops|redis]
-                               [--park] --out DIR
+                               [--park] [--cluster] --out DIR
 
 1. Starts its own Kafka 4.1 (KRaft) and Redis with ``scripts/services`` (own run dir, own ports;
    the shared 9092/6379 are never touched), creates a 12-partition topic and its dead-letter topic.
@@ -16,6 +16,12 @@
    until no key is parked), SIGTERMs everything,
    records the end state (end offsets, final commits, dead-letter records, Redis keys left), stops
    its services, and runs the checker (``tests/faults/checker.py``), whose exit code it returns.
+
+``--cluster`` (root): 3 brokers and a Redis Cluster instead of the single broker and Redis, each
+consumer slot on a host of its own (a network namespace, :mod:`tests.faults.hosted`), and the
+schedule gains a SIGKILL of the broker leading the most partitions, of a Redis master (after its
+failover, it rejoins as a replica) and a host cut off for longer than the lease TTL and the session
+timeout (tests/faults/README.md, "Cluster run").
 
 ``--bug`` plants a deliberate bug in the consumers (:mod:`tests.faults.bugs`) for the negative
 controls: ``commit_on_poll``, ``skip_fencing``; ``no_aof`` runs Redis without AOF
@@ -672,6 +678,17 @@ class Run:
         return {"by_kind": kinds, "examples": names, "totals": totals, "ext_keys": ext,
                 "used_memory": used_memory(r)}
 
+    def thread_deaths(self) -> list[str]:
+        """``file: thread`` for every thread of a consumer that died of an exception (Python prints
+        ``Exception in thread NAME:`` to the process's stderr): the process goes on without it, a
+        lease renewer for instance, so it is an engine fault even if no check notices it."""
+        out = []
+        for f in sorted((self.out / "logs").glob("consumer-*.err")):
+            for line in f.read_text(errors="replace").splitlines():
+                if line.startswith("Exception in thread "):
+                    out.append(f"{f.name}: {line[len('Exception in thread '):].rstrip(':')}")
+        return out
+
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> int:
         self.setup()
@@ -782,6 +799,7 @@ class Run:
                 "redis": self.redis_keys(),
                 "drained": ok,
                 "unexpected_exits": self.unexpected,
+                "thread_deaths": self.thread_deaths(),
                 "seconds": round(time.monotonic() - started, 1),
             }
             (self.out / "final.json").write_text(json.dumps(final, indent=1))

@@ -14,7 +14,11 @@ in CI (``CI=true``), like every service test.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,12 +47,31 @@ def _faults(out: Path) -> list[tuple[str, str]]:
     return rows
 
 
+@contextlib.contextmanager
+def _kept_on_failure(out: Path) -> Iterator[None]:
+    """On a failure, copy the run's logs where pytest's rotation of its temporary dirs (other
+    sessions of the same user remove all but the last 3) leaves them, and say where."""
+    try:
+        yield
+    except BaseException as exc:
+        if out.exists():
+            keep = Path(tempfile.mkdtemp(prefix="kc-faults-cluster-failed-"))
+            shutil.copytree(out, keep / "run", dirs_exist_ok=True)
+            exc.add_note(f"the run's logs: {keep / 'run'}")
+        raise
+
+
 @pytest.mark.timeout(600)
 def test_cluster_ci_run_keeps_every_guarantee(tmp_path: Path) -> None:
     # given the cluster run at CI size: 15,000 messages on 12 partitions (3 replicas each), consumers
     # on 4 network-namespace hosts, a broker leader and a Redis master SIGKILLed, a host cut off
     _need_hosts()
     out = tmp_path / "run"
+    with _kept_on_failure(out):
+        _run_and_check(out)
+
+
+def _run_and_check(out: Path) -> None:
     data = run_harness(out, "--cluster", "--size", "ci", "--seed", "1", timeout_s=560)
     # then every fault of the schedule was landed: the host cut and healed, the Redis master failed
     # over to its replica, the leading broker killed and back
@@ -57,5 +80,7 @@ def test_cluster_ci_run_keeps_every_guarantee(tmp_path: Path) -> None:
         assert kind in kinds, f"no {kind} in faults.log"
     failovers = [d for k, d in _faults(out) if k == "redis_failover"]
     assert failovers and not failovers[0].endswith(":none"), f"no Redis failover: {failovers}"
+    # and no consumer exited unexpectedly or lost a thread to an exception (a lease renewer, say)
+    assert data["clean_run"], data["header"]
     # and every check passes
     assert_all_pass(data)
