@@ -1,0 +1,1 @@
+"""``keyedconsumer web``: an operations dashboard (extra ``keyedconsumer[web]``)."""
