@@ -11,6 +11,7 @@ control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,
 :class:`~keyedconsumer.PermanentError`, :class:`~keyedconsumer.SkipMessage`), not flags.
 """
 
+from .audit import Audit
 from .dead_letter import HEADERS as DEAD_LETTER_HEADERS
 from .dead_letter import DeadLetter, DeadLetterError
 from .logging import Logging
@@ -32,4 +33,5 @@ __all__ = [
     "Metrics",
     "Recover",
     "Tracing",
+    "Audit",
 ]

@@ -5,6 +5,8 @@
     keyedconsumer run app.handlers:handle --topic orders --group orders-processor --concurrency 64
     keyedconsumer inspect --group orders-processor [--topic orders] [--redis URL] [--json]
     keyedconsumer dead-letter replay --from orders.dlq [--to orders] [--key K] [--since TIME] [--dry-run]
+    keyedconsumer web [--group G] [--redis URL] [--enable-actions]   (extra keyedconsumer[web])
+    keyedconsumer audit [--topic keyedconsumer.audit] [--key K] [--source-topic T --partition P --offset N] [--since TIME]
 
 **Settings** come from, highest precedence first: command-line flags, environment variables
 ``KEYEDCONSUMER_<SETTING>`` (``KEYEDCONSUMER_CONCURRENCY=64``, ``KEYEDCONSUMER_BROKERS=a:9092,b:9092``,
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import typer
 
-from . import inspect, replay, run
+from . import audit, inspect, replay, run, web
 from .handler import load_handler
 from .marker import ReplayMarker
 from .replay import parse_since
@@ -35,7 +37,7 @@ __all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOpt
 
 app = typer.Typer(
     name="keyedconsumer",
-    help="Run a keyed Kafka consumer, inspect a consumer group, replay dead-lettered records.",
+    help="Run a keyed Kafka consumer, inspect a consumer group, replay dead-lettered records, read the audit trail.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -45,7 +47,9 @@ dead_letter_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
 app.add_typer(dead_letter_app, name="dead-letter")
 app.command()(run.run)
 app.command("inspect")(inspect.inspect_group)
+app.command("web")(web.web)
 dead_letter_app.command("replay")(replay.replay)
+app.command("audit")(audit.audit)
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..errors import KafkaClientError
+from ..errors import KafkaClientError, PublishError
 from ..message import Message
 
-__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher"]
+__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher", "BatchPublisher"]
 
 #: A topic-partition: ``(topic, partition)``.
 TP = tuple[str, int]
@@ -95,4 +95,26 @@ class RecordPublisher(Protocol):
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait up to ``timeout_s`` seconds for records still queued."""
+        ...
+
+
+class BatchPublisher(RecordPublisher, Protocol):
+    """A :class:`RecordPublisher` that also writes a batch of records with one wait (the audit
+    trail's seam). :class:`~keyedconsumer.Publisher` and ``keyedconsumer.testing.FakePublisher`` are ones."""
+
+    def publish_many(
+        self, records: Sequence[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]]
+    ) -> list[tuple[int, int] | PublishError]:
+        """Write ``[(topic, key, value, headers)]`` and wait for the fate of each.
+
+        Returns
+        -------
+        Per record, in order, ``(partition, offset)`` or the :class:`~keyedconsumer.PublishError`
+        saying why it was not delivered.
+
+        Raises
+        ------
+        PublishError
+            The publisher can send nothing more (a fatal producer error).
+        """
         ...

@@ -32,13 +32,17 @@ __all__ = [
     "Record",
     "CommittedOffset",
     "GroupDescription",
+    "GroupMember",
     "topic_partitions",
+    "all_topics",
+    "list_groups",
     "committed_offsets",
     "watermark_offsets",
     "describe_group",
     "record_timestamps",
     "TopicReader",
     "TransactionalPublisher",
+    "offsets_for_times",
 ]
 
 tools_log = logging.getLogger("keyedconsumer.kafka.tools")
@@ -71,16 +75,28 @@ class CommittedOffset:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupMember:
+    """One member of a consumer group: its ids, host and assigned partitions."""
+
+    member_id: str
+    client_id: str
+    host: str
+    assigned: tuple[TP, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupDescription:
     """A consumer group as the group coordinator describes it.
 
     ``state``: lower-case state name (``"stable"``, ``"empty"``, ``"dead"``, ``"unknown"``, ...);
-    ``members``: members now; ``assigned``: the partitions assigned to them.
+    ``members``: members now; ``assigned``: the partitions assigned to them; ``member_list``: each
+    member with its own partitions.
     """
 
     state: str
     members: int
     assigned: list[TP]
+    member_list: tuple[GroupMember, ...] = ()
 
 
 def _tools_conf(conf: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -245,7 +261,53 @@ def describe_group(conf: dict[str, Any], group: str, timeout_s: float = 10.0) ->
         }
     )
     state = getattr(desc.state, "name", str(desc.state)).lower()
-    return GroupDescription(state, len(desc.members or []), assigned)
+    members = tuple(
+        GroupMember(
+            str(m.member_id or ""),
+            str(m.client_id or ""),
+            str(m.host or ""),
+            tuple(sorted((tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else []))),
+        )
+        for m in desc.members or []
+    )
+    return GroupDescription(state, len(desc.members or []), assigned, members)
+
+
+def all_topics(conf: dict[str, Any], timeout_s: float = 10.0) -> dict[str, int]:
+    """Every topic the brokers list (internal ``__`` topics left out) and its partition count.
+
+    Raises
+    ------
+    KafkaClientError
+        No answer from the brokers within ``timeout_s`` seconds.
+    """
+    admin = _admin(conf)
+    try:
+        meta = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        _fail(exc, "cannot read the topics' metadata", timeout_s)
+    return {
+        name: len(tm.partitions)
+        for name, tm in meta.topics.items()
+        if not name.startswith("__") and tm.error is None and tm.partitions
+    }
+
+
+def list_groups(conf: dict[str, Any], timeout_s: float = 10.0) -> dict[str, str]:
+    """The consumer groups the brokers know: ``{group id: lower-case state}``, sorted by id.
+
+    Raises
+    ------
+    KafkaClientError
+        No answer from the brokers within ``timeout_s`` seconds.
+    """
+    admin = _admin(conf)
+    try:
+        result = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout=timeout_s + 5)
+    except KafkaException as exc:
+        _fail(exc, "cannot list the consumer groups", timeout_s)
+    listed = sorted(result.valid or [], key=lambda g: str(g.group_id))
+    return {str(g.group_id): getattr(g.state, "name", str(g.state)).lower() for g in listed}
 
 
 def _record(raw: Any) -> Record:
@@ -313,6 +375,34 @@ def record_timestamps(
     finally:
         consumer.close()
     return out
+
+
+def offsets_for_times(
+    conf: dict[str, Any], topic: str, partitions: Sequence[int], ts_ms: int, timeout_s: float = 10.0
+) -> dict[int, int | None]:
+    """Per partition, the first offset whose record's timestamp is at or after ``ts_ms`` (ms since
+    the epoch): the broker's ListOffsets by timestamp (librdkafka ``offsets_for_times``, KIP-79).
+
+    Returns
+    -------
+    ``{partition: offset}``; ``None`` where no record is that recent (read nothing there).
+
+    Raises
+    ------
+    KafkaClientError
+        The consumer could not be created, or no answer within ``timeout_s`` seconds.
+    """
+    try:
+        consumer = Consumer(_tools_conf(conf, **{"group.id": f"keyedconsumer-times-{uuid.uuid4().hex}"}))
+    except KafkaException as exc:
+        _fail(exc, "cannot create the Kafka consumer", timeout_s)
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in partitions], timeout=timeout_s)
+    except KafkaException as exc:
+        _fail(exc, f"cannot look up the offsets of {topic} by time", timeout_s)
+    finally:
+        consumer.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
 
 
 class TopicReader:

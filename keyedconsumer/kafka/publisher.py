@@ -13,7 +13,7 @@ from ..config import reveal
 from ..errors import PublishError
 
 if TYPE_CHECKING:
-    from . import RecordPublisher
+    from . import BatchPublisher, RecordPublisher
 
 __all__ = ["Publisher"]
 
@@ -103,35 +103,73 @@ class Publisher:
             ``OUT_OF_ORDER_SEQUENCE_NUMBER``) and sends nothing more. Only if
             even the report does not come (it always does) does the error say the fate is unknown.
         """
+        out = self.publish_many([(topic, key, value, headers)])[0]
+        if isinstance(out, PublishError):
+            raise out
+        return out
+
+    def publish_many(
+        self, records: Sequence[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]]
+    ) -> list[tuple[int, int] | PublishError]:
+        """Write ``[(topic, key, value, headers)]`` and wait until each was acknowledged or given
+        up: one wait for the whole batch (librdkafka batches them: ``linger.ms``), for writers that
+        collect records (the audit trail).
+
+        Returns
+        -------
+        Per record, in order: ``(partition, offset)``, or the :class:`PublishError` that says why it
+        was not delivered (as :meth:`publish` would raise it).
+
+        Raises
+        ------
+        PublishError
+            The producer hit a fatal error (it sends nothing more), or, which never happens, no
+            delivery report came in time (the fate of the records is unknown).
+        """
+        results: list[tuple[int, int] | PublishError | None] = [None] * len(records)
+        lock = threading.Lock()
+        left = [len(records)]
         done = threading.Event()
-        result: list[Any] = []
 
-        def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            result.append((err, msg))
+        def reporter(i: int, topic: str) -> Any:
+            def on_delivery(err: KafkaError | None, msg: Any) -> None:
+                results[i] = (
+                    PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
+                    if err is not None else (msg.partition(), msg.offset())
+                )
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
+            return on_delivery
+
+        for i, (topic, key, value, headers) in enumerate(records):
+            try:
+                wire: Any = list(headers) if headers else None
+                self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=reporter(i, topic))
+            except (KafkaException, BufferError) as exc:
+                results[i] = PublishError(f"cannot publish to {topic}: {exc}")
+                with lock:
+                    left[0] -= 1
+        if left[0] == 0:
             done.set()
-
-        try:
-            wire: Any = list(headers) if headers else None
-            self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=on_delivery)
-        except (KafkaException, BufferError) as exc:
-            raise PublishError(f"cannot publish to {topic}: {exc}") from None
         deadline = time.monotonic() + self.delivery_timeout_s + self.REPORT_GRACE_S
         while not done.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                topics = ", ".join(sorted({r[0] for r in records}))
                 raise PublishError(
-                    f"no delivery report for {topic} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
+                    f"no delivery report for {topics} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
                     "the record's fate is unknown (it may still be delivered)"
                 )
             try:
-                self._producer.poll(min(left, 0.1))
+                self._producer.poll(min(wait, 0.1))
             except KafkaException as exc:  # a fatal producer error: the producer sends nothing more
                 err = exc.args[0]
-                raise PublishError(f"cannot publish to {topic}: the producer failed: {err.name()}: {err.str()}") from None
-        err, msg = result[0]
-        if err is not None:
-            raise PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
-        return msg.partition(), msg.offset()
+                topics = ", ".join(sorted({r[0] for r in records}))
+                raise PublishError(f"cannot publish to {topics}: the producer failed: {err.name()}: {err.str()}") from None
+        return [r for r in results if r is not None]
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait up to ``timeout_s`` seconds for queued records."""
@@ -141,4 +179,7 @@ class Publisher:
 if TYPE_CHECKING:  # mypy checks that the real publisher satisfies the seam
 
     def _is_a_record_publisher(publisher: Publisher) -> RecordPublisher:
+        return publisher
+
+    def _is_a_batch_publisher(publisher: Publisher) -> BatchPublisher:
         return publisher

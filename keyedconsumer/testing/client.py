@@ -15,7 +15,7 @@ from ..kafka import TP, RebalanceListener
 from ..message import Message
 
 if TYPE_CHECKING:
-    from ..kafka import RecordPublisher
+    from ..kafka import BatchPublisher, RecordPublisher
     from .broker import GroupEvent, InMemoryBroker
 
 __all__ = ["FakeClient", "FakePublisher"]
@@ -279,6 +279,19 @@ class FakePublisher:
             raise PublishError(f"cannot publish to {topic}: {exc}") from None
         return rec.partition, rec.offset
 
+    def publish_many(
+        self, records: Sequence[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]]
+    ) -> list[tuple[int, int] | PublishError]:
+        """:meth:`publish` of each ``(topic, key, value, headers)``; per record ``(partition, offset)``
+        or the :class:`PublishError` it raised."""
+        out: list[tuple[int, int] | PublishError] = []
+        for topic, key, value, headers in records:
+            try:
+                out.append(self.publish(topic, key, value, headers))
+            except PublishError as exc:
+                out.append(exc)
+        return out
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Nothing is queued: returns at once."""
 
@@ -286,4 +299,7 @@ class FakePublisher:
 if TYPE_CHECKING:  # mypy checks that the fake satisfies the dead-letter seam
 
     def _is_a_record_publisher(publisher: FakePublisher) -> RecordPublisher:
+        return publisher
+
+    def _is_a_batch_publisher(publisher: FakePublisher) -> BatchPublisher:
         return publisher
