@@ -10,17 +10,23 @@ lists every one it reads.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
     ModelWrapValidatorHandler,
+    PlainSerializer,
+    PlainValidator,
     PrivateAttr,
     SecretStr,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    WithJsonSchema,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -38,6 +44,12 @@ __all__ = [
     "ENV_PREFIX",
     "CLI_SETTINGS",
     "ENVIRONMENT_VARIABLES",
+    "CALLBACK_PROPERTIES",
+    "CONNECTION_PROPERTIES",
+    "CONNECTION_PREFIXES",
+    "is_connection_property",
+    "Callback",
+    "ConfigValue",
 ]
 
 #: Prefix of every environment variable the package reads.
@@ -65,6 +77,71 @@ _OWNED = {
 SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas", "oauthbearer.config")
 
 
+#: The librdkafka callback properties ``config`` accepts, as confluent-kafka names them: each takes a
+#: callable (``logger``: a :class:`logging.Logger` or :class:`logging.LoggerAdapter`, whose ``log``
+#: method confluent-kafka calls). ``oauth_cb(sasl_oauthbearer_config: str) -> (token, expiry_epoch_s)``
+#: (or ``(token, expiry, principal, extensions)``) is librdkafka's ``oauthbearer_token_refresh_cb``,
+#: called when a token is needed (confluent-kafka also calls it once when the client is built);
+#: ``error_cb(KafkaError)``; ``stats_cb(json: str)`` every ``statistics.interval.ms``;
+#: ``throttle_cb(ThrottleEvent)``. They run in the poll thread, inside librdkafka's poll call: keep
+#: them short. Every other property is refused a callable.
+CALLBACK_PROPERTIES = ("oauth_cb", "error_cb", "stats_cb", "throttle_cb", "logger")
+
+#: Properties another client of the same cluster shares with the consumer (see
+#: :meth:`ConsumerConfig.connection_properties`), besides every name starting with one of
+#: :data:`CONNECTION_PREFIXES`.
+CONNECTION_PROPERTIES = frozenset({
+    "security.protocol",
+    "enable.ssl.certificate.verification",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+    "oauth_cb",
+    "broker.address.family",
+    "client.dns.lookup",
+    "logger",
+})
+#: Name prefixes of the connection properties: TLS (``ssl.*``, ``ssl_*``), SASL (``sasl.*``) and the
+#: HTTPS settings of the OAUTHBEARER/OIDC token endpoint (``https.*``).
+CONNECTION_PREFIXES = ("ssl.", "ssl_", "sasl.", "https.")
+
+
+def is_connection_property(name: str) -> bool:
+    """True when the librdkafka property ``name`` tells how to reach and authenticate with the brokers
+    (the rule of :meth:`ConsumerConfig.connection_properties`)."""
+    return name in CONNECTION_PROPERTIES or name.startswith(CONNECTION_PREFIXES)
+
+
+def _is_callback(value: Any) -> bool:
+    """True for what a callback property may hold: a callable, or a logger (``logger``)."""
+    return callable(value) or isinstance(value, (logging.Logger, logging.LoggerAdapter))
+
+
+def _callback_text(value: Any) -> str:
+    """How a callback shows in a repr, a dump or JSON: its kind and qualified name, never its repr
+    (a bound method's repr shows its object, which may hold a secret)."""
+    if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
+        return f"<logger {value.name}>"
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    return f"<callable {name}>"
+
+
+def _check_callback(value: Any) -> Any:
+    if not _is_callback(value):
+        raise ValueError("expected a callable (or a logging.Logger for 'logger')")
+    return value
+
+
+#: A callback property's value (:data:`CALLBACK_PROPERTIES`): kept as it is, shown and dumped as
+#: ``"<callable name>"`` / ``"<logger name>"`` (never serialized, never in JSON).
+Callback = Annotated[
+    Callable[..., Any] | logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+    PlainValidator(_check_callback),
+    PlainSerializer(_callback_text, return_type=str),
+    WithJsonSchema({"type": "string", "description": "a callable (callback properties only)"}),
+]
+#: A value of ``ConsumerConfig.config``.
+ConfigValue = str | int | float | bool | SecretStr | Callback
+
+
 def is_secret(name: str) -> bool:
     """True when a property or option named ``name`` holds a secret (it holds one of :data:`SECRET_WORDS`)."""
     lower = name.lower()
@@ -72,8 +149,10 @@ def is_secret(name: str) -> bool:
 
 
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of a librdkafka property dict with secret values replaced by ``'***'``."""
-    return {k: ("***" if is_secret(k) or isinstance(v, SecretStr) else v) for k, v in config.items()}
+    """Return a copy of a librdkafka property dict with secret values replaced by ``'***'`` and
+    callbacks by ``'<callable name>'`` (printable, JSON-serializable)."""
+    return {k: ("***" if is_secret(k) or isinstance(v, SecretStr) else _callback_text(v) if _is_callback(v) else v)
+            for k, v in config.items()}
 
 
 def reveal(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,7 +174,9 @@ def hide_secrets(data: Any) -> Any:
             continue
         if key == "config":
             if isinstance(value, Mapping):
-                out[key] = {k: (SecretStr(str(v)) if is_secret(str(k)) and not isinstance(v, SecretStr) else v)
+                # a callable is left as it is, to be refused by name when its property takes none
+                out[key] = {k: (SecretStr(str(v)) if is_secret(str(k)) and not isinstance(v, SecretStr)
+                                and not _is_callback(v) else v)
                             for k, v in value.items()}
             elif isinstance(value, str):  # not a mapping: refused, and shown as '**********'
                 out[key] = SecretStr(value)
@@ -224,7 +305,15 @@ class ConsumerConfig(BaseSettings):
         word (``sasl.password``, ``ssl.key.password``, ``sasl.oauthbearer.client.secret`` ...; see
         ``SECRET_WORDS``) is kept as a ``pydantic.SecretStr``: no repr, dump, JSON, log line or
         validation error (``errors()`` and ``json()`` included) shows it. ``librdkafka()`` and
-        ``properties()`` give the real values.
+        ``properties()`` give the real values. The callback properties ``oauth_cb``, ``error_cb``,
+        ``stats_cb``, ``throttle_cb`` (callables) and ``logger`` (a ``logging.Logger``), as
+        confluent-kafka names them, take their Python objects (``CALLBACK_PROPERTIES``); any other
+        property given a callable, or one of them given anything else, is refused. A callback is
+        passed to the client as it is, and shown in a repr, a dump or JSON (``--print-settings``)
+        only as ``"<callable name>"``. A given ``error_cb`` runs after the engine's own (which
+        reports client errors to ``error_handler``); an exception it raises is logged. Another
+        client of the same cluster takes the connection properties of ``connection_properties()``
+        (``DeadLetter()`` does).
     """
 
     model_config = SettingsConfigDict(
@@ -252,7 +341,7 @@ class ConsumerConfig(BaseSettings):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
-    config: dict[str, str | int | float | bool | SecretStr] = Field(default_factory=dict)
+    config: dict[str, ConfigValue] = Field(default_factory=dict)
     #: True when ``group_id`` was not given and follows ``name``.
     _group_follows_name: bool = PrivateAttr(default=False)
 
@@ -303,6 +392,27 @@ class ConsumerConfig(BaseSettings):
                 raise ValueError(f"librdkafka property {prop!r} is owned by keyedconsumer: {hint}")
         return value
 
+    @field_validator("config")
+    @classmethod
+    def _callbacks_where_taken(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for prop, v in value.items():
+            is_logger = isinstance(v, (logging.Logger, logging.LoggerAdapter))
+            if prop == "logger" and not is_logger:  # confluent-kafka calls its log() method
+                raise ValueError(f"'logger' takes a logging.Logger (or LoggerAdapter), got a {type(v).__name__}")
+            if prop in CALLBACK_PROPERTIES and prop != "logger" and (is_logger or not callable(v)):
+                raise ValueError(f"librdkafka property {prop!r} takes a callable, got a {type(v).__name__}")
+            if prop not in CALLBACK_PROPERTIES and _is_callback(v):
+                raise ValueError(
+                    f"librdkafka property {prop!r} takes no callable (callbacks: {', '.join(CALLBACK_PROPERTIES)})"
+                )
+        return value
+
+    @field_serializer("config", mode="wrap")
+    def _callbacks_by_name(self, value: dict[str, Any], handler: SerializerFunctionWrapHandler) -> Any:
+        # every dump (python and JSON) shows a callback by its name only: a bound method's repr
+        # shows its object, which may hold a secret; and a function is no JSON
+        return handler({k: (_callback_text(v) if _is_callback(v) else v) for k, v in value.items()})
+
     @model_validator(mode="after")
     def _defaults(self) -> ConsumerConfig:
         if self.group_id is None:
@@ -318,7 +428,9 @@ class ConsumerConfig(BaseSettings):
         from .kafka.client import check_config
 
         conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
-        conf.update(reveal(value))
+        # without the callbacks: confluent-kafka calls oauth_cb when it builds the client, and a
+        # check must not fetch a token (their types were checked above)
+        conf.update(reveal({k: v for k, v in value.items() if k not in CALLBACK_PROPERTIES}))
         check_config(conf)
         return value
 
@@ -400,6 +512,29 @@ class ConsumerConfig(BaseSettings):
         confluent-kafka would take a ``SecretStr`` as its masked text (``Publisher`` and
         ``DeadLetter(producer_config=...)`` reveal it themselves)."""
         return reveal(self.config)
+
+    def connection_properties(self) -> dict[str, Any]:
+        """The pass-through properties another client of the same cluster needs, secrets revealed:
+        how to reach and authenticate with the brokers, nothing about consuming.
+
+        The rule: a property is shared when :func:`is_connection_property` says so, that is
+        ``security.protocol``, every ``ssl.*``, ``ssl_*``, ``sasl.*`` and ``https.*`` property,
+        ``enable.ssl.certificate.verification``, ``enable.sasl.oauthbearer.unsecure.jwt``,
+        ``broker.address.family``, ``client.dns.lookup``, and the callbacks ``oauth_cb`` (the same
+        token source) and ``logger`` (the same log destination). Each is a global property that
+        librdkafka's CONFIGURATION.md marks ``*`` (for consumers and producers alike), the security
+        block of that table and the two that choose how broker addresses resolve. Everything else
+        stays with the consumer: consumer-only properties (``C``: ``session.timeout.ms``,
+        ``fetch.*``, ``group.*`` ...), and the shared ones that tune or observe one client
+        (``client.id``, ``statistics.interval.ms``, ``error_cb``, ``stats_cb``, ``throttle_cb``,
+        ``debug``, ``socket.*``, ``message.max.bytes`` ...): give those to the other client
+        yourself (``DeadLetter(producer_config=...)``).
+
+        Returns
+        -------
+        A new dict, ``{property: value}``; the consumer's ``brokers`` are not in it.
+        """
+        return {k: v for k, v in self.properties().items() if is_connection_property(k)}
 
     def __repr_args__(self) -> Any:
         for k, v in super().__repr_args__():

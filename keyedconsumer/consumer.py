@@ -29,6 +29,7 @@ from .engine.handler import (
     ErrorHandler,
     Handler,
     Middleware,
+    bind,
     check_error_handler,
     compose,
     is_async,
@@ -69,7 +70,10 @@ class KeyedConsumer:
         the consumer and ``run()`` raises :class:`HandlerContractError` (see there).
     middlewares:
         A list of handler-in, handler-out callables (instances: ``Retry(...)``, not ``Retry``); the
-        first given is the outermost.
+        first given is the outermost. A middleware with a ``bind_settings(settings: ConsumerConfig)``
+        method gets this consumer's settings first (outermost first, before the chain is composed),
+        so that, e.g., ``DeadLetter()`` publishes with the consumer's brokers and security settings
+        without the user repeating them.
     error_handler:
         ``error_handler(error, message_or_None)`` for failures no middleware handled and for Kafka
         client errors: a plain callable (not ``async def``: it is not awaited) taking these two
@@ -97,6 +101,9 @@ class KeyedConsumer:
         class passed instead of an instance (the message says what to write), or returned a
         non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
         ``(error, message)``.
+    Exception
+        What a middleware's ``bind_settings`` raises (``DeadLetter``: ``PublishError`` when its
+        producer cannot be built, ``ValueError`` when it is bound to two different clusters).
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class KeyedConsumer:
         #: The handler contract: a plain handler returning an awaitable is recorded where it
         #: returns, inside every middleware, so that no middleware can hide it.
         self._contract = Contract()
+        bind(middlewares, self.config)
         self._handler = compose(self._contract.wrap(handler), middlewares)
         self._async = is_async(self._handler)
         self._error_handler = error_handler

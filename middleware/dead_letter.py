@@ -30,6 +30,16 @@ failing attempt's trace context there (``traceparent``, ``tracestate``), so the 
 continues the trace of the attempt that failed. After a publish, ``msg.state["dead_lettered"]`` is
 the dead-letter topic and ``msg.state[STATE_ERROR]`` the failure, for the middleware outside.
 
+**Connection settings written once.** ``DeadLetter()`` with neither ``brokers`` nor ``publisher``
+publishes to the cluster its consumer reads from: ``KeyedConsumer`` calls its ``bind_settings`` hook
+with the consumer's :class:`~keyedconsumer.ConsumerConfig`, and the producer is built from the
+consumer's ``brokers`` and its connection properties only
+(:meth:`~keyedconsumer.ConsumerConfig.connection_properties`: ``security.protocol``, ``ssl.*``,
+``sasl.*``, ``https.*``, ``oauth_cb``, ``logger`` ...; not ``session.timeout.ms``, ``fetch.*`` or the
+other consumer properties), with ``producer_config`` laid over them. Given ``brokers``, nothing of
+the consumer's is taken (another cluster gets no credentials of this one): pass its security
+properties in ``producer_config``.
+
 The message counts as done only after the broker acknowledged the dead-letter record (``acks=all``,
 idempotent producer). If the publish fails, the middleware raises :class:`DeadLetterError`: nothing is
 marked done, and the engine's error path (``error_handler`` or stop) takes over.
@@ -53,7 +63,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import Message, Publisher, PublishError, RecordPublisher, RetryLater
+from keyedconsumer import ConsumerConfig, Message, Publisher, PublishError, RecordPublisher, RetryLater
 
 from ._kind import around, failure_of
 
@@ -124,14 +134,17 @@ class DeadLetter:
     Parameters
     ----------
     brokers:
-        Bootstrap servers of the cluster holding the dead-letter topic; or pass ``publisher``.
+        Bootstrap servers of the cluster holding the dead-letter topic. Default: the consumer's
+        brokers and connection properties (given by ``KeyedConsumer`` through
+        :meth:`bind_settings`).
     topic:
         Dead-letter topic; ``{topic}`` is replaced by the message's topic (default ``{topic}.dlq``).
     publisher:
         A :class:`~keyedconsumer.RecordPublisher` (e.g. a :class:`~keyedconsumer.Publisher`, or
         ``keyedconsumer.testing.FakePublisher``) to use instead of building one from ``brokers``.
     producer_config:
-        Extra librdkafka producer properties for the built publisher.
+        Extra librdkafka producer properties for the built publisher; they win over the
+        consumer's connection properties.
     timeout_s:
         Seconds librdkafka tries to deliver a dead-letter record (the built publisher's
         ``message.timeout.ms``) before the publish counts as failed; a given ``publisher`` uses its
@@ -142,7 +155,10 @@ class DeadLetter:
     Raises
     ------
     ValueError
-        Neither ``brokers`` nor ``publisher`` given, or a bad bound.
+        A bad bound. Used (composed or published with) without ``brokers``, ``publisher`` or a
+        consumer that bound it: the message says what to pass.
+    PublishError
+        ``brokers`` given and the producer cannot be built (an invalid property).
     """
 
     def __init__(
@@ -155,15 +171,56 @@ class DeadLetter:
         timeout_s: float = 30.0,
         max_stacktrace_bytes: int = 8192,
     ) -> None:
-        if publisher is None and not brokers:
-            raise ValueError("DeadLetter needs brokers=[...] or publisher=Publisher(...)")
         if not (timeout_s > 0) or max_stacktrace_bytes < 256:
             raise ValueError("DeadLetter timeout_s must be > 0 and max_stacktrace_bytes >= 256")
         self.topic = topic
         self.timeout_s = float(timeout_s)
         self.max_stacktrace_bytes = int(max_stacktrace_bytes)
-        self._publisher = publisher or Publisher(list(brokers or []), producer_config, delivery_timeout_s=self.timeout_s)
+        self._producer_config = dict(producer_config or {})
+        #: True when the publisher comes from the consumer's settings (no brokers, no publisher given)
+        self._from_consumer = publisher is None and not brokers
+        #: what the built publisher connects with: (brokers, connection properties) of the consumer
+        self._bound_to: tuple[tuple[str, ...], dict[str, Any]] | None = None
+        self._publisher: RecordPublisher | None = publisher
+        if publisher is None and brokers:
+            self._publisher = Publisher(list(brokers), self._producer_config, delivery_timeout_s=self.timeout_s)
         self.published = 0  # dead-letter records acknowledged so far
+
+    def bind_settings(self, settings: ConsumerConfig) -> None:
+        """The middleware hook ``KeyedConsumer`` calls with its settings before composing: without
+        ``brokers`` and ``publisher``, build the publisher from the consumer's ``brokers`` and
+        :meth:`~keyedconsumer.ConsumerConfig.connection_properties` (``producer_config`` laid over
+        them). With either given, nothing happens. Bound again (one instance in several consumers),
+        it keeps its publisher when the brokers and connection properties are the same.
+
+        Raises
+        ------
+        ValueError
+            Already bound to a consumer with other brokers or connection properties.
+        PublishError
+            The producer cannot be built (an invalid property).
+        """
+        if not self._from_consumer:
+            return
+        target = (tuple(settings.brokers), settings.connection_properties())
+        if self._bound_to is not None:
+            if target != self._bound_to:
+                raise ValueError(
+                    "this DeadLetter() is already bound to a consumer of other brokers or connection "
+                    "settings: give each consumer its own DeadLetter(), or pass brokers=[...]"
+                )
+            return
+        self._publisher = Publisher(list(settings.brokers), {**target[1], **self._producer_config},
+                                    delivery_timeout_s=self.timeout_s)
+        self._bound_to = target
+
+    def _ready_publisher(self) -> RecordPublisher:
+        if self._publisher is None:
+            raise ValueError(
+                "DeadLetter() has no brokers: use it in KeyedConsumer(middlewares=[...]), which gives it the "
+                "consumer's brokers and security settings, or pass brokers=[...] or publisher=..."
+            )
+        return self._publisher
 
     def topic_for(self, msg: Message) -> str:
         """The dead-letter topic of ``msg``."""
@@ -206,10 +263,12 @@ class DeadLetter:
         ------
         DeadLetterError
             The broker refused the record or did not acknowledge it in ``timeout_s``.
+        ValueError
+            No publisher: neither ``brokers`` nor ``publisher`` given, and no consumer bound it.
         """
         topic = self.topic_for(msg)
         try:
-            self._publisher.publish(topic, msg.key, msg.value, self.headers_for(msg, error), self.timeout_s)
+            self._ready_publisher().publish(topic, msg.key, msg.value, self.headers_for(msg, error), self.timeout_s)
         except PublishError as exc:
             raise DeadLetterError(
                 f"dead-letter publish to {topic} failed for topic={msg.topic} partition={msg.partition} "
@@ -231,5 +290,6 @@ class DeadLetter:
             msg.ack_dead_lettered()
 
     def __call__(self, handler: Any) -> Any:
+        self._ready_publisher()  # unbound and without brokers: fail when composed, not at the first failure
         # publishing waits for the broker: for async handlers it runs in a worker thread
         return around(handler, None, self._after, blocking_after=True)

@@ -21,10 +21,31 @@ metric                                            type        labels
 
 The partition gauges come from :meth:`Metrics.bind` (``consumer.partition_status()``): a partition
 whose lag is above zero while its oldest unfinished age keeps growing is stalled.
+
+**librdkafka's statistics.** Pass :meth:`Metrics.stats_cb` as the consumer's ``stats_cb`` with a
+``statistics.interval.ms`` (``config={"stats_cb": metrics.stats_cb, "statistics.interval.ms":
+5000}``) and the figures of its last report (librdkafka's STATISTICS.md; label ``client``: the
+report's ``name``, e.g. ``rdkafka#consumer-1``) are served too:
+
+==================================================  ==========  ==========================================
+metric                                              type        from the report (labels)
+==================================================  ==========  ==========================================
+``keyedconsumer_librdkafka_replyq``                 gauge       ``replyq``: events waiting for the poll
+``keyedconsumer_librdkafka_rx_messages_total``      counter     ``rxmsgs``: messages fetched
+``keyedconsumer_librdkafka_rx_bytes_total``         counter     ``rxmsg_bytes``
+``keyedconsumer_librdkafka_rebalances_total``       counter     ``cgrp.rebalance_cnt``
+``keyedconsumer_librdkafka_broker_rtt_seconds``     gauge       ``brokers.*.rtt.avg`` (``broker``)
+``keyedconsumer_librdkafka_consumer_lag``           gauge       ``topics.*.partitions.*.consumer_lag``:
+                                                                high watermark minus committed offset
+                                                                (destination, partition)
+==================================================  ==========  ==========================================
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 import time
 from typing import Any
 
@@ -37,7 +58,7 @@ __all__ = ["Metrics"]
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 except ImportError as _exc:  # pragma: no cover - depends on the installed extras
     _IMPORT_ERROR: ImportError | None = _exc
 else:
@@ -46,6 +67,8 @@ else:
 _DEST = "messaging_destination_name"
 _GROUP = "messaging_consumer_group_name"
 _PART = "messaging_destination_partition_id"
+
+log = logging.getLogger("keyedconsumer.middleware.metrics")
 
 
 class _PartitionCollector:
@@ -72,6 +95,49 @@ class _PartitionCollector:
         yield lag
         yield age
         yield unfinished
+
+
+class _StatsCollector:
+    """The figures of the last librdkafka statistics report of each client (``name``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, dict[str, Any]] = {}
+
+    def update(self, stats: dict[str, Any]) -> None:
+        with self._lock:
+            self._last[str(stats.get("name", ""))] = stats
+
+    def collect(self) -> Any:
+        with self._lock:
+            reports = list(self._last.items())
+        replyq = GaugeMetricFamily("keyedconsumer_librdkafka_replyq", "librdkafka events waiting for the poll",
+                                   labels=["client"])
+        rx_msgs = CounterMetricFamily("keyedconsumer_librdkafka_rx_messages", "messages fetched by librdkafka",
+                                      labels=["client"])
+        rx_bytes = CounterMetricFamily("keyedconsumer_librdkafka_rx_bytes", "message bytes fetched by librdkafka",
+                                       labels=["client"])
+        rebalances = CounterMetricFamily("keyedconsumer_librdkafka_rebalances", "rebalances of the client's group",
+                                         labels=["client"])
+        rtt = GaugeMetricFamily("keyedconsumer_librdkafka_broker_rtt_seconds", "average broker round-trip time",
+                                labels=["client", "broker"])
+        lag = GaugeMetricFamily("keyedconsumer_librdkafka_consumer_lag",
+                                "high watermark minus committed offset (librdkafka)", labels=["client", _DEST, _PART])
+        for name, st in reports:
+            replyq.add_metric([name], float(st.get("replyq", 0)))
+            rx_msgs.add_metric([name], float(st.get("rxmsgs", 0)))
+            rx_bytes.add_metric([name], float(st.get("rxmsg_bytes", 0)))
+            cgrp = st.get("cgrp")
+            if isinstance(cgrp, dict):
+                rebalances.add_metric([name], float(cgrp.get("rebalance_cnt", 0)))
+            for broker in (st.get("brokers") or {}).values():
+                if broker.get("nodeid", -1) >= 0 and isinstance(broker.get("rtt"), dict):
+                    rtt.add_metric([name, str(broker.get("nodename", ""))], broker["rtt"].get("avg", 0) / 1e6)
+            for topic, t in (st.get("topics") or {}).items():
+                for part, pst in (t.get("partitions") or {}).items():
+                    if int(part) >= 0 and pst.get("consumer_lag", -1) >= 0:
+                        lag.add_metric([name, topic, str(part)], float(pst["consumer_lag"]))
+        yield from (replyq, rx_msgs, rx_bytes, rebalances, rtt, lag)
 
 
 class Metrics:
@@ -115,6 +181,8 @@ class Metrics:
         self.in_flight = Gauge("keyedconsumer_messages_in_flight", "handlers running", [_DEST, _GROUP], registry=r)
         self.retries = Counter("keyedconsumer_retries", "attempts that asked to be retried", [_DEST, _GROUP], registry=r)
         self.dead_lettered = Counter("keyedconsumer_dead_lettered", "messages dead-lettered", [_DEST, _GROUP], registry=r)
+        self._stats = _StatsCollector()
+        r.register(self._stats)
         self._server: Any = None
         if http_port is not None:
             self._server = start_http_server(http_port, addr=http_addr, registry=r)
@@ -123,6 +191,21 @@ class Metrics:
         """Add the per-partition gauges (lag, oldest unfinished age) of ``consumer``; returns it."""
         self.registry.register(_PartitionCollector(consumer))
         return consumer
+
+    def stats_cb(self, stats_json: str) -> None:
+        """librdkafka's statistics callback: give it as the consumer's ``stats_cb`` (with a
+        ``statistics.interval.ms``, milliseconds, above 0), and the figures of each report are
+        served (the module's table). A report that is not JSON is logged and ignored.
+
+        ``config={"stats_cb": metrics.stats_cb, "statistics.interval.ms": 5000}``
+        """
+        try:
+            stats = json.loads(stats_json)
+        except ValueError:
+            log.warning("librdkafka statistics that are not JSON ignored")
+            return
+        if isinstance(stats, dict):
+            self._stats.update(stats)
 
     def _record(self, msg: Message, exc: BaseException | None, t0: float) -> None:
         outcome = outcome_of(msg, exc)

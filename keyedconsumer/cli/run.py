@@ -55,16 +55,8 @@ def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
 
     out: list[Any] = []
     if options.dead_letter_topic is not None:
-        try:
-            out.append(
-                middleware.DeadLetter(
-                    brokers=settings.brokers,
-                    topic=options.dead_letter_topic,
-                    producer_config=settings.properties(),
-                )
-            )
-        except (PublishError, ValueError) as exc:
-            raise CliError(f"dead-letter publisher: {exc}", 2) from None
+        # the consumer's brokers and connection properties: the consumer binds it (bind_settings)
+        out.append(middleware.DeadLetter(topic=options.dead_letter_topic))
     out.append(middleware.Retry(max_attempts=options.retry_attempts or 3, park=options.park))
     return out
 
@@ -206,6 +198,8 @@ def run(
         consumer = KeyedConsumer(
             handler=fn, middlewares=_middlewares(settings, options), settings=settings, sequencer=sequencer
         )
+    except PublishError as exc:
+        raise CliError(f"dead-letter publisher: {exc}", 2) from None
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc), 2) from None
     log.info(

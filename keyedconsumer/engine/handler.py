@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HandlerContractError
 from ..message import Message
 from .executors import not_awaited
 
-__all__ = ["Handler", "Middleware", "ErrorHandler", "compose", "check_error_handler", "is_async", "Contract"]
+if TYPE_CHECKING:
+    from ..config import ConsumerConfig
+
+__all__ = ["Handler", "Middleware", "ErrorHandler", "compose", "bind", "BIND_HOOK", "check_error_handler", "is_async",
+           "Contract"]
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
 Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
@@ -23,6 +27,32 @@ Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
 Middleware = Callable[[Any], Any]
 #: ``error_handler(error, message_or_None)``; returning normally marks the failure handled.
 ErrorHandler = Callable[[BaseException, Message | None], Any]
+
+
+#: The optional middleware hook: ``middleware.bind_settings(settings: ConsumerConfig) -> None``.
+BIND_HOOK = "bind_settings"
+
+
+def bind(middlewares: Sequence[Middleware], settings: ConsumerConfig) -> None:
+    """Give each middleware that has a ``bind_settings`` method the consumer's settings, outermost
+    first, before :func:`compose` wraps the handler (``KeyedConsumer`` calls it once, when built).
+
+    A middleware uses it to take what it must not ask the user to repeat, e.g. ``DeadLetter()``
+    builds its producer from the consumer's brokers and connection properties. A middleware may be
+    bound by several consumers (one instance in several routes of a ``KeyedApp``). Classes and
+    non-middleware entries are left to :func:`compose`, which refuses them.
+
+    Raises
+    ------
+    Exception
+        Whatever a hook raises (``DeadLetter``: ``ValueError``, ``PublishError``), unchanged.
+    """
+    if isinstance(middlewares, (str, bytes)) or not hasattr(middlewares, "__iter__"):
+        return  # compose() says what is wrong
+    for mw in middlewares:
+        hook = None if isinstance(mw, type) else getattr(mw, BIND_HOOK, None)
+        if callable(hook):
+            hook(settings)
 
 
 def compose(handler: Handler, middlewares: Sequence[Middleware]) -> Handler:

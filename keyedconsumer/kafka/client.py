@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,10 @@ class _ConfluentClient:
     def __init__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> None:
         self._on_error = on_error
         conf = dict(conf)
+        #: the user's ``error_cb`` (``ConsumerConfig.config``): called after the engine's own
+        self._user_error_cb: Callable[[KafkaError], Any] | None = conf.pop("error_cb", None)
+        #: the last authentication error librdkafka reported (wrong SASL credentials, a refused token)
+        self._auth_error: KafkaError | None = None
         conf["error_cb"] = self._error_cb
         try:
             self._consumer = Consumer(conf)
@@ -81,7 +86,14 @@ class _ConfluentClient:
             raise KafkaClientError(f"cannot create the Kafka consumer: {err.str()}", code=err.name()) from None
 
     def _error_cb(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._AUTHENTICATION:
+            self._auth_error = err
         self._on_error(_client_error(err, "Kafka client error"))
+        if self._user_error_cb is not None:
+            try:
+                self._user_error_cb(err)
+            except Exception:  # raised inside librdkafka's poll, it would end the poll loop
+                log.exception("the error_cb given in config raised")
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         def tps(parts: list[TopicPartition]) -> list[TP]:
@@ -263,15 +275,42 @@ class _ConfluentClient:
         return out
 
     def check_brokers(self, timeout_s: float) -> None:
-        try:
-            self._consumer.list_topics(timeout=timeout_s)
-        except KafkaException as exc:
-            err = exc.args[0]
-            raise KafkaClientError(
-                f"no answer from the brokers within {timeout_s:g} s: {err.name()}: {err.str()} "
-                "(check 'brokers' / bootstrap.servers)",
-                code=err.name(),
-            ) from None
+        """Wait up to ``timeout_s`` seconds for a metadata answer.
+
+        The wait is cut in slices (1 s, doubling), and between them the client's callbacks are
+        served (``poll(0)``: librdkafka reports errors, and calls ``oauth_cb``, only there), so
+        that a refused authentication ends the wait at once instead of at ``timeout_s``.
+
+        Raises
+        ------
+        KafkaClientError
+            Authentication failed (code ``_AUTHENTICATION``, fatal: wrong SASL credentials, a
+            refused token), or no answer within ``timeout_s`` (librdkafka's code).
+        """
+        deadline = time.monotonic() + timeout_s
+        slice_s = 1.0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._consumer.list_topics(timeout=max(0.01, min(slice_s, left)))
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+            slice_s *= 2
+            self._consumer.poll(0)  # serves error_cb (and oauth_cb); not subscribed: no message
+            auth = self._auth_error
+            if auth is not None:
+                raise KafkaClientError(
+                    f"authentication with the brokers failed: {auth.str()} (check the SASL/SSL "
+                    "properties in 'config': sasl.mechanism, sasl.username, sasl.password, oauth_cb ...)",
+                    code=auth.name(), fatal=True,
+                ) from None
+            if time.monotonic() >= deadline:
+                raise KafkaClientError(
+                    f"no answer from the brokers within {timeout_s:g} s: {err.name()}: {err.str()} "
+                    "(check 'brokers' / bootstrap.servers)",
+                    code=err.name(),
+                ) from None
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
