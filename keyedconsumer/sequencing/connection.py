@@ -28,13 +28,18 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from .config import CLUSTER_SCHEMES
 
-__all__ = ["CLUSTER_SCHEMES", "StoreUnavailable", "connect", "is_cluster", "send_replicated", "check_replicas"]
+__all__ = ["CLUSTER_SCHEMES", "ERRORS", "StoreUnavailable", "connect", "is_cluster", "send_replicated", "check_replicas"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
 
 #: Replicas that must acknowledge a write on a cluster before it counts (``WAIT``'s first argument).
 REPLICA_ACKS = 1
+
+#: What redis-py raises when Redis does not answer or refuses: its ``RedisError`` family, and the
+#: cluster client's ``RedisClusterException`` (not a ``RedisError``: raised e.g. when no startup
+#: node answers while the client refreshes its slot map, as when this host is cut off).
+ERRORS: tuple[type[Exception], ...] = (redis.RedisError, redis.exceptions.RedisClusterException)
 
 
 class StoreUnavailable(Exception):
@@ -124,7 +129,7 @@ def send_replicated(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_
         for i, (key, _cmd) in enumerate(commands):
             node = r.get_node_from_key(key)
             groups.setdefault(node.name, (node, []))[1].append(i)
-    except redis.RedisError as exc:
+    except ERRORS as exc:
         _refresh(r)
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
     out: list[Any] = [None] * len(commands)
@@ -144,14 +149,14 @@ def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int, 
                 pipe.execute_command(*cmd)
             pipe.execute_command("WAIT", REPLICA_ACKS, wait_ms)
             replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:  # the master is gone or unreachable
+        except ERRORS as exc:  # the master is gone or unreachable
             _refresh(r)
             raise StoreUnavailable(f"{type(exc).__name__} from {node.name}: {exc}") from None
         errors = [x for x in replies if isinstance(x, Exception)]
         if errors and script is not None and attempt == 1 and all(isinstance(x, redis.exceptions.NoScriptError) for x in errors):
             try:
                 client.script_load(script)
-            except redis.RedisError as exc:
+            except ERRORS as exc:
                 raise StoreUnavailable(f"{type(exc).__name__} from {node.name}: {exc}") from None
             continue
         if errors:  # MOVED / CLUSTERDOWN / READONLY after a failover, or a script error
@@ -171,7 +176,7 @@ def _refresh(r: Any) -> None:
     """Re-read the slot map (``CLUSTER SLOTS``) after a failover or a slot move; best effort."""
     try:
         r.nodes_manager.initialize()
-    except redis.RedisError as exc:
+    except ERRORS as exc:
         log.debug("Redis Cluster slot map not refreshed: %s", exc)
 
 
@@ -191,7 +196,7 @@ def check_replicas(r: Any) -> None:
     """
     try:
         nodes: dict[str, dict[str, Any]] = r.cluster_nodes()
-    except redis.RedisError as exc:
+    except ERRORS as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
     replicas_of: dict[str, int] = {}
     for detail in nodes.values():

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from . import keys
-from .connection import StoreUnavailable, check_replicas, connect, is_cluster, send_replicated
+from .connection import ERRORS, StoreUnavailable, check_replicas, connect, is_cluster, send_replicated
 
 __all__ = ["LeaseStore", "StoreUnavailable", "connect", "inspect_namespace"]
 
@@ -257,7 +257,7 @@ class LeaseStore:
                 found = self._r.config_get("append*", target_nodes=self._r.ALL_NODES)
                 if found and "appendonly" in found:  # redis-py merges the answer of a single node
                     found = {"": found}
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise StoreUnavailable(str(exc)) from None
         for node, conf in found.items():
             aof, fsync = conf.get("appendonly"), conf.get("appendfsync")
@@ -338,9 +338,9 @@ class LeaseStore:
                     raise StoreUnavailable("Redis lost its scripts twice in a row") from None
                 try:
                     self._r.script_load(script.script)
-                except redis.RedisError as exc:
+                except ERRORS as exc:
                     raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-            except redis.RedisError as exc:
+            except ERRORS as exc:
                 raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")
 
@@ -348,7 +348,7 @@ class LeaseStore:
         """The current value of a lease's fencing counter (0 if never acquired)."""
         try:
             return int(self._r.get(keys.fence(self.namespace, lid)) or 0)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise StoreUnavailable(str(exc)) from None
 
     # -- parking and scheduled messages (seed 002) ---------------------------------------------
@@ -408,7 +408,7 @@ class LeaseStore:
             if nbytes:
                 pipe.hincrby(keys.totals(self.namespace), "bytes", nbytes)
             pipe.execute()
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             log.debug("parked totals not updated: %s", exc)
 
     def replace_head(self, lid: str, owner: str, head: bytes, new: bytes) -> bool:
@@ -451,7 +451,7 @@ class LeaseStore:
         crash between a park and its count)."""
         try:
             t = self._r.hgetall(keys.totals(self.namespace))
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
         return int(t.get(b"n", 0)), int(t.get(b"bytes", 0))
 
@@ -511,7 +511,7 @@ class LeaseStore:
     def check_out(self, instance: str) -> None:
         try:
             self._r.zrem(keys.instances(self.namespace), instance)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             log.debug("check-out failed: %s", exc)
 
     def _call(self, script: Any, k: list[str], args: list[Any], replicated: bool = False) -> Any:
@@ -520,7 +520,7 @@ class LeaseStore:
             return self._evalsha_many(script, [(k, args)], replicated=True)[0]
         try:
             return script(keys=k, args=args)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     def _write(self, key: str, *command: Any) -> Any:
@@ -529,7 +529,7 @@ class LeaseStore:
             return send_replicated(self._r, [(key, command)], self._wait_ms)[0]
         try:
             return self._r.execute_command(*command)
-        except redis.RedisError as exc:
+        except ERRORS as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
@@ -596,7 +596,7 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             "quarantined": sorted(_show(m.decode()) for m in r.smembers(keys.quarantine(ns))),
             "now_s": _ms(sec, usec) / 1000.0,
         }
-    except redis.RedisError as exc:
+    except ERRORS as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
     finally:
         r.close()
