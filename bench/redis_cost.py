@@ -516,8 +516,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 f"| {fmt_calls(p['client_commands_per_msg'])} | {p['server_calls_total_per_msg']} "
                 f"| {p['cpu_ms_per_1000_msgs_masters']} | {p['cpu_ms_per_1000_msgs_replicas'] if p['cpu_ms_per_1000_msgs_replicas'] is not None else '-'} |"
             )
-    lines += ["", "Runs: " + "; ".join(f"{label}: commit `{t['commit']}`, {t['date']}, load average {t['loadavg']['before']} -> "
-                                       f"{t['loadavg']['after']}" for label, t in results["targets"].items()), ""]
+    lines += ["", "Runs: " + "; ".join(
+        f"{label}: commit `{t['commit']}`, {t['date']}, load average {t['loadavg']['before']} -> {t['loadavg']['after']}"
+        f"{', exclusive quiet lock held' if t.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}"
+        for label, t in results["targets"].items()), ""]
     lines += ["", "Server calls per message by command (masters):", ""]
     for label, t in results["targets"].items():
         for wl, r in t["workloads"].items():
@@ -546,7 +548,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     if "capacity" in results:
         cap = results["capacity"]
         lines += ["## Capacity of one Redis (redis-benchmark, AOF appendfsync always)", "",
-                  f"Commit `{cap['commit']}`, {cap['date']}, load average {cap['loadavg_before']} -> {cap['loadavg_after']}.", "",
+                  f"Commit `{cap['commit']}`, {cap['date']}, load average {cap['loadavg_before']} -> {cap['loadavg_after']}"
+                  f"{', exclusive quiet lock held' if cap.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}.", "",
                   "| script | connections | pipeline | calls/s | p50 ms | p99 ms | Redis CPU us/call | Redis CPU busy |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in cap["runs"]:
@@ -607,6 +610,7 @@ def main() -> int:
     results["kc_src"] = KC_SRC
     if args.capacity:
         results["capacity"] = {"commit": results["commit"], "date": results["date"], "loadavg_before": suite.loadavg(),
+                               "quiet_lock": args.quiet_lock,
                                "runs": capacity(args.redis, args.capacity)}
         results["capacity"]["loadavg_after"] = suite.loadavg()
     for label, url in targets:
@@ -614,6 +618,8 @@ def main() -> int:
         load_before = suite.loadavg()
         t = measure_target(args, label, url)
         t["loadavg"] = {"before": load_before, "after": suite.loadavg()}
+        t["quiet_lock"] = args.quiet_lock
+        t["command"] = results["command"]
         t["commit"] = results["commit"]
         t["date"] = results["date"]
         results["targets"][f"{label}@{results['commit']}" if args.label_commit else label] = t
