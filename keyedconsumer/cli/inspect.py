@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..config import ENV_PREFIX
 from ..kafka import admin
+from ..offsets import FinishedOffsets
 from ..sequencing import redact_url
 from .errors import CliError
 from .output import _age, _Level, _out_console, _print_json, _reports_errors, _setup_logging
@@ -32,9 +33,19 @@ def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
     return result
 
 
-def _group_rows(
-    conf: dict[str, Any], group: str, topics: list[str], timeout_s: float
+def group_rows(
+    conf: dict[str, Any], group: str, topics: list[str], timeout_s: float, max_ages: int | None = None
 ) -> tuple[admin.GroupDescription, list[dict[str, Any]]]:
+    """A group's description and, per partition, its committed, start and end offsets, lag, the
+    offsets finished above the committed one (from the commit metadata) and the age of the record at
+    the committed offset (where lag > 0; only for the ``max_ages`` partitions with the most lag when
+    given: each age reads a record).
+
+    Raises
+    ------
+    KafkaClientError
+        The brokers did not answer, or a topic in ``topics`` does not exist.
+    """
     desc = admin.describe_group(conf, group, timeout_s)
     if topics:
         counts = admin.topic_partitions(conf, topics, timeout_s)
@@ -50,6 +61,7 @@ def _group_rows(
         offset = c.offset if c is not None else None
         start, end = marks[tp]
         lag = max(0, end - offset) if offset is not None else None
+        finished = FinishedOffsets.decode(offset, c.metadata) if c is not None and offset is not None else None
         rows.append(
             {
                 "topic": tp[0],
@@ -58,10 +70,12 @@ def _group_rows(
                 "start_offset": start,
                 "end_offset": end,
                 "lag": lag,
+                "finished_above": finished.count if finished is not None else 0,
                 "oldest_unfinished_age_s": None,
             }
         )
-    behind = {(r["topic"], r["partition"]): r["committed_offset"] for r in rows if r["lag"]}
+    lagging = sorted((r for r in rows if r["lag"]), key=lambda r: -r["lag"])
+    behind = {(r["topic"], r["partition"]): r["committed_offset"] for r in lagging[:max_ages]}
     stamps = admin.record_timestamps(conf, behind, min(timeout_s, 5.0))
     now_ms = time.time() * 1000
     for r in rows:
@@ -155,7 +169,7 @@ def inspect_group(
         raise CliError("--timeout must be > 0", 2)
     _secrets.add_url(redis)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()]
-    desc, rows = _group_rows(conf, group, topics, timeout_s)
+    desc, rows = group_rows(conf, group, topics, timeout_s)
     info = _inspect_redis(redis, namespace or group) if redis else None
     total = sum(r["lag"] for r in rows if r["lag"] is not None)
     if as_json:

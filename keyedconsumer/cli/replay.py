@@ -76,6 +76,7 @@ class _Replay:
         keys: set[bytes],
         since_ms: int | None,
         timeout_s: float,
+        only: set[tuple[int, int]] | None = None,
     ) -> None:
         dlt: Any = importlib.import_module("keyedconsumer.middleware.dead_letter")  # its header names
         self.h_topic: str = dlt.H_TOPIC
@@ -91,6 +92,7 @@ class _Replay:
             since_ms,
             timeout_s,
         )
+        self.only = only  # (partition, offset) of the records to replay; None: every record
         self.partition_counts: dict[str, int | None] = {}
         self.rows: list[dict[str, Any]] = []
         self.counts = {"sent": 0, "already_replayed": 0, "not_matching": 0, "no_target": 0}
@@ -124,6 +126,8 @@ class _Replay:
         return self.partition_counts[topic]
 
     def matches(self, record: admin.Record) -> bool:
+        if self.only is not None and (record.partition, record.offset) not in self.only:
+            return False
         if self.keys and record.key not in self.keys:
             return False
         if self.since_ms is not None:
@@ -224,16 +228,31 @@ def replay(
     if to is not None and to == from_topic:
         raise CliError("--to is the dead-letter topic itself", 2)
     since_ms = parse_since(since) if since is not None else None
-    group = marker_group or f"keyedconsumer-replay.{from_topic}"
+    group = marker_group or marker_group_of(from_topic)
     job = _Replay(conf, from_topic, to, {k.encode() for k in key or []}, since_ms, timeout_s)
     if to is not None and job.partitions_of(to) is None:
         raise CliError(f"target topic {to!r} does not exist", 2)
-    reader = admin.TopicReader(conf, from_topic, group, timeout_s)
+    error = _run(job, group, dry_run, batch_size)
+    _replay_report(job, group, dry_run, as_json, error)
+    if error is not None:
+        raise CliError(error, 1)
+    if job.full or job.counts["no_target"]:
+        raise CliError("some records were left behind (see above)", 1)
+
+
+def marker_group_of(dlq: str) -> str:
+    """The default consumer group holding the replay marker of dead-letter topic ``dlq``."""
+    return f"keyedconsumer-replay.{dlq}"
+
+
+def _run(job: _Replay, group: str, dry_run: bool, batch_size: int) -> str | None:
+    """Run a replay job; the error that ended it early (``None``: it ran to the end)."""
+    reader = admin.TopicReader(job.conf, job.dlq, group, job.timeout_s)
     publisher = None
     error: str | None = None
     try:
         if not dry_run:  # first: it fences off an older replay, and aborts what a crashed one left open
-            publisher = admin.TransactionalPublisher(conf, group, timeout_s)
+            publisher = admin.TransactionalPublisher(job.conf, group, job.timeout_s)
         # a dry run does not wait for (nor abort) a transaction a crashed replay left open
         markers = {
             p: ReplayMarker.decode(c.offset, c.metadata)
@@ -248,11 +267,37 @@ def replay(
         if publisher is not None:
             publisher.close()
         reader.close()
-    _replay_report(job, group, dry_run, as_json, error)
-    if error is not None:
-        raise CliError(error, 1)
-    if job.full or job.counts["no_target"]:
-        raise CliError("some records were left behind (see above)", 1)
+    return error
+
+
+def replay_selected(
+    conf: dict[str, Any],
+    dlq: str,
+    records: set[tuple[int, int]],
+    *,
+    to: str | None = None,
+    marker_group: str | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
+    """Replay the dead letters at ``records`` (``(partition, offset)`` pairs of ``dlq``) exactly as
+    ``keyedconsumer dead-letter replay`` does (one transaction per batch, the same replay marker):
+    the others stay pending for a later replay; a record replayed before is not sent again.
+
+    Returns
+    -------
+    ``{"sent", "already_replayed", "not_matching", "no_target", "marker_full_partitions", "error",
+    "records", "marker_group"}`` as in ``replay --json``.
+
+    Raises
+    ------
+    KafkaClientError
+        The topic does not exist, or the brokers did not answer.
+    """
+    group = marker_group or marker_group_of(dlq)
+    job = _Replay(conf, dlq, to, set(), None, timeout_s, only=set(records))
+    error = _run(job, group, False, 500)
+    return {**job.counts, "marker_full_partitions": sorted(job.full), "error": error, "records": job.rows,
+            "marker_group": group}
 
 
 def _replay_records(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .base import InMemorySequencer, Sequencer
 from .config import RedisSequencerConfig, RedisUrl, redact_url
-from .redis import RedisSequencer, inspect_redis
+from .redis import RedisSequencer, cancel_scheduled, inspect_redis, unpark_now
 
 __all__ = ["Sequencer", "InMemorySequencer", "RedisSequencer", "RedisSequencerConfig", "RedisUrl", "redact_url",
-           "inspect_redis"]
+           "inspect_redis", "unpark_now", "cancel_scheduled"]

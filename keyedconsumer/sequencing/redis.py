@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ from .parking import DrainJob, Parker
 if TYPE_CHECKING:
     from ..engine.dispatcher import Dispatcher
 
-__all__ = ["RedisSequencer", "inspect_redis"]
+__all__ = ["RedisSequencer", "inspect_redis", "unpark_now", "cancel_scheduled"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -50,6 +51,55 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
     from .store import inspect_namespace
 
     return inspect_namespace(url, namespace, socket_timeout_s)
+
+
+_LID = re.compile(r"k\.(?:[0-9a-f]{2})*|p\.(?:[0-9a-f]{2})+\.\d+")
+
+
+def unpark_now(url: str, namespace: str, lid: str, socket_timeout_s: float = 2.0) -> bool:
+    """Make a parked key due now on the Redis server's clock (out of quarantine if it was): the
+    scheduler runs its parked messages next, in order, under the key's lease. ``lid`` is the lease id
+    :func:`inspect_redis` lists. Returns ``False`` if the key has no parked messages.
+
+    Raises
+    ------
+    ValueError
+        ``lid`` is not a lease id, or the namespace is not valid.
+    keyedconsumer.sequencing.store.StoreUnavailable
+        Redis did not answer.
+    """
+    from .store import LeaseStore
+
+    if not _LID.fullmatch(lid):
+        raise ValueError(f"not a lease id: {lid!r}")
+    store = LeaseStore(url, namespace, socket_timeout_s)
+    try:
+        return store.due_now(lid)
+    finally:
+        store.close()
+
+
+def cancel_scheduled(url: str, namespace: str, sid: str, socket_timeout_s: float = 2.0) -> bool:
+    """Remove a scheduled message before it is due; ``False`` if it was not scheduled (any more: it
+    may have been delivered). A message the scheduler is moving to its key's list at that very
+    moment is still delivered.
+
+    Raises
+    ------
+    ValueError
+        ``sid`` is not a scheduled message's id.
+    keyedconsumer.sequencing.store.StoreUnavailable
+        Redis did not answer.
+    """
+    from .store import LeaseStore
+
+    if not re.fullmatch(r"[0-9a-f]{32}", sid):
+        raise ValueError(f"not a scheduled message id: {sid!r}")
+    store = LeaseStore(url, namespace, socket_timeout_s)
+    try:
+        return store.unschedule(sid)
+    finally:
+        store.close()
 
 
 class RedisSequencer:

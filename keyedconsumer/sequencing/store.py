@@ -15,6 +15,8 @@ in a failover delays a key by a lease TTL or runs a message once more, within at
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -145,11 +147,11 @@ redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('INCRBY', KEYS[2], #ARGV[2])
 return {1, before}
 """
-# KEYS[1] sdue, [2] entries; ARGV[1] id -> 1
+# KEYS[1] sdue, [2] entries; ARGV[1] id -> 1 removed | 0 was not scheduled
 _UNSCHEDULE = """
-redis.call('ZREM', KEYS[1], ARGV[1])
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-return 1
+return n
 """
 # One clock (rq-scheduler #246: scheduled jobs run early when instances' clocks differ): every
 # "is it due", "how late" and "is that instance gone" is decided on the Redis server's TIME, read by
@@ -187,6 +189,28 @@ return {t[1], t[2], gone}
 # KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1 due now | 0 not quarantined
 _RELEASE_QUARANTINE = """
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+""" + _NOW + """
+redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
+return 1
+"""
+# KEYS[1] park, [2] pbytes -> 1: the head entry's due time is now (Redis TIME, ms) | 0: no list.
+# The entry is JSON written by parking.encode_entry; its top-level "due" is the only `"due":` in it
+# outside a JSON string (inside one, the quotes are escaped), so one gsub rewrites exactly that field.
+_HEAD_DUE_NOW = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local new, n = string.gsub(head, '"due":[-+.%deE]+', '"due":' .. string.format('%d', now), 1)
+if n == 1 and new ~= head then
+  redis.call('LSET', KEYS[1], 0, new)
+  if #new ~= #head then redis.call('INCRBY', KEYS[2], #new - #head) end
+end
+return 1
+"""
+# KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1: due now (and out of quarantine)
+_DUE_NOW = """
+redis.call('SREM', KEYS[1], ARGV[1])
 """ + _NOW + """
 redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
 return 1
@@ -237,6 +261,8 @@ class LeaseStore:
         self._due_scheduled = self._r.register_script(_DUE_SCHEDULED)
         self._check_in = self._r.register_script(_CHECK_IN)
         self._release_quarantine = self._r.register_script(_RELEASE_QUARANTINE)
+        self._due_now = self._r.register_script(_DUE_NOW)
+        self._head_due_now = self._r.register_script(_HEAD_DUE_NOW)
 
     def check_durable(self) -> None:
         """Raise ``RuntimeError`` unless Redis persists each write before it answers.
@@ -480,9 +506,10 @@ class LeaseStore:
             self._count(1, len(entry))
         return bool(r[0]), int(r[1])
 
-    def unschedule(self, sid: str) -> None:
+    def unschedule(self, sid: str) -> bool:
+        """Remove a scheduled message; ``False`` if it was not scheduled (any more)."""
         ns = self.namespace
-        self._call(self._unschedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid])
+        return bool(self._call(self._unschedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid]))
 
     def quarantine(self, lid: str, seen_score_ms: float) -> None:
         """Take the key out of the due set and list it as quarantined (its head was dead-lettered)."""
@@ -494,6 +521,16 @@ class LeaseStore:
         was not quarantined."""
         ns = self.namespace
         return bool(self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True))
+
+    def due_now(self, lid: str) -> bool:
+        """Make a parked key due now (on the Redis server's clock), taking it out of quarantine:
+        its head entry's due time and the key's due-set score are set to now; ``False`` (nothing
+        changed) if the key has no parked messages. A head that is running at that moment fails
+        to settle (its entry changed) and runs once more, within at-least-once."""
+        ns = self.namespace
+        if not self._call(self._head_due_now, [keys.park(ns, lid), keys.pbytes(ns, lid)], [], replicated=True):
+            return False
+        return bool(self._call(self._due_now, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True))
 
     def hold(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Acquire or renew a plain lease (the scheduler's) for ``owner``; ``False`` when held by another."""
@@ -551,13 +588,17 @@ def _text(b: Any) -> str:
 def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000) -> dict[str, Any]:
     """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
 
-    Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
-    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": owner or
-    None, "quarantined": [key], "now_s": float}``; ``key`` is the Kafka key as text (``repr`` of the
-    bytes when not UTF-8) or ``partition:<topic>/<n>`` for a partition's lease; times are seconds
-    since the epoch on the Redis server's clock (``now_s``: its ``TIME`` now), the clock every due
-    time and check-in is kept on.
-    At most ``limit`` leases and parked keys are listed (``SCAN``, never ``KEYS``).
+    Returns ``{"leases": [{"key", "lid", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key",
+    "lid", "depth", "next_due_s", "attempt", "quarantined", "head"}], "scheduled": int,
+    "scheduled_messages": [{"id", "key", "topic", "due_s"}], "instances": [{"id", "last_seen_s"}],
+    "scheduler": owner or None, "quarantined": [key], "now_s": float}``; ``key`` is the Kafka key as
+    text (``repr`` of the bytes when not UTF-8) or ``partition:<topic>/<n>`` for a partition's lease,
+    ``lid`` its lease id (what :func:`unpark_now` takes); ``attempt`` and ``head`` (``topic[partition]@offset``,
+    or ``scheduled <id>``) describe the parked list's first message; times are seconds since the epoch
+    on the Redis server's clock (``now_s``: its ``TIME`` now), the clock every due time and check-in
+    is kept on.
+    At most ``limit`` leases, parked keys and scheduled messages (the earliest due) are listed
+    (``SCAN``, never ``KEYS``).
 
     Raises
     ------
@@ -579,27 +620,65 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             if n.endswith("}:lease") and len(leases) < limit:
                 owner, ttl, fence = r.get(n), r.pttl(n), r.get(keys.fence(ns, lid))
                 if owner is not None:
-                    leases.append({"key": _show(lid), "owner": owner.decode(), "ttl_ms": int(ttl), "fencing_token": int(fence or 0)})
+                    leases.append({"key": _show(lid), "lid": lid, "owner": owner.decode(), "ttl_ms": int(ttl), "fencing_token": int(fence or 0)})
             elif n.endswith("}:park") and len(parked) < limit:
                 sc = due.get(lid)
-                parked.append({"key": _show(lid), "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0})
+                parked.append({"key": _show(lid), "lid": lid, "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0,
+                               **_head(r.lindex(n, 0))})
+        quarantined = {m.decode() for m in r.smembers(keys.quarantine(ns))}
+        for pk in parked:
+            pk["quarantined"] = pk["lid"] in quarantined
         sched_owner = r.get(keys.scheduler(ns))
+        rows = r.zrange(keys.sched_due(ns), 0, limit - 1, withscores=True)
+        entries = r.hmget(keys.sched_entries(ns), [m for m, _ in rows]) if rows else []
         sec, usec = r.time()
         return {
             "leases": leases,
             "parked": parked,
             "scheduled": int(r.zcard(keys.sched_due(ns))),
+            "scheduled_messages": [
+                {"id": m.decode(), "due_s": sc / 1000.0, **_scheduled(e)} for (m, sc), e in zip(rows, entries, strict=True)
+            ],
             "instances": [
                 {"id": m.decode(), "last_seen_s": sc / 1000.0} for m, sc in r.zrange(keys.instances(ns), 0, -1, withscores=True)
             ],
             "scheduler": sched_owner.decode() if sched_owner else None,
-            "quarantined": sorted(_show(m.decode()) for m in r.smembers(keys.quarantine(ns))),
+            "quarantined": sorted(_show(m) for m in quarantined),
             "now_s": _ms(sec, usec) / 1000.0,
         }
     except ERRORS as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
     finally:
         r.close()
+
+
+def _doc(raw: bytes | None) -> dict[str, Any]:
+    """A parked or scheduled entry's JSON fields (``{}``: none or unreadable)."""
+    if raw is None:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _head(raw: bytes | None) -> dict[str, Any]:
+    doc = _doc(raw)
+    if not doc:
+        return {"attempt": None, "head": None}
+    where = f"scheduled {doc['sid']}" if "sid" in doc else f"{doc.get('t')}[{doc.get('p')}]@{doc.get('o')}"
+    return {"attempt": doc.get("a"), "head": where}
+
+
+def _scheduled(raw: bytes | None) -> dict[str, Any]:
+    doc = _doc(raw)
+    key = doc.get("k")
+    try:
+        lid = None if key is None else keys.lease_id(base64.b64decode(key), "", 0)
+    except ValueError:
+        lid = None
+    return {"key": None if lid is None else _show(lid), "topic": doc.get("t")}
 
 
 def _show(lid: str) -> str:

@@ -1,0 +1,124 @@
+"""``keyedconsumer web``: serve the operations dashboard (:mod:`keyedconsumer.web`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Annotated
+
+import typer
+
+from ..config import ENV_PREFIX
+from ..sequencing import redact_url
+from .errors import CliError
+from .output import _Level, _reports_errors, _setup_logging
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf, _env_or_toml, _secrets
+
+TOKEN_ENV = f"{ENV_PREFIX}WEB_TOKEN"
+MIN_TOKEN_CHARS = 16
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [v.strip() for flag in values or [] for v in flag.split(",") if v.strip()]
+
+
+@_reports_errors
+def web(
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", "-g", metavar="GROUP", help="Consumer group to show (repeatable); default: every group."),
+    ] = None,
+    redis: Annotated[
+        str | None,
+        typer.Option(metavar="URL", help="redis:// URL of the Redis sequencer (keys view).", show_default=False),
+    ] = None,
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(metavar="NS", help="Redis namespace (repeatable; default: each group's name)."),
+    ] = None,
+    dead_letter_topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dead-letter-topic",
+            metavar="TOPIC",
+            help="Dead-letter topic (repeatable); default: topics named *.dlq, *-dlq, *.DLT, *dead-letter.",
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    enable_actions: Annotated[
+        bool,
+        typer.Option(
+            "--enable-actions",
+            help=f"Allow replaying dead letters, un-parking keys, cancelling scheduled messages (needs --token or {TOKEN_ENV}).",
+        ),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar=TOKEN_ENV,
+            metavar="TOKEN",
+            help=f"Access token for the actions, {MIN_TOKEN_CHARS}+ characters (prefer the environment variable {TOKEN_ENV}).",
+            show_default=False,
+            show_envvar=False,
+        ),
+    ] = None,
+    refresh_s: Annotated[float, typer.Option("--refresh", metavar="SECONDS", help="Seconds between page refreshes and samples.")] = 5.0,
+    stall_after_s: Annotated[
+        float, typer.Option("--stall-after", metavar="SECONDS", help="Flag a partition with lag whose committed offset has not moved for this long.")
+    ] = 60.0,
+    brokers: BrokersOpt = None,
+    props: PropsOpt = None,
+    config_file: ConfigOpt = None,
+    timeout_s: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")] = 10.0,
+    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.WARNING,
+) -> None:
+    """Serve the operations dashboard: consumer groups, Redis keys, dead letters, refreshed live.
+
+    Read-only unless --enable-actions is given with an access token: then a person who signs in with
+    the token may replay selected dead letters (as `dead-letter replay`, in transactions), un-park a
+    key now and cancel a scheduled message; each action asks for confirmation and is logged to
+    keyedconsumer.web.actions. Brokers and Redis are asked once per --refresh seconds, whatever the
+    number of open pages.
+    """
+    _setup_logging(log_level.value)
+    logging.getLogger("keyedconsumer.web.actions").setLevel(logging.INFO)
+    try:
+        import uvicorn
+
+        from ..web import WebOptions, create_app
+    except ImportError as exc:
+        raise CliError(f"the dashboard needs the web extra: pip install 'keyedconsumer[web]' ({exc.name} is missing)", 2) from None
+    conf, toml = _client_conf(brokers, props or [], config_file)
+    groups = _split(group) or _split([g] if (g := _env_or_toml("group", toml)) else None)
+    redis = redis or _env_or_toml("redis", toml)
+    _secrets.add_url(redis)
+    if token:
+        _secrets.values.add(token)
+    if enable_actions and (not token or len(token) < MIN_TOKEN_CHARS):
+        raise CliError(f"--enable-actions needs an access token of {MIN_TOKEN_CHARS}+ characters: set {TOKEN_ENV}", 2)
+    if refresh_s < 0.5 or stall_after_s <= 0 or timeout_s <= 0:
+        raise CliError("--refresh must be >= 0.5 s, --stall-after and --timeout > 0", 2)
+    if redis and importlib.util.find_spec("redis") is None:
+        raise CliError("--redis needs the redis package: pip install 'keyedconsumer[redis]'", 2)
+    options = WebOptions(
+        conf,
+        groups=groups,
+        redis_url=redis,
+        namespaces=_split(namespace),
+        dead_letter_topics=_split(dead_letter_topic),
+        actions=enable_actions,
+        token=token if enable_actions else None,
+        refresh_s=refresh_s,
+        interval_s=refresh_s,
+        stall_after_s=stall_after_s,
+        timeout_s=timeout_s,
+    )
+    app = create_app(options)
+    log = logging.getLogger("keyedconsumer.web")
+    log.warning(
+        "dashboard on http://%s:%d (%s; brokers %s%s)",
+        host, port, "actions enabled" if enable_actions else "read-only", conf["bootstrap.servers"],
+        f"; redis {redact_url(redis)}" if redis else "",
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)

@@ -1,0 +1,175 @@
+"""The dashboard's web layer without the brokers: rendering from a given snapshot (escaping,
+pagination of 10,000 partitions, a group without members, Redis down), sign-in, CSRF and the
+read-only default. What crosses Kafka and Redis is tested in tests/e2e against the real services."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+from keyedconsumer.kafka.admin import GroupMember  # noqa: E402
+from keyedconsumer.web import WebOptions, create_app  # noqa: E402
+from keyedconsumer.web.auth import COOKIE, Guard  # noqa: E402
+from keyedconsumer.web.chart import throughput_chart  # noqa: E402
+from keyedconsumer.web.sampler import GroupSnapshot, Sampler, Snapshot, is_dead_letter_topic  # noqa: E402
+
+TOKEN = "unit-test-token-0123456789"
+XSS = '<script>window.__xss=1</script>"><img src=x onerror=alert(1)>'
+
+
+class FixedSampler(Sampler):
+    """A sampler whose snapshot is given (no thread, no broker)."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        super().__init__({"bootstrap.servers": "127.0.0.1:1"})
+        self.fixed = snap
+
+    def snapshot(self) -> Snapshot:
+        return self.fixed
+
+
+def _row(topic: str, p: int, committed: int | None, end: int) -> dict[str, Any]:
+    lag = None if committed is None else end - committed
+    return {"topic": topic, "partition": p, "committed_offset": committed, "start_offset": 0, "end_offset": end,
+            "lag": lag, "finished_above": 0, "oldest_unfinished_age_s": None, "stalled_for_s": None, "stalled": False}
+
+
+def _client(snap: Snapshot, **options: Any) -> TestClient:
+    app = create_app(WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options), sampler=FixedSampler(snap), start_sampler=False)
+    return TestClient(app)
+
+
+def _snap(**kw: Any) -> Snapshot:
+    return Snapshot(sampled_s=1.0, **kw)
+
+
+@pytest.mark.timeout(30)
+def test_every_shown_value_is_escaped_and_no_inline_script_may_run() -> None:
+    # given a group and a Redis namespace whose names and keys are script payloads
+    g = GroupSnapshot(XSS, state="stable", members=(GroupMember("m1", XSS, "/10.0.0.1", ((XSS, 0),)),),
+                      rows=[_row(XSS, 0, 5, 9)], total_lag=4, sampled_s=1.0)
+    redis = {"ns": {"leases": [{"key": XSS, "lid": "k.00", "owner": XSS, "ttl_ms": 1, "fencing_token": 3}],
+                    "parked": [{"key": XSS, "lid": "k.00", "depth": 1, "next_due_s": None, "attempt": 2, "head": XSS, "quarantined": True}],
+                    "scheduled": 1, "scheduled_messages": [{"id": "a" * 32, "key": XSS, "topic": XSS, "due_s": 5.0}],
+                    "instances": [{"id": XSS, "last_seen_s": 1.0}], "scheduler": XSS, "quarantined": [XSS], "now_s": 2.0}}
+    client = _client(_snap(groups={XSS: g}, redis=redis, topics={XSS: 1}), redis_url="redis://:pw@h:1/0")
+    # when each page is rendered
+    for path in ("/groups", f"/groups/{XSS}", "/keys?ns=ns&q=" + XSS):
+        r = client.get(path)
+        # then the payloads appear only escaped
+        assert r.status_code == 200, path
+        assert "<script>window" not in r.text and "<img src=x" not in r.text, path
+        assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in r.text, path
+        # and the policy forbids inline scripts and other origins anyway
+        assert "script-src 'self'" in r.headers["content-security-policy"]
+        assert "'unsafe-inline'" not in r.headers["content-security-policy"]
+        assert "pw@" not in r.text  # the Redis password is never shown
+
+
+@pytest.mark.timeout(30)
+def test_ten_thousand_partitions_are_paginated() -> None:
+    rows = [_row("big", p, p, p + 1) for p in range(10_000)]
+    client = _client(_snap(groups={"g": GroupSnapshot("g", state="stable", rows=rows, total_lag=10_000, sampled_s=1.0)}))
+    first = client.get("/groups/g")
+    assert first.text.count("<tr data-tp=") == 100 and "page 1 of 100" in first.text
+    last = client.get("/groups/g?page=100")
+    assert 'data-tp="big[9999]"' in last.text and 'data-tp="big[0]"' not in last.text
+    assert "page 100 of 100" in client.get("/groups/g?page=999").text  # out of range: the last page
+
+
+@pytest.mark.timeout(30)
+def test_a_group_without_members_and_a_deleted_topic_are_said_plainly() -> None:
+    g = GroupSnapshot("idle", state="empty", rows=[_row("gone-soon", 0, 3, 3)], note="topic(s) deleted: old", sampled_s=1.0)
+    text = _client(_snap(groups={"idle": g})).get("/groups/idle").text
+    assert "No members" in text and "topic(s) deleted: old" in text and "caught up" in text
+
+
+@pytest.mark.timeout(30)
+def test_with_redis_down_the_kafka_views_still_render_and_say_so() -> None:
+    g = GroupSnapshot("g", state="stable", rows=[_row("t", 0, 1, 2)], sampled_s=1.0)
+    client = _client(_snap(groups={"g": g}, redis_error="Redis redis://h:1/0 did not answer: ConnectionError"),
+                     redis_url="redis://h:1/0")
+    for path in ("/groups", "/groups/g", "/keys"):
+        text = client.get(path).text
+        assert "did not answer" in text and "the Kafka views still work" in text, path
+    assert 'data-tp="t[0]"' in client.get("/groups/g").text
+
+
+@pytest.mark.timeout(30)
+def test_read_only_by_default_every_action_is_refused() -> None:
+    client = _client(_snap(dead_letter_topics=["t.dlq"]))
+    assert "read-only" in client.get("/groups").text
+    for action in ("replay", "unpark", "cancel-scheduled"):
+        r = client.post(f"/actions/{action}", json={"topic": "t.dlq", "records": [[0, 0]]},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 403 and "actions are off" in r.json()["message"]
+
+
+def test_actions_need_a_token() -> None:
+    with pytest.raises(ValueError, match="token"):
+        create_app(WebOptions({}, actions=True, token=None), sampler=FixedSampler(_snap()), start_sampler=False)
+
+
+@pytest.mark.timeout(30)
+def test_an_action_needs_a_session_and_its_csrf_token() -> None:
+    client = _client(_snap(), actions=True, token=TOKEN)
+    body = {"namespace": "ns", "lid": "k.00"}
+    # not signed in: refused
+    assert client.post("/actions/unpark", json=body).status_code == 403
+    # a wrong token does not sign in
+    r = client.post("/login", content="token=wrong", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert "not the access token" in r.text and COOKIE not in client.cookies
+    # the right one does: an HttpOnly, SameSite=Strict session cookie that is not the token
+    r = client.post("/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"},
+                    follow_redirects=False)
+    assert r.status_code == 303
+    cookie = r.headers["set-cookie"]
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower() and TOKEN not in cookie
+    page = client.get("/groups").text
+    assert TOKEN not in page
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page)
+    assert csrf is not None
+    # the session cookie alone (what a cross-site form would send) is refused
+    assert client.post("/actions/unpark", json=body).status_code == 403
+    assert client.post("/actions/unpark", json=body, headers={"X-CSRF-Token": "guess"}).status_code == 403
+    # with its CSRF token the action runs (here: there is no Redis to act on)
+    r = client.post("/actions/unpark", json=body, headers={"X-CSRF-Token": csrf.group(1)})
+    assert r.status_code == 400 and "no Redis sequencer" in r.json()["message"]
+    # a script may use the token as a bearer credential instead
+    r = client.post("/actions/unpark", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400
+    # after signing out the session is gone
+    client.post("/logout", headers={"X-CSRF-Token": csrf.group(1)})
+    client.cookies.clear()
+    assert client.post("/actions/unpark", json=body, headers={"X-CSRF-Token": csrf.group(1)}).status_code == 403
+
+
+def test_a_replay_is_only_of_a_dead_letter_topic_shown() -> None:
+    client = _client(_snap(dead_letter_topics=["t.dlq"]), actions=True, token=TOKEN)
+    r = client.post("/actions/replay", json={"topic": "orders", "records": [[0, 1]]}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400 and "not a dead-letter topic" in r.json()["message"]
+
+
+def test_the_guard_compares_in_constant_time_and_expires_sessions() -> None:
+    guard = Guard(TOKEN, session_s=0.0)
+    assert not guard.token_ok(TOKEN[:-1]) and guard.token_ok(TOKEN)
+    sid = guard.open(TOKEN)
+    assert sid is not None and guard.csrf(sid) is None  # expired at once
+    assert not Guard(None).enabled and Guard(None).open(TOKEN) is None
+
+
+def test_dead_letter_topics_are_recognised_by_name() -> None:
+    assert all(map(is_dead_letter_topic, ["orders.dlq", "orders-DLT", "orders_dlq", "payments.dead-letter"]))
+    assert not any(map(is_dead_letter_topic, ["orders", "dlq-metrics-x", "deadline"]))
+
+
+def test_the_chart_scales_to_the_highest_rate() -> None:
+    assert throughput_chart([(0.0, 1.0, 1.0)]) is None
+    c = throughput_chart([(0.0, 0.0, 0.0), (5.0, 100.0, 50.0), (10.0, 50.0, 50.0)], width=100, height=50)
+    assert c is not None and c.top == 100.0 and c.last_consumed == 50.0
+    assert c.consumed.split()[1] == "50.0,1.0"  # the top of the box at the highest rate
