@@ -132,6 +132,8 @@ HOLD_INDEX = 300
 #: How long a targeted run waits for each condition before it gives up (the fault is then not landed
 #: where it should be, and the run says so in faults.log).
 TARGET_WAIT_S = 30.0
+#: How long a host cut (cluster runs) waits for a consumer that has partitions before it is skipped.
+CUT_WAIT_S = 60.0
 #: How long a targeted run waits for a commit past the hold message before it lands its fault anyway.
 #: With auto.commit.interval.ms 1000 a commit sample shows a stored offset within about 1.5 s.
 COMMIT_WAIT_S = 10.0
@@ -172,6 +174,7 @@ class Run:
         self.svc_cv = threading.Condition()
         self.svc_busy = False
         self.unexpected = 0
+        self.cutting = False  # a host is cut off, or a cut waits for its victim (cluster runs)
         self.sampler: subprocess.Popen[bytes] | None = None
 
     # -- logging --------------------------------------------------------------------------------
@@ -368,17 +371,22 @@ class Run:
             return False
         return not data[i + 1 :].split(b"\n", 1)[0].endswith(b" -")
 
-    def victim(self, rng: random.Random) -> tuple[str, Proc] | None:
+    def victim(self, rng: random.Random, busy_only: bool = False) -> tuple[str, Proc] | None:
         """A live base consumer, preferring one that has partitions (a fault on an idle member
-        proves little)."""
+        proves little); with ``busy_only``, only one that has partitions."""
         live = [(s, p) for s, p in sorted(self.procs.items())
                 if s.startswith("c") and p.exited_ns is None and not p.stopped and not p.isolated
                 and not p.expect_exit]
         busy = [(s, p) for s, p in live if self.assigned(p)]
+        if busy_only:
+            return rng.choice(busy) if busy else None
         return rng.choice(busy or live) if live else None
 
     def do(self, action: str, arg: Any, rng: random.Random) -> None:
-        if action in ("kill", "term", "stop"):
+        if action in ("kill", "term", "stop") and self.cutting:  # the others take over the cut host's work
+            self.say(f"{action}: a host is cut off, skipped")
+            self.flog("skipped", "-", action)
+        elif action in ("kill", "term", "stop"):
             v = self.victim(rng)
             if v is None:
                 self.say(f"{action}: no live consumer, skipped")
@@ -407,12 +415,21 @@ class Run:
             self.flog("cont", p.pid)
             self.say(f"cont pid {p.pid}")
         elif action == "cut" and isinstance(self.svc, ClusterServices):
-            v = self.victim(rng)
+            waited = float(arg or 0.0)  # a cut waits (at most CUT_WAIT_S) for a consumer with partitions
+            self.cutting = True
+            v = self.victim(rng, busy_only=True)
             if v is None:
-                self.flog("skipped", "-", action)
+                if waited < CUT_WAIT_S:
+                    self.at(1.0, "cut", waited + 1.0)
+                else:
+                    self.cutting = False
+                    self.say("cut: no consumer with partitions, skipped")
+                    self.flog("skipped", "-", action)
                 return
             slot, p = v
             p.isolated = True
+            if waited:
+                self.flog("cut_waited", "-", f"{waited:.0f}s")
             self.flog("cut", p.pid, slot)  # logged before the cut: the window covers it
             self.svc.cut(slot)
             self.at(rng.uniform(*self.size.cut_s), "heal", (slot, p))
@@ -421,6 +438,7 @@ class Run:
             slot, p = arg
             self.svc.heal(slot)
             p.isolated = False
+            self.cutting = False
             self.flog("heal", p.pid, slot)  # logged after the heal
             self.say(f"heal {slot}'s host (pid {p.pid})")
         elif action == "restart":
