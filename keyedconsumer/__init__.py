@@ -16,7 +16,7 @@ from .errors import (
     MessageError,
     PublishError,
 )
-from .kafka import RecordPublisher
+from .kafka import BatchPublisher, RecordPublisher
 from .kafka.publisher import Publisher
 from .message import Message, Status
 from .outcomes import PermanentError, RetryLater, SkipMessage
@@ -42,6 +42,7 @@ __all__ = [
     "PermanentError",
     "Publisher",
     "RecordPublisher",
+    "BatchPublisher",
     "PartitionStatus",
     "RedisSequencer",
     "RedisSequencerConfig",

@@ -266,6 +266,12 @@ class ConsumerConfig(BaseSettings):
     ordering:
         ``"key"``: one message at a time per (partition, key), in offset order; null keys share one
         lane per partition. ``"partition"``: one at a time per partition. ``"none"``: no order.
+    conflate:
+        Latest value per key (commons-processing's conflation): while messages of a lane wait
+        behind its head (running, ready or retrying), only the newest waiting one runs; each older
+        waiting one is *conflated*: it never runs, counts done (its offset advances) and is handed
+        to ``KeyedConsumer(on_conflated=...)`` and counted in ``KeyedConsumer.conflated``. Needs
+        ``ordering="key"`` or ``"partition"``. Messages parked in Redis are not conflated.
     manual_commit:
         ``False``: librdkafka commits the stored offsets every ``auto.commit.interval.ms``.
         ``True``: each offset advance is committed synchronously and every per-partition commit
@@ -330,6 +336,7 @@ class ConsumerConfig(BaseSettings):
     group_id: str | None = None
     concurrency: int = Field(default=1, ge=1, le=100_000)
     ordering: Ordering = "key"
+    conflate: bool = False
     manual_commit: bool = False
     max_in_flight: int = Field(default=10_000, ge=1)
     max_in_flight_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
@@ -376,7 +383,7 @@ class ConsumerConfig(BaseSettings):
             raise ValueError("expected a number, got a boolean")
         return value
 
-    @field_validator("manual_commit", mode="before")
+    @field_validator("manual_commit", "conflate", mode="before")
     @classmethod
     def _no_int_for_bool(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -415,6 +422,10 @@ class ConsumerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> ConsumerConfig:
+        if self.conflate and self.ordering == "none":
+            raise PydanticCustomError(
+                "conflate_needs_order", "conflate replaces a lane's waiting messages: it needs ordering='key' or 'partition'"
+            )
         if self.group_id is None:
             self.group_id = self.name
             self._group_follows_name = True

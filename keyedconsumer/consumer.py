@@ -39,6 +39,7 @@ from .engine.rebalance import CATCH_UP_SHARE, FINAL_COMMIT_MIN_S, Rebalance
 from .engine.settle import Settler
 from .errors import KafkaClientError, KeyedConsumerError
 from .kafka import TP, ClientFactory, KafkaClient
+from .message import Message
 from .sequencing import RedisSequencer
 from .sequencing.base import InMemorySequencer, Sequencer
 
@@ -86,6 +87,10 @@ class KeyedConsumer:
     clock:
         Monotonic clock in seconds that times ``RetryLater`` delays (default ``time.monotonic``;
         :mod:`keyedconsumer.testing` passes a fake clock, so back-off runs without sleeping).
+    on_conflated:
+        With ``conflate=True``: ``on_conflated(message)`` for each message replaced by a newer one
+        of its key before it ran (it counts done; called from the poll thread, keep it short: a
+        log line, a counter, ``Audit.conflated``). Exceptions it raises are logged and ignored.
     settings:
         A ready :class:`ConsumerConfig`. ``**options`` are its fields (``name``, ``brokers``,
         ``topics``, ``concurrency``, ``ordering``, ``manual_commit``, ``max_in_flight``, ``config``
@@ -116,6 +121,7 @@ class KeyedConsumer:
         settings: ConsumerConfig | None = None,
         sequencer: Sequencer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_conflated: Callable[[Message], None] | None = None,
         **options: Any,
     ) -> None:
         if settings is None:
@@ -127,6 +133,8 @@ class KeyedConsumer:
         check_error_handler(error_handler)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
         self._clock = clock
+        self._on_conflated = on_conflated
+        self._conflated_before = 0  # conflated by earlier runs (each run has a dispatcher of its own)
         #: The handler contract: a plain handler returning an awaitable is recorded where it
         #: returns, inside every middleware, so that no middleware can hide it.
         self._contract = Contract()
@@ -155,7 +163,7 @@ class KeyedConsumer:
     def _dispatcher(self) -> Dispatcher:
         cfg = self.config
         return Dispatcher(cfg.ordering, cfg.concurrency, self._sequencer, self._clock, cfg.group,
-                          cfg.commit_metadata_max_bytes, cfg.max_in_flight, cfg.max_in_flight_bytes)
+                          cfg.commit_metadata_max_bytes, cfg.max_in_flight, cfg.max_in_flight_bytes, cfg.conflate)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -238,6 +246,7 @@ class KeyedConsumer:
         self._error = None
         self._contract.clear()
         self._peak = self.peak_in_flight
+        self._conflated_before += self._d.conflated
         self._d = self._dispatcher()
 
     def stop(self) -> None:
@@ -293,6 +302,20 @@ class KeyedConsumer:
     def running(self) -> bool:
         """True while :meth:`run` / :meth:`run_async` is serving (from its start to its return)."""
         return self._active
+
+    @property
+    def conflated(self) -> int:
+        """Messages conflated so far, over every run (``conflate=True``): replaced by a newer
+        message of their key before they ran; they count done and never ran."""
+        return self._conflated_before + self._d.conflated
+
+    def _report_conflated(self, msgs: list[Message]) -> None:
+        assert self._on_conflated is not None
+        for m in msgs:
+            try:
+                self._on_conflated(m)
+            except Exception:
+                log.exception("on_conflated raised for %s[%d]@%d", m.topic, m.partition, m.offset)
 
     @property
     def skipped_finished(self) -> int:
@@ -404,7 +427,9 @@ class KeyedConsumer:
                 msgs = client.poll_batch(d.flow.poll_size(batch), timeout_s)
                 self.polled_at_s = time.monotonic()
                 if msgs:
-                    d.admit(msgs)
+                    conflated = d.admit(msgs)
+                    if conflated and self._on_conflated is not None:
+                        self._report_conflated(conflated)
                 d.rescue()
                 commits.store()
                 rebalance.backpressure(d.flow.over(), d.flow.under_half())

@@ -11,7 +11,8 @@ topic, in the order they were written; its value is the JSON of :data:`FIELDS`.
 Outcomes, as the middleware sees them (``outcome``): ``SUCCESS``, ``SKIP``, ``FAIL`` (an error
 nothing inside handled: the engine's ``error_handler`` or a stop follows), ``RETRY`` (a retry
 later, in memory), ``PARKED`` (a retry with ``park=True``: the key goes to Redis), and
-``DEAD_LETTERED``. Place :class:`Audit` outside ``DeadLetter`` and ``Retry`` to see those.
+``DEAD_LETTERED``; ``CONFLATED`` for messages replaced by a newer one of their key before they ran,
+with ``KeyedConsumer(conflate=True, on_conflated=audit.conflated)``. Place :class:`Audit` outside ``DeadLetter`` and ``Retry`` to see those.
 
 Cost: the handler's thread only appends to a bounded in-memory queue; one writer thread publishes
 the queue every ``flush_interval_s`` (or every ``max_batch`` records) with one wait for the batch
@@ -37,9 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import Message, PublishError, RetryLater
-from keyedconsumer.kafka import BatchPublisher
-from keyedconsumer.kafka.publisher import Publisher
+from keyedconsumer import BatchPublisher, Message, Publisher, PublishError, RetryLater
 
 from ._kind import around
 from .dead_letter import STATE_ERROR
@@ -148,9 +147,14 @@ class Audit:
         if exc is not None:
             raise exc
 
-    def record(self, msg: Message, exc: BaseException | None, duration_s: float) -> dict[str, Any]:
+    def conflated(self, msg: Message) -> None:
+        """Record a message that was conflated (replaced by a newer one of its key before it ran):
+        pass it as ``KeyedConsumer(conflate=True, on_conflated=audit.conflated)``."""
+        self.append(msg, None, 0.0, outcome="CONFLATED")
+
+    def record(self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None) -> dict[str, Any]:
         """The audit record of one attempt (the JSON value's fields, :data:`FIELDS`)."""
-        outcome = outcome_of(msg, exc)
+        outcome = outcome or outcome_of(msg, exc)
         if outcome == "RETRY" and isinstance(exc, RetryLater) and exc.park:
             outcome = "PARKED"
         rec: dict[str, Any] = {
@@ -182,10 +186,10 @@ class Audit:
             rec["fencing_token"] = msg.fencing_token
         return rec
 
-    def append(self, msg: Message, exc: BaseException | None, duration_s: float) -> int:
+    def append(self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None) -> int:
         """Queue the record of one attempt; waits while ``max_queue`` records wait. Returns its
         sequence number (records are published in that order)."""
-        value = json.dumps(self.record(msg, exc, duration_s), separators=(",", ":")).encode()
+        value = json.dumps(self.record(msg, exc, duration_s, outcome), separators=(",", ":")).encode()
         with self._cond:
             while len(self._queue) >= self.max_queue and not self._closed:
                 self._cond.wait(1.0)

@@ -149,6 +149,7 @@ class Dispatcher:
         metadata_max_bytes: int = 0,
         max_in_flight: int = 1 << 62,
         max_in_flight_bytes: int = 1 << 62,
+        conflate: bool = False,
     ) -> None:
         self.lock = threading.Lock()
         self._work = threading.Condition(self.lock)  # idle worker threads wait for ready heads
@@ -166,6 +167,8 @@ class Dispatcher:
         self.stopping = False
         self.closed = False  # workers exit
         self.retries = 0  # Retry and Park outcomes so far
+        self.conflate = conflate and ordering != "none"
+        self.conflated = 0  # messages conflated so far (replaced by a newer one of their lane)
         self._waiters = 0  # threads in wait_idle
         self._idle_threads = 0  # worker threads waiting for work
         self._on_ready: Callable[[int], None] | None = None  # the async executor's waker
@@ -390,8 +393,10 @@ class Dispatcher:
 
     # -- the poll thread ------------------------------------------------------------------------
 
-    def admit(self, msgs: list[Message]) -> None:
-        """Take freshly polled messages: track their offsets and queue them on their lanes."""
+    def admit(self, msgs: list[Message]) -> list[Message]:
+        """Take freshly polled messages: track their offsets and queue them on their lanes.
+
+        Returns the messages conflated meanwhile (``conflate``): they count done and never run."""
         by_key = self.ordering == "key"
         sequenced = self.ordering != "none"
         lane_id = self._lane_id
@@ -401,6 +406,7 @@ class Dispatcher:
         group = self.group
         owns = self.owns
         added = admitted = nbytes = 0
+        conflated: list[Message] = []
         now = time.monotonic()
         with self.lock:
             receive = self.partitions.receive
@@ -419,14 +425,23 @@ class Dispatcher:
                 msg._bind(owns, d)
                 admitted += 1
                 nbytes += size
-                if sequenced and (not part.lanes.push(d) or not seq.on_head(d)):
-                    continue  # queued behind its lane's head, or kept by the sequencer
+                if sequenced and not part.lanes.push(d):
+                    if self.conflate:  # queued behind its lane's head: the older waiting ones go
+                        for old in part.lanes.conflate(d):
+                            self.partitions.done(part, old.offset)
+                            flow.forget(old.size)
+                            conflated.append(old.msg)
+                    continue
+                if sequenced and not seq.on_head(d):
+                    continue  # kept by the sequencer
                 queue.push(d)
                 added += 1
             flow.admit(admitted, nbytes)
             flow.observe_batch(len(msgs), nbytes)
+            self.conflated += len(conflated)
             if added:
                 self._notify(added)
+        return conflated
 
     def rescue(self, force: bool = False) -> None:
         """Take back from a worker stuck in one handler for more than ``RESCUE_AFTER_S`` (or from

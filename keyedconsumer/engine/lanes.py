@@ -37,6 +37,18 @@ class Lanes:
         q[key] = None
         return True
 
+    def conflate(self, newest: Delivery) -> list[Delivery]:
+        """Remove and return the messages queued on ``newest``'s lane before it (``newest`` was just
+        queued behind a head): only it waits now."""
+        waiting = self._q.get(newest.lane)
+        if not waiting or len(waiting) < 2:
+            return []
+        older = list(waiting)
+        older.pop()  # newest itself
+        waiting.clear()
+        waiting.append(newest)
+        return older
+
     def advance(self, head: Delivery) -> Delivery | None:
         """``head`` ended: its lane's next message, now the head; ``None`` when the lane ran dry
         (it is removed)."""
