@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,3 +246,36 @@ def test_an_expired_oauthbearer_token_is_refused_clearly(sasl_bootstrap: str, ne
         consumer.run()
     assert time.monotonic() - t0 < 15
     assert info.value.code == "_AUTHENTICATION" and "invalid_token" in str(info.value), str(info.value)
+
+
+@pytest.mark.timeout(150)
+def test_the_cli_dead_letters_over_the_consumers_sasl_settings(
+    kafka_bootstrap: str, sasl_bootstrap: str, new_topic: Callable[..., str],
+    scram_user: Callable[[str], tuple[str, str]], tmp_path: Path,
+) -> None:
+    from .test_cli import read_log, start_run, stop
+
+    # given a SCRAM user whose settings reach `keyedconsumer run` once (KEYEDCONSUMER_CONFIG), and
+    # a topic of 8 good and 2 poison records
+    user, password = scram_user("SCRAM-SHA-256")
+    topic, dlq = new_topic(1), new_topic(1)
+    produce(kafka_bootstrap, topic, [(b"k", b"poison-1" if i == 3 else b"poison-2" if i == 6 else b"good", 0)
+                                     for i in range(10)])
+    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user,
+              "sasl.password": password}
+    log = tmp_path / "handled.log"
+    group = f"cli-sasl-{uuid.uuid4().hex[:8]}"
+    # when the CLI runs with a dead-letter topic and only the SASL listener as brokers
+    proc = start_run(["tests.integration.procs.cli_handlers:poison", "--topic", topic, "--group", group,
+                      "--brokers", sasl_bootstrap, "--dead-letter-topic", dlq, "--retry-attempts", "1"],
+                     log, {"KEYEDCONSUMER_CONFIG": json.dumps(config)})
+    try:
+        assert wait_until(lambda: sum(end_offsets(kafka_bootstrap, dlq, 1).values()) >= 2 or proc.poll() is not None, 60)
+        assert wait_until(lambda: sum(1 for r in read_log(log) if r[0] == "ok") >= 8, 30)
+    finally:
+        code, output = stop(proc)
+    # then its dead-letter producer wrote both poison records over the same SASL settings
+    assert code == 0, output[-3000:]
+    assert password not in output
+    assert sorted(m.value() for m in read_all(kafka_bootstrap, dlq, 2)) == [b"poison-1", b"poison-2"]
+    assert committed(kafka_bootstrap, group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1)

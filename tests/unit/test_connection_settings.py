@@ -25,7 +25,7 @@ from keyedconsumer.middleware import dead_letter as dead_letter_module
 from pydantic import ValidationError
 
 from keyedconsumer import ConsumerConfig, KafkaClientError, KeyedConsumer, Message
-from keyedconsumer.config import CALLBACK_PROPERTIES, redact
+from keyedconsumer.config import CALLBACK_PROPERTIES, CONNECTION_PREFIXES, CONNECTION_PROPERTIES, redact
 from keyedconsumer.consumer import compose
 from keyedconsumer.kafka.client import connect
 from keyedconsumer.testing import FakePublisher, InMemoryBroker
@@ -76,6 +76,47 @@ def test_connection_properties_are_the_security_and_address_ones_only() -> None:
     # then only the security and address properties, and oauth_cb and logger, are shared; the
     # password revealed (librdkafka must get it)
     assert cfg.connection_properties() == {**SECURITY, "oauth_cb": oauth_cb, "logger": logger}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.timeout(20)
+def test_librdkafka_takes_every_shared_property_on_a_producer_and_none_of_the_consumer_ones() -> None:
+    # librdkafka's own scope table (the C/P column of CONFIGURATION.md is generated from it) warns
+    # "... is a consumer property and will be ignored by this producer instance" for a property
+    # marked C: none of the rule's properties draws it, and the consumer-only ones left out do
+    from confluent_kafka import Producer
+
+    def consumer_property_warnings(conf: dict[str, Any]) -> list[str]:
+        lines = _Lines()
+        logger = logging.getLogger(f"test.librdkafka.{id(lines)}")
+        logger.addHandler(lines)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        producer = Producer({"bootstrap.servers": UNREACHABLE, **conf, "logger": logger})
+        producer.poll(0.5)  # librdkafka's log lines reach the logger through the poll
+        producer.flush(0)
+        return [line for line in lines.lines if "is a consumer property" in line]
+
+    # (the callbacks are confluent-kafka's, not in the table; debug would only add noise)
+    tuning = {k: v for k, v in TUNING.items() if k != "debug"}
+    cfg = _settings(**SECURITY, **CONSUMER_ONLY, **tuning,
+                    **{"https.ca.location": "probe", "enable.sasl.oauthbearer.unsecure.jwt": False,
+                       "sasl.oauthbearer.config": "scope=x"})
+    shared = cfg.connection_properties()
+    assert {k for k in shared if k in CONNECTION_PROPERTIES or k.startswith(CONNECTION_PREFIXES)} == set(shared)
+    assert len(shared) == len(SECURITY) + 3
+    assert consumer_property_warnings(shared) == []
+    left_out = {k: v for k, v in cfg.properties().items() if k not in shared}
+    warned = consumer_property_warnings(left_out)
+    assert {k for k in CONSUMER_ONLY if any(f"property {k} is" in w for w in warned)} == set(CONSUMER_ONLY), warned
 
 
 # -- the bind hook ---------------------------------------------------------------------------------
