@@ -4,7 +4,11 @@ Installed as ``keyedconsumer.middleware``. A middleware takes a handler and retu
 the same kind (sync or async); the first one given to ``KeyedConsumer(middlewares=[...])`` is the
 outermost. A typical stack, outermost first::
 
-    [Recover(), Tracing(), Logging(), Metrics(), DeadLetter(brokers=...), Retry(), Typed(Order)]
+    [Recover(), Tracing(), Logging(), Metrics(), DeadLetter(), Retry(), Typed(Order)]
+
+A middleware may have a ``bind_settings(settings: ConsumerConfig) -> None`` method: ``KeyedConsumer``
+calls it on each middleware, outermost first, before composing the chain. ``DeadLetter()`` uses it to
+publish with the consumer's brokers and connection properties, so credentials are written once.
 
 Retry state travels on the :class:`~keyedconsumer.Message` (``attempt``, ``last_error``), and
 control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,
