@@ -17,8 +17,8 @@ import pytest
 HINT = "start the services with `scripts/services up` and export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 REDIS_URL=redis://127.0.0.1:6379/0"
 
 
-def _unavailable(what: str) -> None:
-    msg = f"{what} is not available: {HINT}"
+def _unavailable(what: str, hint: str = HINT) -> None:
+    msg = f"{what} is not available: {hint}"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)

@@ -140,18 +140,23 @@ def topic_partitions(conf: dict[str, Any], topics: Sequence[str], timeout_s: flo
     KafkaClientError
         A topic does not exist, or no answer from the brokers within ``timeout_s`` seconds.
     """
+    known = _topics(conf, timeout_s)
+    out: dict[str, int] = {}
+    for topic in topics:
+        if topic not in known:
+            raise KafkaClientError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
+        out[topic] = known[topic]
+    return out
+
+
+def _topics(conf: dict[str, Any], timeout_s: float) -> dict[str, int]:
+    """``{topic: partition count}`` of every topic in the cluster's metadata (errors left out)."""
     admin = _admin(conf)
     try:
         meta = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         _fail(exc, "cannot read the topics' metadata", timeout_s)
-    out: dict[str, int] = {}
-    for topic in topics:
-        tm = meta.topics.get(topic)
-        if tm is None or tm.error is not None or not tm.partitions:
-            raise KafkaClientError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
-        out[topic] = len(tm.partitions)
-    return out
+    return {name: len(tm.partitions) for name, tm in meta.topics.items() if tm.error is None and tm.partitions}
 
 
 def committed_offsets(
@@ -281,16 +286,7 @@ def all_topics(conf: dict[str, Any], timeout_s: float = 10.0) -> dict[str, int]:
     KafkaClientError
         No answer from the brokers within ``timeout_s`` seconds.
     """
-    admin = _admin(conf)
-    try:
-        meta = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        _fail(exc, "cannot read the topics' metadata", timeout_s)
-    return {
-        name: len(tm.partitions)
-        for name, tm in meta.topics.items()
-        if not name.startswith("__") and tm.error is None and tm.partitions
-    }
+    return {name: n for name, n in _topics(conf, timeout_s).items() if not name.startswith("__")}
 
 
 def list_groups(conf: dict[str, Any], timeout_s: float = 10.0) -> dict[str, str]:
@@ -353,6 +349,10 @@ def record_timestamps(
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "enable.partition.eof": True,
+                    # one record per partition is wanted: no prefetching of megabytes behind it
+                    "queued.min.messages": 1,
+                    "max.partition.fetch.bytes": 65536,
+                    "fetch.max.bytes": 1048576,
                 },
             )
         )

@@ -68,15 +68,9 @@ def unpark_now(url: str, namespace: str, lid: str, socket_timeout_s: float = 2.0
     keyedconsumer.sequencing.store.StoreUnavailable
         Redis did not answer.
     """
-    from .store import LeaseStore
-
     if not _LID.fullmatch(lid):
         raise ValueError(f"not a lease id: {lid!r}")
-    store = LeaseStore(url, namespace, socket_timeout_s)
-    try:
-        return store.due_now(lid)
-    finally:
-        store.close()
+    return _with_store(url, namespace, socket_timeout_s, lambda store: store.due_now(lid))
 
 
 def cancel_scheduled(url: str, namespace: str, sid: str, socket_timeout_s: float = 2.0) -> bool:
@@ -91,13 +85,18 @@ def cancel_scheduled(url: str, namespace: str, sid: str, socket_timeout_s: float
     keyedconsumer.sequencing.store.StoreUnavailable
         Redis did not answer.
     """
-    from .store import LeaseStore
-
     if not re.fullmatch(r"[0-9a-f]{32}", sid):
         raise ValueError(f"not a scheduled message id: {sid!r}")
+    return _with_store(url, namespace, socket_timeout_s, lambda store: store.unschedule(sid))
+
+
+def _with_store(url: str, namespace: str, socket_timeout_s: float, act: Callable[[Any], bool]) -> bool:
+    """``act(store)`` on a short-lived :class:`~.store.LeaseStore` of the namespace."""
+    from .store import LeaseStore
+
     store = LeaseStore(url, namespace, socket_timeout_s)
     try:
-        return store.unschedule(sid)
+        return act(store)
     finally:
         store.close()
 

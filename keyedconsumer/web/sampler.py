@@ -37,6 +37,10 @@ MAX_AGES = 50
 MAX_LISTED_GROUPS = 20
 #: Seconds a group opened in a page stays sampled in detail.
 WATCH_S = 120.0
+#: Seconds between reads of the topic list (a cluster's full metadata: the dearest request here).
+TOPICS_EVERY_S = 30.0
+#: Seconds between reads of the oldest unfinished records' timestamps (each reads a record).
+AGES_EVERY_S = 10.0
 
 
 def is_dead_letter_topic(name: str) -> bool:
@@ -80,12 +84,33 @@ class Snapshot:
 
 
 class _History:
-    """A group's summed committed and end offsets over time, and when each partition last moved."""
+    """A group's summed committed and end offsets over time, when each partition last moved, and
+    the oldest unfinished records' timestamps as last read."""
 
     def __init__(self, history_s: float) -> None:
         self.points: deque[tuple[float, int, int]] = deque()
         self.moved: dict[TP, tuple[int | None, float]] = {}
         self.history_s = history_s
+        self.ages_read_s = -AGES_EVERY_S  # monotonic time of the last read of the ages
+        self.ages: dict[TP, tuple[float, float, int | None]] = {}  # partition -> (age s, when read, committed then)
+
+    def ages_due(self, now: float) -> bool:
+        return now - self.ages_read_s >= AGES_EVERY_S
+
+    def keep_ages(self, now: float, rows: list[dict[str, Any]], fresh: bool) -> None:
+        """Remember ages just read (``fresh``), else show the last ones read, grown by the time since
+        where the committed offset has not moved (the same record), as read where it has."""
+        if fresh:
+            self.ages_read_s = now
+            self.ages = {(r["topic"], r["partition"]): (r["oldest_unfinished_age_s"], now, r["committed_offset"])
+                         for r in rows if r["oldest_unfinished_age_s"] is not None}
+            return
+        for r in rows:
+            tp = (r["topic"], r["partition"])
+            if r["lag"] and tp in self.ages:
+                age, at, committed = self.ages[tp]
+                same = committed == r["committed_offset"]
+                r["oldest_unfinished_age_s"] = round(age + (now - at if same else 0.0), 3)
 
     def add(self, now: float, rows: list[dict[str, Any]]) -> None:
         committed = sum(r["committed_offset"] or 0 for r in rows)
@@ -170,6 +195,7 @@ class Sampler:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._watched: dict[str, float] = {}  # group -> when a page last showed it (monotonic)
+        self._topics: tuple[float, dict[str, int]] | None = None  # (monotonic time read, topics)
 
     # -- the thread -------------------------------------------------------------------------------
 
@@ -219,7 +245,7 @@ class Sampler:
         groups = list(self.fixed_groups)
         listed: dict[str, str] = {}
         try:
-            snap.topics = admin.all_topics(self.conf, self.timeout_s)
+            snap.topics = self._all_topics()
             if not groups:
                 listed = {g: st for g, st in admin.list_groups(self.conf, self.timeout_s).items() if not g.startswith(_TOOL_GROUPS)}
                 with self._lock:
@@ -244,11 +270,20 @@ class Sampler:
             self._snapshot = snap
         return snap
 
+    def _all_topics(self) -> dict[str, int]:
+        now = time.monotonic()
+        if self._topics is None or now - self._topics[0] >= TOPICS_EVERY_S:
+            self._topics = (now, admin.all_topics(self.conf, self.timeout_s))
+        return self._topics[1]
+
     def _group(self, group: str, topics: dict[str, int]) -> GroupSnapshot:
         out = GroupSnapshot(group, sampled_s=time.time())
+        history = self._histories.setdefault(group, _History(self.history_s))
+        fresh = history.ages_due(time.monotonic())
+        max_ages = MAX_AGES if fresh else 0
         try:
             try:
-                desc, rows = group_rows(self.conf, group, [], self.timeout_s, MAX_AGES)
+                desc, rows = group_rows(self.conf, group, [], self.timeout_s, max_ages)
             except KafkaClientError as exc:
                 if exc.code != "UNKNOWN_TOPIC_OR_PART":
                     raise
@@ -256,14 +291,15 @@ class Sampler:
                 committed = admin.committed_offsets(self.conf, group, None, self.timeout_s)
                 had = sorted({t for t, _ in committed})
                 gone = [t for t in had if t not in topics]
-                desc, rows = group_rows(self.conf, group, [t for t in had if t in topics], self.timeout_s, MAX_AGES)
+                desc, rows = group_rows(self.conf, group, [t for t in had if t in topics], self.timeout_s, max_ages)
                 out.note = f"topic(s) deleted: {', '.join(gone)}" if gone else None
+                self._topics = None  # read the topics again next time
         except KafkaClientError as exc:
             out.error = str(exc)
             return out
         out.state, out.members, out.rows = desc.state, desc.member_list, rows
-        history = self._histories.setdefault(group, _History(self.history_s))
         now = time.monotonic()
+        history.keep_ages(now, rows, fresh)
         history.add(now, rows)
         for r in rows:
             unmoved = history.unmoved_s((r["topic"], r["partition"]), now)

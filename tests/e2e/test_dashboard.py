@@ -23,6 +23,7 @@ from keyedconsumer.middleware import DeadLetter, Retry
 from keyedconsumer import KeyedConsumer, Message, PermanentError, RedisSequencer
 from keyedconsumer.sequencing import inspect_redis
 
+from ..integration.conftest import Running
 from ..integration.kafkautil import end_offsets, produce, wait_until
 from .conftest import Dashboard, screenshot_dir
 
@@ -47,6 +48,7 @@ class Scene:
         for f in futures.values():
             f.result(timeout=30)
         self.fail_poison = True
+        self.scheduled_id = ""
         self.seen: list[tuple[bytes | None, bytes | None, int]] = []
         self.lock = threading.Lock()
         self.seq = RedisSequencer(redis_url, self.group, lease_ttl_s=5.0)
@@ -55,15 +57,7 @@ class Scene:
             sequencer=self.seq,
             middlewares=[DeadLetter(brokers=[bootstrap]), Retry(max_attempts=None, initial_delay_s=600, max_delay_s=600, jitter=0, park=True)],
         )
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.consumer.run()
-        except BaseException as exc:
-            self.error = exc
+        self.running = Running(self.consumer)
 
     def handle(self, msg: Message) -> None:
         with self.lock:
@@ -78,8 +72,7 @@ class Scene:
             return sum(1 for _, v, _ in self.seen if v == value)
 
     def stop(self) -> None:
-        self.consumer.stop()
-        self.thread.join(30)
+        assert self.running.stop(30) and self.running.error is None
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +89,7 @@ def scene(kafka_bootstrap: str, redis_url: str) -> Iterator[Scene]:
         p.flush(10)
         assert wait_until(lambda: end_offsets(kafka_bootstrap, s.dlq, 1)[0] == 3, 60), "3 dead letters"
         assert wait_until(lambda: any(pk["key"] == "stuck" for pk in inspect_redis(redis_url, s.group)["parked"]), 30)
+        s.scheduled_id = s.seq.schedule(s.topic, b"later", b"remind me", delay_s=600)
         yield s
     finally:
         s.stop()
@@ -117,9 +111,24 @@ def dashboard(scene: Scene, redis_url: str, tmp_path_factory: pytest.TempPathFac
 
 
 def _wait(driver: Any, pred: Any, timeout_s: float = 20.0, what: str = "") -> Any:
+    """Wait until ``pred(driver)`` is truthy; an element replaced by a live refresh meanwhile
+    (stale) just means: look again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(lambda d: pred(d), what)
+    wait = WebDriverWait(driver, timeout_s, poll_frequency=0.2,
+                         ignored_exceptions=(StaleElementReferenceException, NoSuchElementException))
+    return wait.until(lambda d: pred(d), what)
+
+
+def _click(driver: Any, css: str, what: str = "") -> None:
+    """Click the first element matching ``css`` (found again if a refresh replaced it)."""
+
+    def click(d: Any) -> bool:
+        d.find_element("css selector", css).click()
+        return True
+
+    _wait(driver, click, what=what or css)
 
 
 def _text(driver: Any) -> str:
@@ -138,8 +147,7 @@ def test_the_group_page_shows_members_offsets_and_throughput_and_refreshes_live(
     # when a person opens the groups overview
     browser.get(dashboard.url + "/groups")
     _wait(browser, lambda d: scene.group in _text(d), what="the group is listed")
-    row = browser.find_element("css selector", f'tr[data-group="{scene.group}"]')
-    assert "stable" in row.text
+    _wait(browser, lambda d: "stable" in d.find_element("css selector", f'tr[data-group="{scene.group}"]').text, what="stable")
     # and the group's page
     browser.get(f"{dashboard.url}/groups/{scene.group}")
     browser.execute_script("window.__same_page = 1")
@@ -163,10 +171,10 @@ def test_the_group_page_shows_members_offsets_and_throughput_and_refreshes_live(
 def test_the_keys_page_shows_the_parked_key_its_lease_and_the_instance(scene: Scene, dashboard: Dashboard, browser: Any) -> None:
     browser.get(dashboard.url + "/keys")
     _wait(browser, lambda d: d.find_elements("css selector", 'table.parked tr[data-key="stuck"]'), what="the parked key")
-    parked = browser.find_element("css selector", 'table.parked tr[data-key="stuck"]')
-    cells = [c.text for c in parked.find_elements("tag name", "td")]
+    cells = _wait(browser, lambda d: [c.text for c in d.find_element("css selector", 'table.parked tr[data-key="stuck"]').find_elements("tag name", "td")])
     assert cells[1] == "1" and cells[2].startswith("in ") and cells[4] == "2", cells  # depth 1, due later, attempt 2 next
-    assert "Instances (1)" in _text(browser)
+    assert "Instances (1)" in _text(browser) and "Scheduled messages (1)" in _text(browser)
+    _wait(browser, lambda d: scene.scheduled_id in d.find_element("css selector", 'table.scheduled tr[data-key="later"]').text)
     assert scene.seq.instance_id in _text(browser)
     _shot(browser, "keys")
     # and the search keeps only matching keys
@@ -186,8 +194,7 @@ def test_dead_letters_are_listed_with_their_failure_headers_escaped(scene: Scene
     assert "poison-1" in text and "PermanentError" in text and "cannot parse b'not json 1'" in text
     assert f"{scene.topic}[" in text, "the original topic and partition"
     # the payloads are shown as text, never run
-    for d in browser.find_elements("css selector", "details"):
-        browser.execute_script("arguments[0].open = true", d)
+    browser.execute_script("document.querySelectorAll('details').forEach((d) => { d.open = true; })")  # also pauses the refresh
     text = _text(browser)
     assert XSS_KEY.decode() in text and XSS_VALUE.decode() in text and XSS_HEADER.decode() in text and "<b>name</b>" in text
     assert "Traceback" in text and "kafka_dlt-exception-fqcn" in text
@@ -231,8 +238,7 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene
     _sign_in(browser, dashboard)
     # when they select poison-1, replay it and confirm
     browser.get(f"{dashboard.url}/dead-letters/{scene.dlq}?key=poison-1")
-    box = _wait(browser, lambda d: d.find_elements("css selector", "input.select"), what="a checkbox")[0]
-    box.click()
+    _click(browser, "input.select", "a checkbox")
     browser.find_element("id", "replay-selected").click()
     assert "Replay 1 dead letter(s)" in browser.find_element("id", "confirm-text").text
     _confirm(browser)
@@ -245,16 +251,22 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene
     # when they un-park the parked key now and confirm
     before = scene.values_seen(b"pay 42 EUR")
     browser.get(dashboard.url + "/keys")
-    button = _wait(browser, lambda d: d.find_elements("css selector", 'tr[data-key="stuck"] button.action'), what="un-park")[0]
-    button.click()
+    _click(browser, 'tr[data-key="stuck"] button.action', "un-park")
     _confirm(browser)
     _wait(browser, lambda d: "due now" in d.find_element("id", "flash").text, 20, "the un-park's answer")
     # then its parked message runs at once (attempt 2), not in 10 minutes
     assert wait_until(lambda: scene.values_seen(b"pay 42 EUR") > before, 20), scene.seen
     assert (b"stuck", b"pay 42 EUR", 2) in scene.seen
+    # when they cancel the scheduled message and confirm
+    _click(browser, 'table.scheduled tr[data-key="later"] button.action', "cancel")
+    _confirm(browser)
+    _wait(browser, lambda d: "cancelled" in d.find_element("id", "flash").text, 20, "the cancel's answer")
+    # then it is no longer scheduled
+    assert inspect_redis(scene.redis_url, scene.group)["scheduled"] == 0
+    _wait(browser, lambda d: "Scheduled messages (0)" in _text(d), 20, "the page shows it gone")
     # and each action was logged, without the token
     log = dashboard.log()
-    assert "action replay" in log and "action unpark" in log and "sign-in refused" in log
+    assert "action replay" in log and "action unpark" in log and "action cancel-scheduled" in log and "sign-in refused" in log
     assert TOKEN not in log
 
 

@@ -173,3 +173,24 @@ def test_the_chart_scales_to_the_highest_rate() -> None:
     c = throughput_chart([(0.0, 0.0, 0.0), (5.0, 100.0, 50.0), (10.0, 50.0, 50.0)], width=100, height=50)
     assert c is not None and c.top == 100.0 and c.last_consumed == 50.0
     assert c.consumed.split()[1] == "50.0,1.0"  # the top of the box at the highest rate
+
+
+def test_a_partition_with_lag_whose_commit_does_not_move_is_stalled_and_ages_grow_between_reads() -> None:
+    from keyedconsumer.web.sampler import _History
+
+    h = _History(history_s=60.0)
+    rows0 = [_row("t", 0, 5, 9) | {"oldest_unfinished_age_s": 2.0}, _row("t", 1, 7, 7)]
+    h.keep_ages(100.0, rows0, fresh=True)
+    h.add(100.0, rows0)
+    # 30 s later the committed offsets have not moved; the ages are not read again
+    rows1 = [_row("t", 0, 5, 12), _row("t", 1, 7, 9)]
+    h.keep_ages(130.0, rows1, fresh=False)
+    h.add(130.0, rows1)
+    assert rows1[0]["oldest_unfinished_age_s"] == 32.0  # the same record, 30 s older
+    assert h.unmoved_s(("t", 0), 130.0) == 30.0
+    # and the rates: nothing consumed, 5 produced in 30 s
+    assert h.rates() == [(130.0, 0.0, 5 / 30)]
+    # once the commit moves, the partition is no longer unmoved
+    rows2 = [_row("t", 0, 8, 12), _row("t", 1, 9, 9)]
+    h.add(135.0, rows2)
+    assert h.unmoved_s(("t", 0), 135.0) == 0.0
