@@ -369,9 +369,23 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
         res["lag_at_end"] = group_lag(svc.brokers, meta["topic"], group, size["partitions"])
         res["handled_total"] = sum(r.get("handled") or 0 for r in results)
         res["drained"] = res["lag_at_end"] == 0 and res["handled_total"] >= size["messages"]
+    res["warnings"] = warnings_of(work)
     errors = [f"instance {i}: {r['error']}" for i, r in enumerate(results) if r.get("error")]
     res["error"] = "; ".join(errors) or None
     return res
+
+
+def warnings_of(work: Path) -> dict[str, int]:
+    """The instances' log warnings, counted by kind (the message with its numbers taken out)."""
+    import re
+
+    counts: dict[str, int] = {}
+    for f in sorted(work.glob("i*.err")):
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("WARNING:"):
+                kind = re.sub(r"\d+(\.\d+)?", "N", line.split(":", 2)[-1])[:90]
+                counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any], snap1: dict[str, Any],
@@ -552,7 +566,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
     for r in res["runs"]:
         rates = r.get("rate_per_second") or []
         per = ", ".join(fmt(x.get("cpu_s_per_1000"), 3) for x in r.get("per_instance", []))
+        warn = ", ".join(f"{c} x {k}" for k, c in list((r.get("warnings") or {}).items())[:2])
         notes = "; ".join([*r.get("notes", []), *(["unsteady window"] if r.get("unsteady") else []),
+                           *([f"warnings: {warn}"] if warn else []),
                            *([f"error: {r['error'][:200]}"] if r.get("error") else []),
                            *([f"drained: {r['drained']} (lag {r.get('lag_at_end')}, handled {r.get('handled_total')})"]
                              if "drained" in r else [])])
@@ -595,7 +611,20 @@ def main() -> int:
     ap.add_argument("--py-spy", default=str(bench.PEERS_PY.parent / "py-spy"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--rerender", action="store_true",
+                    help="only rewrite <out>/scaling.md (and the runs' warnings, from <out>/tmp) from <out>/scaling.json")
     args = ap.parse_args()
+    if args.rerender:
+        jp = args.out.resolve() / "scaling.json"
+        old = json.loads(jp.read_text())
+        for r in old["runs"]:
+            work = jp.parent / "tmp" / "scaling" / r["group"]
+            if "warnings" not in r and work.exists():
+                r["warnings"] = warnings_of(work)
+        old["summary"] = summarize(old["runs"], sorted({r["instances"] for r in old["runs"]}))
+        jp.write_text(json.dumps(old, indent=1))
+        write_markdown(old, jp.with_name("scaling.md"))
+        return 0
     size = SIZES[args.size]
     if args.window_s:
         size = dict(size, window_s=args.window_s)
