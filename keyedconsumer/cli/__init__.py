@@ -45,6 +45,23 @@ app = typer.Typer(
 )
 dead_letter_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
 app.add_typer(dead_letter_app, name="dead-letter")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"keyedconsumer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Run a keyed Kafka consumer, inspect a consumer group, replay dead letters, read the audit trail."""
+
+
 app.command()(run.run)
 app.command("inspect")(inspect.inspect_group)
 app.command("web")(web.web)

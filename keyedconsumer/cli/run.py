@@ -17,7 +17,7 @@ from ..sequencing import redact_url
 from ..sequencing.config import CLUSTER_SCHEMES
 from .errors import CliError
 from .handler import load_handler
-from .output import _Level, _print_json, _reports_errors, _setup_logging
+from .output import _Format, _Level, _print_json, _reports_errors, _setup_logging
 from .settings import BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _resolve_run
 
 log = logging.getLogger("keyedconsumer.cli")
@@ -135,6 +135,20 @@ def run(
         str, typer.Option(metavar="DIR", help="Directory put first on the Python path to import the handler.")
     ] = ".",
     log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.INFO,
+    log_format: Annotated[_Format, typer.Option(help="text, or json: one JSON object per line.")] = _Format.TEXT,
+    health_port: Annotated[
+        int | None,
+        typer.Option(metavar="PORT", help="Serve /livez, /readyz, /healthz on this port (0: any free one).",
+                     show_default=False),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(metavar="PORT", help="Serve Prometheus /metrics on this port (needs keyedconsumer[metrics]).",
+                     show_default=False),
+    ] = None,
+    http_addr: Annotated[
+        str, typer.Option(metavar="ADDR", help="Address the health and metrics endpoints listen on.")
+    ] = "127.0.0.1",
     print_settings: Annotated[
         bool,
         typer.Option(
@@ -148,7 +162,7 @@ def run(
     finished offsets are committed and the process exits 0. A message that fails with nothing to
     handle it (no dead-letter topic) stops the consumer the same way and exits 1.
     """
-    _setup_logging(log_level.value)
+    _setup_logging(log_level.value, log_format.value)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()] or None
     flags: dict[str, Any] = {
         "handler": handler,
@@ -170,7 +184,9 @@ def run(
     if handler is not None:
         target = load_handler(handler, app_dir)
         if isinstance(target, KeyedApp):
-            _run_app(handler, target, {k: v for k, v in flags.items() if k != "handler"}, props, config_file)
+            app_flags = {k: v for k, v in flags.items() if k != "handler"}
+            app_flags.update(health_port=health_port, metrics_port=metrics_port)
+            _run_app(handler, target, app_flags, props, config_file)
             return
     settings, options = _resolve_run(flags, props or [], config_file)
     if not options.handler:
@@ -194,9 +210,17 @@ def run(
                 "redis+cluster:// URL", 2
             )
         sequencer = RedisSequencer(url=options.redis, namespace=options.namespace or settings.group)
+    middlewares = _middlewares(settings, options)
+    metrics: Any = None
+    if metrics_port is not None:
+        try:
+            metrics = importlib.import_module("keyedconsumer.middleware").Metrics(http_port=metrics_port, http_addr=http_addr)
+        except ImportError:
+            raise CliError("--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2) from None
+        middlewares.insert(0, metrics)
     try:
         consumer = KeyedConsumer(
-            handler=fn, middlewares=_middlewares(settings, options), settings=settings, sequencer=sequencer
+            handler=fn, middlewares=middlewares, settings=settings, sequencer=sequencer
         )
     except PublishError as exc:
         raise CliError(f"dead-letter publisher: {exc}", 2) from None
@@ -213,6 +237,16 @@ def run(
         f", dead letters to {options.dead_letter_topic}" if options.dead_letter_topic else "",
         f", redis {redact_url(options.redis)}" if options.redis else "",
     )
+    health: Any = None
+    if metrics is not None:
+        metrics.bind(consumer)
+        log.info("metrics on http://%s:%d/metrics", http_addr, metrics_port)
+    if health_port is not None:
+        from ..health import Health
+
+        health = Health(consumer)
+        bound = health.serve(health_port, addr=http_addr)
+        log.info("health on http://%s:%d/livez, /readyz, /healthz", http_addr, bound)
     try:
         consumer.run()
     except KeyedConsumerError as exc:
@@ -220,6 +254,9 @@ def run(
     except Exception as exc:  # e.g. Redis refused as not durable; --log-level DEBUG shows the traceback
         log.debug("run failed", exc_info=True)
         raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
+    finally:
+        if health is not None:
+            health.close()
     log.info("stopped")
 
 
@@ -227,7 +264,8 @@ def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] |
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
     Its routes carry their own options, so the consumer flags, ``-X`` and a TOML file are refused
-    (exit 2) rather than silently ignored or half applied."""
+    (exit 2) rather than silently ignored or half applied; so are ``--health-port`` and
+    ``--metrics-port`` for now (an app serves them itself: ``Health(app.consumers[i])``, ``Metrics``)."""
     given = sorted(k for k, v in flags.items() if v is not None)
     if given or props or config_file:
         named = ", ".join(given + (["-X"] if props else []) + (["--config-file"] if config_file else []))

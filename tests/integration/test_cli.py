@@ -214,6 +214,54 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
 
 
 @pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_run_serves_health_and_metrics_and_logs_json(
+    kafka_bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    import json as jsonlib
+    import socket
+    import urllib.request
+
+    # given a topic of 50 records, and free ports
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(f"k{i % 5}".encode(), str(i).encode(), None) for i in range(50)])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    log = tmp_path / "handled.log"
+    # when the CLI runs with JSON logs, health endpoints on any free port, and metrics
+    proc = start_run(
+        ["tests.integration.procs.cli_handlers:handle", "--topic", topic, "--group", f"cli-ops-{uuid.uuid4().hex[:8]}",
+         "--brokers", kafka_bootstrap, "--log-format", "json", "--health-port", "0", "--metrics-port", str(metrics_port)],
+        log,
+    )
+    lines: list[dict[str, Any]] = []
+    try:
+        assert wait_until(lambda: len(read_log(log)) >= 50 or proc.poll() is not None, 60)
+        assert proc.poll() is None
+        # then readiness and metrics answer over HTTP
+        health_url = None
+        deadline = time.monotonic() + 20
+        while health_url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline() if proc.stderr else ""
+            if line.strip():
+                lines.append(jsonlib.loads(line))  # every log line is one JSON object
+                if lines[-1]["message"].startswith("health on "):
+                    health_url = lines[-1]["message"].split()[2].rsplit("/", 1)[0]
+        assert health_url is not None, lines
+        ready = jsonlib.loads(urllib.request.urlopen(f"{health_url}/readyz", timeout=10).read())
+        assert ready["ready"] is True and ready["assigned_partitions"] == 1
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert "messaging_client_consumed_messages_total" in text and "keyedconsumer_partition_lag" in text
+    finally:
+        code, output = stop(proc)
+    assert code == 0, output[-3000:]
+    for line in output.splitlines():
+        if line.strip():
+            assert {"asctime", "levelname", "name", "message"} <= set(jsonlib.loads(line)), line
+
+
+@pytest.mark.kafka
 @pytest.mark.timeout(60)
 def test_run_failure_exits_1_without_secrets_or_traceback(kafka_bootstrap: str, tmp_path: Path) -> None:
     # given brokers that do not answer, a SASL password and a Redis URL with a password
