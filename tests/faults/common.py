@@ -84,11 +84,15 @@ SIZES = {
     "ci": Size("ci", partitions=12, keys=300, messages=15_000, fault_window_s=75.0,
                consumer_fault_every_s=(9.0, 12.0), drain_timeout_s=120.0),
     # the cluster run (--cluster): 3 brokers, a Redis Cluster, consumers on hosts; a longer window,
-    # for the host cut and the failovers
+    # for the host cut and the failovers. 3 JVMs and 7 Redis servers share the 2 cores with the
+    # consumers: a 6 s session timeout let the group coordinator drop members that no fault touched
+    # (under a load of 30-40), so 10 s, and the pauses and cuts stay longer than that
     "cluster-full": Size("cluster-full", partitions=12, keys=2000, messages=150_000, fault_window_s=240.0,
-                         consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=300.0),
+                         consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=300.0, session_timeout_ms=10_000,
+                         stop_s=(11.0, 13.0), cut_s=(16.0, 18.0)),
     "cluster-ci": Size("cluster-ci", partitions=12, keys=300, messages=15_000, fault_window_s=90.0,
-                       consumer_fault_every_s=(10.0, 14.0), drain_timeout_s=150.0),
+                       consumer_fault_every_s=(10.0, 14.0), drain_timeout_s=150.0, session_timeout_ms=10_000,
+                       stop_s=(11.0, 13.0), cut_s=(16.0, 18.0)),
 }
 
 
