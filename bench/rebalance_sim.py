@@ -161,6 +161,68 @@ def series(partitions: int, steps: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def engine_run(partitions: int, members: int, messages: int, keys: int = 100_000) -> dict[str, Any]:
+    """The real engine on the in-memory broker: ``members`` KeyedConsumers (threads of this process)
+    on a ``partitions``-partition topic; ``messages`` handled, then one member joins and one leaves
+    while ``messages`` more are handled. Counted: offsets handled more than once (re-runs), records
+    never handled, partitions moved (from the rebalance callbacks), and the wall and CPU time of
+    the process (the in-memory broker has no network: these times say what the engine costs, not
+    how long a real rebalance takes)."""
+    import random
+    import threading
+
+    from keyedconsumer.testing import InMemoryBroker
+
+    broker = InMemoryBroker()
+    broker.create_topic(TOPIC, partitions=partitions)
+    seen: dict[tuple[int, int], int] = {}
+    lock = threading.Lock()
+
+    def handle(msg: Any) -> None:
+        time.sleep(0.001)  # 1 ms of work, so the join and the leave land while messages run
+        with lock:
+            k = (msg.partition, msg.offset)
+            seen[k] = seen.get(k, 0) + 1
+
+    rng = random.Random(5)
+
+    def produce(n: int) -> None:
+        for _ in range(n):
+            k = rng.randrange(keys)
+            broker.produce(TOPIC, b"x", key=b"k%07d" % k)
+
+    def member(i: int) -> Any:
+        return broker.consumer(name="sim", handler=handle, topics=[TOPIC], concurrency=4, poll_timeout_s=0.05)
+
+    out: dict[str, Any] = {"partitions": partitions, "members": members, "messages": 2 * messages}
+    produce(messages)
+    t0, c0 = time.perf_counter(), time.process_time()
+    cons = [member(i) for i in range(members)]
+    with broker.run(*cons) as run:
+        run.until_idle(timeout_s=600)
+        out["first_pass_s"] = round(time.perf_counter() - t0, 1)
+        n_cb = len(broker.callbacks("sim"))
+        produce(messages)
+        t1, c1 = time.perf_counter(), time.process_time()
+        extra = member(members)
+        run.add(extra)  # one joins while the second half flows
+        run.wait_for(lambda: any(kind == "assign" for _, kind, _ in broker.callbacks("sim")[n_cb:]), timeout_s=300,
+                     what="the newcomer's assignment")
+        run.stop(cons[0])  # one leaves, gracefully
+        run.until_idle(timeout_s=600)
+        out["second_pass_s"] = round(time.perf_counter() - t1, 1)
+        out["second_pass_cpu_s"] = round(time.process_time() - c1, 1)
+        cbs = broker.callbacks("sim")[n_cb:]
+    out["first_pass_cpu_s"] = round(c1 - c0, 1)
+    out["revoked_partitions"] = sum(len(tps) for _, kind, tps in cbs if kind == "revoke")
+    out["assigned_partitions"] = sum(len(tps) for _, kind, tps in cbs if kind == "assign")
+    out["lost_partitions"] = sum(len(tps) for _, kind, tps in cbs if kind == "lost")
+    out["callbacks"] = len(cbs)
+    out["handled_twice"] = sum(1 for v in seen.values() if v > 1)
+    out["never_handled"] = 2 * messages - len(seen)
+    return out
+
+
 # ------------------------------------------------------------------------------- lease churn
 
 
@@ -246,6 +308,15 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
                      f"| {c['lease_evalsha_per_s']:,} | {c['lease_evalsha_per_msg']} |")
     lines += ["", "Closed form check (uniform keys, no service time): acquires/msg = exp(-rate/keys x linger): "
               + ", ".join(f"{k}: {v:.4f}" for k, v in res["closed_form"].items()), ""]
+    if "engine" in res:
+        e = res["engine"]
+        lines += ["", "## The engine on the in-memory broker", "",
+                  f"{e['members']} KeyedConsumers (concurrency 4, a 1 ms handler, threads of one process) on {e['partitions']:,} partitions: "
+                  f"{e['messages'] // 2:,} messages handled ({e['first_pass_s']} s, {e['first_pass_cpu_s']} s CPU), then one "
+                  f"member joins and one leaves while {e['messages'] // 2:,} more are handled ({e['second_pass_s']} s, "
+                  f"{e['second_pass_cpu_s']} s CPU). Partitions revoked {e['revoked_partitions']}, assigned "
+                  f"{e['assigned_partitions']}, lost {e['lost_partitions']} ({e['callbacks']} callbacks); offsets handled "
+                  f"more than once: **{e['handled_twice']}**; never handled: **{e['never_handled']}**.", ""]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -253,6 +324,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="100 partitions / 10 members, short churn runs (seconds)")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--engine", default="", metavar="P/N/M",
+                    help="also run the engine on the in-memory broker: P partitions, N members, M messages a pass "
+                         "(e.g. 1000/100/50000)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.smoke:
@@ -278,6 +352,9 @@ def main() -> int:
     res["churn"] = [lease_churn(r, k, d, seconds=seconds, service_s=s) for r, k, d, s in churn_cases]
     res["closed_form"] = {f"{r}/s over {k:,} keys": expected_acquires_per_msg_uniform(r, k, 1.0)
                           for r, k, d, s in churn_cases if d == "uniform"}
+    if args.engine or args.smoke:
+        p_, n_, m_ = (int(x) for x in (args.engine or "100/10/5000").split("/"))
+        res["engine"] = engine_run(p_, n_, m_)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
