@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from . import signals
 from .config import ConsumerConfig
-from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware
+from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
 from .errors import KeyedConsumerError
 from .kafka import ClientFactory
 from .sequencing.base import Sequencer
@@ -74,6 +74,9 @@ class KeyedApp:
         ``InMemoryBroker.client_factory``.
     clock:
         Monotonic clock in seconds for ``RetryLater`` delays (``InMemoryBroker.clock`` in tests).
+    middlewares:
+        Middleware of every route, outside the route's own (the first given is the outermost);
+        :meth:`use` adds more before a run.
     **options:
         :class:`~keyedconsumer.ConsumerConfig` fields shared by every route (``brokers``,
         ``group_id``, ``config`` with the security settings, ``shutdown_timeout_s`` ...); a route's
@@ -91,7 +94,7 @@ class KeyedApp:
     """
 
     def __init__(self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
-                 **options: Any) -> None:
+                 middlewares: Sequence[Middleware] = (), **options: Any) -> None:
         fields = set(ConsumerConfig.model_fields)
         unknown = sorted(set(options) - fields)
         if unknown:
@@ -100,6 +103,7 @@ class KeyedApp:
             if own in options:
                 raise ValueError(f"{own!r} belongs to a route: @app.handler(...)")
         self._options = options
+        self._middlewares: list[Middleware] = list(middlewares)
         self._client_factory = client_factory
         self._clock = clock
         self.routes: list[Route] = []
@@ -161,6 +165,11 @@ class KeyedApp:
             return fn
 
         return register
+
+    def use(self, *middlewares: Middleware) -> None:
+        """Add middleware to every route, inside the app's earlier ones and outside each route's own
+        (e.g. ``app.use(Metrics(http_port=9464))``); it takes effect at the next run."""
+        self._middlewares.extend(middlewares)
 
     def on_startup(self, fn: H) -> H:
         """Run ``fn()`` (sync or ``async def``) before any consumer starts, on the app's event loop,
@@ -256,11 +265,10 @@ class KeyedApp:
         if first is not None:
             raise first
 
-    @staticmethod
-    def _consumer(route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]) -> KeyedConsumer:
+    def _consumer(self, route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]) -> KeyedConsumer:
         return KeyedConsumer(
             handler=route.handler,
-            middlewares=route.middlewares,
+            middlewares=[*self._middlewares, *route.middlewares],
             error_handler=route.error_handler,
             client_factory=client_factory,
             settings=route.settings,
@@ -274,6 +282,26 @@ class KeyedApp:
                 await _call(hook)
             except Exception:
                 log.exception("on_shutdown hook %s raised", getattr(hook, "__name__", hook))
+
+    # -- health (a keyedconsumer.health.HealthSource: Health(app) works) ------------------------
+
+    @property
+    def polled_at_s(self) -> float:
+        """When the route that polled least recently last returned from a poll (monotonic seconds;
+        0.0 before every route polled once): the app is live while all its poll loops run."""
+        consumers = self.consumers
+        if not consumers:
+            return 0.0
+        return min(c.polled_at_s for c in consumers)
+
+    @property
+    def assignment(self) -> list[tuple[str, int]]:
+        """The partitions assigned to any route now."""
+        return [tp for c in self.consumers for tp in c.assignment]
+
+    def partition_status(self) -> list[PartitionStatus]:
+        """Every route's partition status (two routes on one topic list its partitions twice)."""
+        return [s for c in self.consumers for s in c.partition_status()]
 
     def stop(self) -> None:
         """Stop every route gracefully (each drains and commits, see :meth:`KeyedConsumer.stop`);

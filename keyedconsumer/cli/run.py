@@ -185,7 +185,7 @@ def run(
         target = load_handler(handler, app_dir)
         if isinstance(target, KeyedApp):
             app_flags = {k: v for k, v in flags.items() if k != "handler"}
-            app_flags.update(health_port=health_port, metrics_port=metrics_port)
+            app_flags.update(health_port=health_port, metrics_port=metrics_port, http_addr=http_addr)
             _run_app(handler, target, app_flags, props, config_file)
             return
     settings, options = _resolve_run(flags, props or [], config_file)
@@ -264,13 +264,28 @@ def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] |
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
     Its routes carry their own options, so the consumer flags, ``-X`` and a TOML file are refused
-    (exit 2) rather than silently ignored or half applied; so are ``--health-port`` and
-    ``--metrics-port`` for now (an app serves them itself: ``Health(app.consumers[i])``, ``Metrics``)."""
+    (exit 2) rather than silently ignored or half applied. ``--health-port`` serves the health of
+    every route together (``Health(app)``), ``--metrics-port`` adds ``Metrics`` to every route
+    (message counters and durations; the per-partition gauges need ``Metrics.bind`` of one consumer)."""
+    health_port, metrics_port, http_addr = flags.pop("health_port"), flags.pop("metrics_port"), flags.pop("http_addr")
     given = sorted(k for k, v in flags.items() if v is not None)
     if given or props or config_file:
         named = ", ".join(given + (["-X"] if props else []) + (["--config-file"] if config_file else []))
         raise CliError(f"{spec} is a KeyedApp: its routes carry their options; remove {named}", 2)
     log.info("running %s: %s", spec, ", ".join(f"{r.settings.name} <- {','.join(r.settings.topics)}" for r in app.routes))
+    if metrics_port is not None:
+        try:
+            app.use(importlib.import_module("keyedconsumer.middleware").Metrics(http_port=metrics_port, http_addr=http_addr))
+        except ImportError:
+            raise CliError("--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2) from None
+        log.info("metrics on http://%s:%d/metrics (messages of every route)", http_addr, metrics_port)
+    health: Any = None
+    if health_port is not None:
+        from ..health import Health
+
+        health = Health(app)
+        bound = health.serve(health_port, addr=http_addr)
+        log.info("health on http://%s:%d/livez, /readyz, /healthz (every route)", http_addr, bound)
     try:
         app.run()
     except KeyedConsumerError as exc:
@@ -278,4 +293,7 @@ def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] |
     except Exception as exc:
         log.debug("run failed", exc_info=True)
         raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
+    finally:
+        if health is not None:
+            health.close()
     log.info("stopped")

@@ -196,7 +196,7 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
     log = tmp_path / "handled.log"
     env = {"KC_CLI_BROKERS": kafka_bootstrap, "KC_CLI_GROUP": group, "KC_CLI_TOPIC1": topics[0], "KC_CLI_TOPIC2": topics[1]}
     # when `keyedconsumer run module:app` runs it until every record was handled, then gets SIGTERM
-    proc = start_run(["tests.integration.procs.cli_app:app"], log, env)
+    proc = start_run(["tests.integration.procs.cli_app:app", "--health-port", "0"], log, env)
     try:
         assert wait_until(lambda: len(read_log(log)) >= 400 or proc.poll() is not None, 60)
     finally:
@@ -205,6 +205,7 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
     assert code == 0, output[-3000:]
     rows = read_log(log)
     assert rows[-1][0] == "shutdown" and len(rows) - 1 >= 400, rows[-3:]  # the log names no topic: counted
+    assert "health on http://127.0.0.1:" in output  # --health-port serves every route's health
     for t in topics:
         assert committed(kafka_bootstrap, group, t, 2) == end_offsets(kafka_bootstrap, t, 2)
     # and consumer flags next to an app are refused, not ignored

@@ -268,3 +268,31 @@ def test_the_plugin_keeps_keyedconsumer_environment_out_of_tests(tmp_path) -> No
     assert inner() == 0
     # and without it the variable would have leaked in (the control: the plugin is what keeps it out)
     assert inner("-p", "no:keyedconsumer") == 1
+
+
+def test_an_app_is_a_health_source_and_app_middleware_wraps_every_route(kc_broker: InMemoryBroker) -> None:
+    from keyedconsumer.health import Health
+
+    kc_broker.create_topic("a", partitions=2)
+    kc_broker.create_topic("b", partitions=1)
+    seen: list[str] = []
+
+    def outer(handler: Any) -> Any:
+        def wrapped(msg: Message) -> None:
+            seen.append(f"outer:{msg.topic}")
+            handler(msg)
+
+        return wrapped
+
+    app = KeyedApp(poll_timeout_s=0.01, middlewares=[outer])
+    app.handler("a")(lambda m: None)
+    app.handler("b", name="bee")(lambda m: None)
+    health = Health(app)
+    assert not health.check().live  # no route polls yet
+    with kc_broker.run_app(app) as run:
+        kc_broker.produce("a", "1", key="k")
+        kc_broker.produce("b", "2", key="k")
+        run.until_idle()
+        report = health.check()
+        assert report.live and report.ready and report.assigned_partitions == 3
+    assert sorted(seen) == ["outer:a", "outer:b"]
