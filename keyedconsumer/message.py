@@ -10,8 +10,20 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 from weakref import ref as _weakref
+
+if TYPE_CHECKING:
+    # A type variable with a default (PEP 696): ``Message`` alone means ``Message[Any]``, so
+    # handlers annotated with the bare ``Message`` still type-check under mypy --strict. The
+    # runtime TypeVar of Python < 3.13 has no ``default``; type checkers read this branch.
+    from typing_extensions import TypeVar
+
+    P = TypeVar("P", default=Any)
+else:
+    from typing import TypeVar
+
+    P = TypeVar("P")
 
 __all__ = ["Message", "Status"]
 
@@ -31,8 +43,12 @@ class Status(enum.Enum):
     FAIL = "FAIL"
 
 
-class Message:
-    """One Kafka record handed to a handler.
+class Message(Generic[P]):
+    """One Kafka record handed to a handler; generic in the type of its decoded ``payload``.
+
+    ``Message[Order]`` is a message whose ``payload`` is an ``Order`` (what
+    ``Typed(Order)`` puts there), so ``def handle(msg: Message[Order]) -> None`` type-checks
+    ``msg.payload.cents``. ``Message`` alone is ``Message[Any]``.
 
     Attributes
     ----------
@@ -53,6 +69,11 @@ class Message:
         new attempt (after a :class:`~keyedconsumer.RetryLater`).
     last_error:
         The error that caused the last retry (``RetryLater``'s ``__cause__``), or ``None``.
+    payload:
+        The decoded value (type ``P``), set by a decoding middleware such as
+        :class:`~keyedconsumer.middleware.Typed`; ``None`` until one runs, and for a tombstone.
+    key_payload:
+        The decoded key (``Typed(..., key=...)``), or ``None`` (not decoded, or a null key).
     state:
         A free ``dict`` for middleware (retry state, decoded payloads, timings).
     fencing_token:
@@ -73,6 +94,7 @@ class Message:
         "attempt",
         "last_error",
         "payload",
+        "key_payload",
         "fencing_token",
         "group_id",
         "_headers",
@@ -101,7 +123,10 @@ class Message:
         self.error: BaseException | None = None
         self.attempt = 1
         self.last_error: BaseException | None = None
-        self.payload: Any = None
+        # None until a decoding middleware sets it (Typed); typed P for the handlers that declare
+        # Message[P] behind such a middleware.
+        self.payload: P = None  # type: ignore[assignment]
+        self.key_payload: Any = None
         self.fencing_token: int | None = None
         # The headers list (when the record has none) and the state dict are made on first use:
         # most handlers never touch them, and not allocating containers per message keeps the

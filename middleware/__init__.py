@@ -13,11 +13,16 @@ publish with the consumer's brokers and connection properties, so credentials ar
 Retry state travels on the :class:`~keyedconsumer.Message` (``attempt``, ``last_error``), and
 control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,
 :class:`~keyedconsumer.PermanentError`, :class:`~keyedconsumer.SkipMessage`), not flags.
+
+``Typed`` decodes with a :class:`Decoder`: :class:`Json` (pydantic), :class:`Text` (UTF-8 keys), or
+the Confluent Schema Registry ones in :mod:`keyedconsumer.middleware.schema_registry` (``Avro``,
+``Protobuf``, ``JsonSchema``; extra ``keyedconsumer[schema-registry]``, imported from there only).
 """
 
 from .audit import Audit
 from .dead_letter import HEADERS as DEAD_LETTER_HEADERS
 from .dead_letter import DeadLetter, DeadLetterError
+from .decoders import Decoder, Json, Text, UndecodableError
 from .logging import Logging
 from .metrics import Metrics
 from .recover import Recover
@@ -33,6 +38,10 @@ __all__ = [
     "DEAD_LETTER_HEADERS",
     "Typed",
     "DecodeError",
+    "Decoder",
+    "UndecodableError",
+    "Json",
+    "Text",
     "Logging",
     "Metrics",
     "Recover",

@@ -43,6 +43,10 @@ def test_one_module_per_outside_system() -> None:
 
 ROOT = Path(keyedconsumer.__file__).resolve().parent.parent
 CONFLUENT_MODULES = {"keyedconsumer.kafka.client", "keyedconsumer.kafka.publisher", "keyedconsumer.kafka.admin"}
+#: The Schema Registry's seam (another outside system, whose client ships in confluent-kafka): the one
+#: middleware module that imports confluent_kafka, and only its schema_registry and serialization parts.
+REGISTRY_MODULE = "keyedconsumer.middleware.schema_registry"
+REGISTRY_IMPORTS = ("confluent_kafka.schema_registry", "confluent_kafka.serialization")
 
 
 def _modules() -> dict[str, Path]:
@@ -87,8 +91,11 @@ def test_only_the_three_kafka_implementation_modules_import_confluent_kafka() ->
     assert "keyedconsumer.kafka" in modules and "keyedconsumer.middleware.dead_letter" in modules
     # when their import statements are read
     importers = {name for name, path in modules.items() if _imports_confluent(_imported(name, path))}
-    # then only the client, the publisher and the admin tools import confluent_kafka
-    assert importers == CONFLUENT_MODULES
+    # then only the client, the publisher and the admin tools import confluent_kafka (and the
+    # Schema Registry's decoders, its registry client only: never the Kafka client)
+    assert importers == CONFLUENT_MODULES | {REGISTRY_MODULE}
+    registry = {m for m in _imported(REGISTRY_MODULE, modules[REGISTRY_MODULE]) if m.startswith("confluent_kafka")}
+    assert registry and all(m.startswith(REGISTRY_IMPORTS) for m in registry), sorted(registry)
 
 
 def test_the_kafka_seam_module_loads_nothing_that_imports_confluent_kafka() -> None:
@@ -126,7 +133,8 @@ def test_middleware_uses_only_the_public_api() -> None:
         for names in re.findall(r"from keyedconsumer import ([\w, ]+)", text):
             for name in (n.strip() for n in names.split(",")):
                 assert name in keyedconsumer.__all__, f"{path.name} imports non-public {name}"
-        assert "confluent_kafka" not in text, path
+        if path.name != "schema_registry.py":  # the Schema Registry's seam (see REGISTRY_MODULE)
+            assert "confluent_kafka" not in text, path
 
 
 @pytest.mark.timeout(120)
