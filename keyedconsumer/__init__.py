@@ -11,6 +11,7 @@ from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, Partitio
 from .errors import (
     CommitError,
     HandlerContractError,
+    HandlerTimeoutError,
     KafkaClientError,
     KeyedConsumerError,
     MessageError,
@@ -37,6 +38,7 @@ __all__ = [
     "HandlerContractError",
     "KafkaClientError",
     "CommitError",
+    "HandlerTimeoutError",
     "RetryLater",
     "SkipMessage",
     "PermanentError",

@@ -299,6 +299,11 @@ class KeyedApp:
         """The partitions assigned to any route now."""
         return [tp for c in self.consumers for tp in c.assignment]
 
+    @property
+    def overrunning(self) -> int:
+        """Plain handler runs past ``handler_timeout_s`` still running, over every route."""
+        return sum(c.overrunning for c in self.consumers)
+
     def partition_status(self) -> list[PartitionStatus]:
         """Every route's partition status (two routes on one topic list its partitions twice)."""
         return [s for c in self.consumers for s in c.partition_status()]

@@ -285,6 +285,12 @@ class ConsumerConfig(BaseSettings):
         Records asked of librdkafka per ``consume()`` call.
     poll_timeout_s:
         Seconds one ``consume()`` call may wait; also the longest delay of an offset store.
+    handler_timeout_s:
+        Seconds one handler run may take (``None``: no limit). At the limit an ``async def``
+        handler is cancelled; a plain handler cannot be interrupted: it is logged, counted and
+        health turns not-ready while it overruns, and its run fails when it returns. Either way the
+        attempt fails with ``HandlerTimeoutError``, which retry and dead-letter middleware handle
+        (the limit applies inside every middleware).
     shutdown_timeout_s:
         Seconds ``stop()`` waits for running handlers before committing and closing.
     revoke_timeout_s:
@@ -342,6 +348,7 @@ class ConsumerConfig(BaseSettings):
     max_in_flight_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     batch_size: int = Field(default=500, ge=1, le=1_000_000)
     poll_timeout_s: float = Field(default=0.1, gt=0, le=60)
+    handler_timeout_s: float | None = Field(default=None, gt=0)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)

@@ -37,6 +37,7 @@ from .engine.handler import (
 from .engine.partitions import Partition
 from .engine.rebalance import CATCH_UP_SHARE, FINAL_COMMIT_MIN_S, Rebalance
 from .engine.settle import Settler
+from .engine.timelimit import TimeLimit
 from .errors import KafkaClientError, KeyedConsumerError
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message
@@ -139,7 +140,8 @@ class KeyedConsumer:
         #: returns, inside every middleware, so that no middleware can hide it.
         self._contract = Contract()
         bind(middlewares, self.config)
-        self._handler = compose(self._contract.wrap(handler), middlewares)
+        self._time_limit = TimeLimit(self.config.handler_timeout_s)
+        self._handler = compose(self._contract.wrap(self._time_limit.wrap(handler)), middlewares)
         self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
@@ -302,6 +304,16 @@ class KeyedConsumer:
     def running(self) -> bool:
         """True while :meth:`run` / :meth:`run_async` is serving (from its start to its return)."""
         return self._active
+
+    @property
+    def handler_timeouts(self) -> int:
+        """Handler runs that exceeded ``handler_timeout_s`` so far (cancelled or overran)."""
+        return self._time_limit.overruns
+
+    @property
+    def overrunning(self) -> int:
+        """Plain handler runs past ``handler_timeout_s`` that still run now (health: not ready)."""
+        return self._time_limit.overrunning
 
     @property
     def conflated(self) -> int:

@@ -95,3 +95,9 @@ class CommitError(KafkaClientError):
 
 class PublishError(KeyedConsumerError):
     """A record could not be published (refused by the broker, or not acknowledged in time)."""
+
+
+class HandlerTimeoutError(KeyedConsumerError, TimeoutError):
+    """A handler run took longer than ``handler_timeout_s``: an ``async def`` handler was cancelled;
+    a plain one (which cannot be interrupted) overran and its run counts as failed. Retry and
+    dead-letter middleware handle it like any other failure."""

@@ -4,8 +4,9 @@
   poll) is at most ``live_within_s`` old. The loop returns every ``poll_timeout_s`` when idle; a
   rebalance callback runs inside a poll and may hold it for up to ``revoke_timeout_s``, so keep
   ``live_within_s`` above that. Not live before the first poll and once the loop stopped.
-- **Ready**: live, and at least one partition is assigned (``consumer.assignment``). A member with
-  nothing assigned (more members than partitions) is live but not ready.
+- **Ready**: live, at least one partition is assigned (``consumer.assignment``), and no plain
+  handler runs past ``handler_timeout_s`` (``consumer.overrunning``). A member with nothing
+  assigned (more members than partitions) is live but not ready.
 - **Stalled partition**: its lag is above zero while its stored offset has not moved for
   ``stall_after_s`` (from ``consumer.partition_status()``; this object remembers when each
   partition's ``stored_offset`` last changed). Before anything was stored for the assignment the
@@ -41,7 +42,9 @@ log = logging.getLogger("keyedconsumer.health")
 
 
 class HealthSource(Protocol):
-    """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one)."""
+    """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one, and
+    a :class:`~keyedconsumer.KeyedApp`). An ``overrunning`` attribute (int), when present, counts
+    handler runs past their time limit: above 0, not ready."""
 
     @property
     def polled_at_s(self) -> float: ...
@@ -78,6 +81,7 @@ class HealthReport:
     polled_ago_s: float | None
     assigned_partitions: int
     stalled: tuple[StalledPartition, ...]
+    overrunning: int = 0  # plain handler runs past handler_timeout_s, still running
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +97,7 @@ class HealthReport:
             "polled_ago_s": None if self.polled_ago_s is None else round(self.polled_ago_s, 3),
             "assigned_partitions": self.assigned_partitions,
             "stalled": [dataclasses.asdict(s) for s in self.stalled],
+            "overrunning_handlers": self.overrunning,
         }
 
 
@@ -153,7 +158,8 @@ class Health:
             polled_ago_s = now - polled if polled > 0 else None
             live = polled_ago_s is not None and polled_ago_s <= self.live_within_s
             stalled = self._track(statuses, now)
-        return HealthReport(live, live and assigned > 0, polled_ago_s, assigned, stalled)
+        overrunning = int(getattr(c, "overrunning", 0))
+        return HealthReport(live, live and assigned > 0 and not overrunning, polled_ago_s, assigned, stalled, overrunning)
 
     def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
         since = self._since
