@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 import threading
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -304,3 +307,15 @@ def test_an_unknown_schema_id_without_dead_letter_stops_naming_the_record(kafka_
         consumer.run()
     assert (info.value.topic, info.value.partition, info.value.offset) == (topic, 0, 0)
     assert "schema id 876543 is unknown to the registry" in str(info.value)
+
+
+@pytest.mark.timeout(180)
+def test_the_schema_registry_example(kafka_bootstrap: str, schema_registry_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "examples/schema_registry.py", "--brokers", kafka_bootstrap, "--registry", schema_registry_url,
+         "--orders", "500"],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "order violations    0" in out.stdout and "dead-lettered       1" in out.stdout
+    assert "RESULT              OK" in out.stdout

@@ -46,15 +46,18 @@ def test_typed_handlers_type_check_and_mistakes_are_reported(tmp_path: Path) -> 
     # given handlers declared Message[Order] behind Typed (and the schema-registry decoders), and a
     # file of mistakes, each marked with the error mypy must report on its line
     ok, bad = TYPING / "typed_handlers.py", TYPING / "typed_handlers_errors.py"
+    example = ROOT / "examples" / "schema_registry.py"
     expected = {
         (bad.name, n): mark.group(1)
         for n, line in enumerate(bad.read_text().splitlines(), start=1)
         if (mark := re.search(r"# E: (.+)$", line))
     }
     assert len(expected) == 5
-    # when mypy --strict checks both (one run: the imported package is analysed once)
-    code, errors = _mypy(tmp_path, ok, bad)
-    # then the handlers' file has no error, and the mistakes' file has exactly the marked ones
+    # when mypy --strict checks them and the schema-registry example (one run: the imported package
+    # is analysed once)
+    code, errors = _mypy(tmp_path, ok, bad, example)
+    # then the handlers' file and the example have no error, and the mistakes' file has exactly
+    # the marked ones
     got: dict[tuple[str, int], list[str]] = {}
     for line in errors:
         path, lineno, _ = line.split(":", 2)
