@@ -371,13 +371,33 @@ class Run:
             return False
         return not data[i + 1 :].split(b"\n", 1)[0].endswith(b" -")
 
-    def victim(self, rng: random.Random, busy_only: bool = False) -> tuple[str, Proc] | None:
+    def running_now(self, p: Proc) -> bool:
+        """Whether the consumer has a handler run in progress (a start record without its end, in
+        the tail of its events)."""
+        try:
+            with open(self.out / "events" / f"{p.pid}.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                lines = f.read().decode(errors="replace").splitlines()[1:]
+        except OSError:
+            return False
+        open_runs: set[tuple[str, str]] = set()
+        for line in lines:
+            x = line.split()
+            if len(x) > 3 and x[0] == "S":
+                open_runs.add((x[2], x[3]))
+            elif len(x) > 3 and x[0] in ("E", "X"):
+                open_runs.discard((x[2], x[3]))
+        return bool(open_runs)
+
+    def victim(self, rng: random.Random, busy_only: bool = False, running: bool = False) -> tuple[str, Proc] | None:
         """A live base consumer, preferring one that has partitions (a fault on an idle member
-        proves little); with ``busy_only``, only one that has partitions."""
+        proves little); with ``busy_only``, only one that has partitions; with ``running`` too, only
+        one with a handler run in progress."""
         live = [(s, p) for s, p in sorted(self.procs.items())
                 if s.startswith("c") and p.exited_ns is None and not p.stopped and not p.isolated
                 and not p.expect_exit]
-        busy = [(s, p) for s, p in live if self.assigned(p)]
+        busy = [(s, p) for s, p in live if self.assigned(p) and (not running or self.running_now(p))]
         if busy_only:
             return rng.choice(busy) if busy else None
         return rng.choice(busy or live) if live else None
@@ -415,12 +435,15 @@ class Run:
             self.flog("cont", p.pid)
             self.say(f"cont pid {p.pid}")
         elif action == "cut" and isinstance(self.svc, ClusterServices):
-            waited = float(arg or 0.0)  # a cut waits (at most CUT_WAIT_S) for a consumer with partitions
+            # a cut waits (at most CUT_WAIT_S) for a consumer with partitions, preferably (the first
+            # half of that time) one with a run in progress: that run's write comes after the heal
+            first = time.monotonic() if arg is None else float(arg)
+            waited = time.monotonic() - first
             self.cutting = True
-            v = self.victim(rng, busy_only=True)
+            v = self.victim(rng, busy_only=True, running=waited < CUT_WAIT_S / 2)
             if v is None:
                 if waited < CUT_WAIT_S:
-                    self.at(1.0, "cut", waited + 1.0)
+                    self.at(0.05, "cut", first)
                 else:
                     self.cutting = False
                     self.say("cut: no consumer with partitions, skipped")
@@ -428,8 +451,8 @@ class Run:
                 return
             slot, p = v
             p.isolated = True
-            if waited:
-                self.flog("cut_waited", "-", f"{waited:.0f}s")
+            if waited >= 0.1:
+                self.flog("cut_waited", "-", f"{waited:.1f}s")
             self.flog("cut", p.pid, slot)  # logged before the cut: the window covers it
             self.svc.cut(slot)
             self.at(rng.uniform(*self.size.cut_s), "heal", (slot, p))
