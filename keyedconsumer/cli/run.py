@@ -237,18 +237,24 @@ def run(
         f", dead letters to {options.dead_letter_topic}" if options.dead_letter_topic else "",
         f", redis {redact_url(options.redis)}" if options.redis else "",
     )
-    health: Any = None
     if metrics is not None:
         metrics.bind(consumer)
         log.info("metrics on http://%s:%d/metrics", http_addr, metrics_port)
+    _run_serving_health(consumer.run, consumer, health_port, http_addr)
+
+
+def _run_serving_health(run: Any, source: Any, health_port: int | None, http_addr: str) -> None:
+    """``run()`` (a consumer's or an app's), with ``/livez``, ``/readyz``, ``/healthz`` of
+    ``source`` served meanwhile when ``health_port`` is given; its errors as CLI errors (exit 1)."""
+    health: Any = None
     if health_port is not None:
         from ..health import Health
 
-        health = Health(consumer)
+        health = Health(source)
         bound = health.serve(health_port, addr=http_addr)
         log.info("health on http://%s:%d/livez, /readyz, /healthz", http_addr, bound)
     try:
-        consumer.run()
+        run()
     except KeyedConsumerError as exc:
         raise CliError(f"stopped: {exc}", 1) from None
     except Exception as exc:  # e.g. Redis refused as not durable; --log-level DEBUG shows the traceback
@@ -279,21 +285,4 @@ def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] |
         except ImportError:
             raise CliError("--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2) from None
         log.info("metrics on http://%s:%d/metrics (messages of every route)", http_addr, metrics_port)
-    health: Any = None
-    if health_port is not None:
-        from ..health import Health
-
-        health = Health(app)
-        bound = health.serve(health_port, addr=http_addr)
-        log.info("health on http://%s:%d/livez, /readyz, /healthz (every route)", http_addr, bound)
-    try:
-        app.run()
-    except KeyedConsumerError as exc:
-        raise CliError(f"stopped: {exc}", 1) from None
-    except Exception as exc:
-        log.debug("run failed", exc_info=True)
-        raise CliError(f"stopped: {type(exc).__name__}: {exc}", 1) from None
-    finally:
-        if health is not None:
-            health.close()
-    log.info("stopped")
+    _run_serving_health(app.run, app, health_port, http_addr)

@@ -171,13 +171,7 @@ class Run:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.stop()
-            return
-        try:  # the body's exception wins; a consumer's error is only logged
-            self.stop()
-        except BaseException as err:
-            log.warning("a consumer also ended with: %r", err)
+        _stop_on_exit(self.stop, exc)
 
 
 class AppRun:
@@ -257,10 +251,16 @@ class AppRun:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.stop()
-            return
-        try:  # the body's exception wins; the app's error is only logged
-            self.stop()
-        except BaseException as err:
-            log.warning("the app also ended with: %r", err)
+        _stop_on_exit(self.stop, exc)
+
+
+def _stop_on_exit(stop: Callable[[], None], exc: BaseException | None) -> None:
+    """Leaving a ``with`` block: stop; when the body raised, its exception wins and an error the
+    stop raises (what ended a run) is only logged."""
+    if exc is None:
+        stop()
+        return
+    try:
+        stop()
+    except BaseException as err:
+        log.warning("a run also ended with: %r", err)
