@@ -51,10 +51,11 @@ class UndecodableError(ValueError):
 
 
 class Decoder(Protocol[T_co]):
-    """Turns the bytes of a record's key or value into an object of type ``T_co``."""
+    """Turns the bytes of a record's key or value into an object of type ``T_co``.
 
-    #: A short name for error messages (``Order``, ``avro``).
-    name: str
+    A decoder may also have a ``name`` attribute (``Order``, ``avro``), which error messages show
+    (``... as Order: ...``); without one they show its class name.
+    """
 
     def decode(self, data: bytes, *, msg: Message, field: Field) -> T_co:
         """Decode ``data`` (never ``None``: null keys and tombstones are not decoded).

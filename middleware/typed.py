@@ -129,7 +129,8 @@ class Typed(Generic[V]):
         try:
             return decoder.decode(data, msg=msg, field=field)
         except UndecodableError as exc:
-            raise DecodeError(msg, decoder.name, exc.errors, field=field) from exc
+            name = getattr(decoder, "name", None) or type(decoder).__name__
+            raise DecodeError(msg, str(name), exc.errors, field=field) from exc
 
     def __call__(self, handler: Any) -> Any:
         if is_async(handler):

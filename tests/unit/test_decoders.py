@@ -121,6 +121,21 @@ def test_any_object_with_decode_is_a_decoder() -> None:
         typed.decode(rec(b"BOOM"))
 
 
+class Digits:
+    """A decoder without a name: errors show its class name."""
+
+    def decode(self, data: bytes, *, msg: Message, field: str) -> int:
+        if not data.isdigit():
+            raise UndecodableError("not digits")
+        return int(data)
+
+
+def test_a_decoder_needs_no_name() -> None:
+    assert Typed(Digits()).decode(rec(b"42")) == 42
+    with pytest.raises(DecodeError, match="offset=42 as Digits: 1 error"):
+        Typed(Digits()).decode(rec(b"4x"))
+
+
 def test_async_handlers_get_decoded_messages() -> None:
     seen: list[Message[Order]] = []
 
