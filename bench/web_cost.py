@@ -10,8 +10,10 @@ in-memory sequencer, a trivial handler) reads it all with a fresh group under th
 
 The dashboard, the browser and the consumer share this machine, so the figure includes their CPU
 (on a 2-core machine, the larger part of the cost); the brokers see the dashboard's admin
-requests. Throughput is messages / (last message - first message). Reported: msg/s per run, and per
-condition the median over rounds of (condition / ``none`` of the same round).
+requests. Throughput is messages / (last message - first message). Reported: msg/s per run, the CPU
+the dashboard process and the browser (chromedriver's process tree) used per second of the run (in
+cores: 0.05 is 5% of one core), and per condition the median over rounds of (condition / ``none``
+of the same round).
 
     flock -x -w 900 /tmp/kc-quiet.lock .venv/bin/python bench/web_cost.py --messages 600000 --repeats 3
 """
@@ -36,6 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from keyedconsumer import KeyedConsumer, Message  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from common import _children  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
 from tests.e2e.conftest import CHROMEDRIVER, CHROMIUM, Dashboard  # noqa: E402
 
 
@@ -81,6 +88,27 @@ def consume(bootstrap: str, topic: str, group: str, n: int, timeout_s: float = 3
     return n / max(1e-6, last[0] - first[0])
 
 
+def _tree(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(_children(p))
+    return out
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of processes and all their descendants (living ones)."""
+    total = 0.0
+    for pid in {p for root in pids for p in _tree(root)}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def browser() -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -123,15 +151,20 @@ def main() -> None:
                     dash = Dashboard(["--brokers", args.brokers, "--group", group, "--redis", args.redis, "--refresh", refresh],
                                      {}, tmp / f"{group}.log")
                     driver.get(f"{dash.url}/groups/{group}")
+                watched = [driver.service.process.pid] + ([dash.proc.pid] if dash is not None else [])
+                cpu0, t0 = tree_cpu_s(watched), time.monotonic()
                 try:
                     rate = consume(args.brokers, topic, group, args.messages)
+                    cpu = (tree_cpu_s(watched) - cpu0) / (time.monotonic() - t0)
                 finally:
                     if dash is not None:
                         driver.get("about:blank")
                         dash.stop()
                 load = Path("/proc/loadavg").read_text().split()[0]
-                runs.append({"round": rnd, "condition": cond, "msg_per_s": round(rate), "load1": float(load)})
-                print(f"round {rnd} {cond:8s} {rate:10.0f} msg/s  load1 {load}", flush=True)
+                runs.append({"round": rnd, "condition": cond, "msg_per_s": round(rate), "load1": float(load),
+                             "dashboard_and_browser_cores": round(cpu, 4)})
+                print(f"round {rnd} {cond:8s} {rate:10.0f} msg/s  dashboard+browser {cpu * 100:5.1f}% of a core  load1 {load}",
+                      flush=True)
     finally:
         driver.quit()
         admin.delete_topics([topic])
@@ -141,8 +174,11 @@ def main() -> None:
         for r in runs:
             if r["round"] == rnd and r["condition"] != "none":
                 ratios.setdefault(r["condition"], []).append(r["msg_per_s"] / base)
-    summary = {
-        c: {"median_ratio": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)} for c, v in ratios.items()
+    summary: dict[str, Any] = {
+        c: {"median_ratio": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3),
+            "median_dashboard_and_browser_cores": statistics.median(
+                r["dashboard_and_browser_cores"] for r in runs if r["condition"] == c)}
+        for c, v in ratios.items()
     }
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

@@ -208,10 +208,13 @@ class _Dashboard:
         filters = Filters(args.get("key", "").strip(), args.get("error", "").strip(), when("since"), when("until"))
         error = None
         records = []
-        try:
-            records = await run_in_threadpool(self.dead_letters.records, topic)
-        except KafkaClientError as exc:
-            error = f"topic {topic} does not exist (deleted?)" if exc.code == "UNKNOWN_TOPIC_OR_PART" else str(exc)
+        if topic not in self.sampler.snapshot().dead_letter_topics:  # only dead letters are read here
+            error = f"{topic} is not a dead-letter topic shown here (deleted?)"
+        else:
+            try:
+                records = await run_in_threadpool(self.dead_letters.records, topic)
+            except KafkaClientError as exc:
+                error = f"topic {topic} does not exist (deleted?)" if exc.code == "UNKNOWN_TOPIC_OR_PART" else str(exc)
         matching = [d for d in records if filters.match(d)]
         rows, page, pages = _page(matching, _int_arg(request, "page"))
         return self.render(

@@ -25,6 +25,8 @@ __all__ = ["DeadLetter", "DeadLetterReader", "Filters"]
 
 #: Characters of a value or header shown (the rest is cut, and says so).
 MAX_SHOWN = 4096
+#: Records read from one topic at most (fewer per partition on a topic of many partitions).
+MAX_READ = 5000
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -90,7 +92,8 @@ class Filters:
 
 
 class DeadLetterReader:
-    """Reads the latest ``limit`` records of each partition of a dead-letter topic (cached).
+    """Reads the latest ``limit`` records of each partition of a dead-letter topic, at most
+    :data:`MAX_READ` in all (cached).
 
     Parameters
     ----------
@@ -136,7 +139,8 @@ class DeadLetterReader:
         reader = admin.TopicReader(self.conf, topic, marker_group_of(topic), self.timeout_s)
         try:
             markers = {p: ReplayMarker.decode(c.offset, c.metadata) for p, c in reader.committed(stable=False).items()}
-            start = {p: max(reader.start_offsets[p], reader.end_offsets[p] - self.limit) for p in reader.partitions}
+            per = max(1, min(self.limit, MAX_READ // max(1, len(reader.partitions))))
+            start = {p: max(reader.start_offsets[p], reader.end_offsets[p] - per) for p in reader.partitions}
             rows = [self._row(r, markers[r.partition]) for r in reader.read(start)]
         finally:
             reader.close()

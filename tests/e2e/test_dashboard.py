@@ -157,11 +157,17 @@ def test_the_group_page_shows_members_offsets_and_throughput_and_refreshes_live(
     assert "Members" in text and f"{scene.topic}[0]" in text and f"{scene.topic}[1]" in text
     _wait(browser, lambda d: all("caught up" in r.text for r in d.find_elements("css selector", "table.partitions tbody tr")),
           30, "both partitions caught up (the parked key let its partition move on)")
-    # and the throughput chart fills in by itself, without a reload
+    # and the throughput chart fills in by itself, without a reload (messages keep coming meanwhile)
+    trickle = threading.Thread(
+        target=lambda: [(produce(scene.bootstrap, scene.topic, [(f"k{i}".encode(), b"more", None)] * 50), time.sleep(0.4))
+                        for i in range(12)], daemon=True)
+    trickle.start()
     _wait(browser, lambda d: d.find_elements("css selector", "figure.chart polyline.consumed"), 20, "the chart")
     _wait(browser, lambda d: int(d.find_element("id", "live").get_attribute("data-refreshed") or 0) >= 2, 10, "live refreshes")
     assert browser.execute_script("return window.__same_page") == 1, "refreshed in place, not reloaded"
+    _wait(browser, lambda d: "consumed 0.0/s" not in d.find_element("css selector", "figure.chart").text, 20, "a rate")
     _shot(browser, "group")
+    trickle.join(30)
     browser.get(dashboard.url + "/groups")
     _wait(browser, lambda d: d.find_elements("css selector", f'tr[data-group="{scene.group}"] figure.chart'), 20, "overview chart")
     _shot(browser, "groups")

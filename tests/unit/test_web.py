@@ -194,3 +194,8 @@ def test_a_partition_with_lag_whose_commit_does_not_move_is_stalled_and_ages_gro
     rows2 = [_row("t", 0, 8, 12), _row("t", 1, 9, 9)]
     h.add(135.0, rows2)
     assert h.unmoved_s(("t", 0), 135.0) == 0.0
+
+
+def test_only_dead_letter_topics_are_read() -> None:
+    text = _client(_snap(dead_letter_topics=["t.dlq"])).get("/dead-letters/payments").text
+    assert "payments is not a dead-letter topic shown here" in text
