@@ -4,7 +4,7 @@ A Redis Cluster replicates asynchronously: a master answers a write before any r
 a replica promoted after the master died has only what reached it. A fencing token issued by the
 old master and lost that way would be issued a second time; a parked message lost that way would
 be gone although its offset counted done. So on a cluster, every write the sequencer relies on
-(:data:`REPLICATED_WRITES` in :mod:`~keyedconsumer.sequencing.store`) is sent on one connection to
+(see :mod:`~keyedconsumer.sequencing.store`) is sent on one connection to
 the master of its slot followed by ``WAIT 1 <timeout>``, and it counts only when at least one
 replica acknowledged it (Redis documents ``WAIT`` in https://redis.io/docs/latest/commands/wait/;
 Redis 7.0 has no ``WAITAOF``). Otherwise the call raises :class:`StoreUnavailable`, the caller
@@ -28,7 +28,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from .config import CLUSTER_SCHEMES
 
-__all__ = ["CLUSTER_SCHEMES", "ERRORS", "StoreUnavailable", "connect", "is_cluster", "send_replicated", "check_replicas"]
+__all__ = ["CLUSTER_SCHEMES", "ERRORS", "StoreUnavailable", "connect", "is_cluster", "send_to_masters", "check_replicas"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -87,14 +87,16 @@ def is_cluster(r: Any) -> bool:
     return isinstance(r, RedisCluster)
 
 
-def send_replicated(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_ms: int,
+def send_to_masters(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_ms: int | None,
                     script: str | None = None) -> list[Any]:
-    """Run ``[(routing key, command)]`` on a Redis Cluster so that each counts only once a replica has it.
+    """Run ``[(routing key, command)]`` on a Redis Cluster, one pipeline per master; with ``wait_ms``
+    each counts only once a replica has it.
 
     The commands are grouped by the master of their routing key's slot; each master gets its
-    commands and then ``WAIT 1 wait_ms`` in one pipeline on one connection (``WAIT`` counts the
-    replicas that acknowledged every earlier write of its connection). The masters are asked one
-    after the other. A command must be safe to send again (every lease and parking script is: an
+    commands (and, with ``wait_ms``, then ``WAIT 1 wait_ms``: it counts the replicas that
+    acknowledged every earlier write of its connection) in one pipeline on one connection, a plain
+    client's pipeline: redis-py's cluster pipeline asks the server ``COMMAND GETKEYS`` for every
+    ``EVALSHA``, one more round trip each. The masters are asked one after the other. A command must be safe to send again (every lease and parking script is: an
     owner that asks again gets the same lease and token, an entry parked again is taken, not added).
 
     Parameters
@@ -105,7 +107,7 @@ def send_replicated(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_
         ``(key whose slot routes the command, command and arguments)``, e.g.
         ``("kc:{k.61}:lease", ("EVALSHA", sha, 3, ...))``.
     wait_ms:
-        ``WAIT``'s timeout, milliseconds.
+        ``WAIT``'s timeout, milliseconds; ``None``: no ``WAIT`` (a write that may be lost in a failover).
     script:
         The Lua source of the ``EVALSHA`` commands, loaded on a master that answers ``NOSCRIPT``
         (a replica promoted by a failover has an empty script cache) before its commands are sent
@@ -140,14 +142,15 @@ def send_replicated(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_
     return out
 
 
-def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int, script: str | None) -> list[Any]:
+def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int | None, script: str | None) -> list[Any]:
     client: Any = r.get_redis_connection(node)
     for attempt in (1, 2):
         try:
             pipe = client.pipeline(transaction=False)
             for cmd in cmds:
                 pipe.execute_command(*cmd)
-            pipe.execute_command("WAIT", REPLICA_ACKS, wait_ms)
+            if wait_ms is not None:
+                pipe.execute_command("WAIT", REPLICA_ACKS, wait_ms)
             replies = pipe.execute(raise_on_error=False)
         except ERRORS as exc:  # the master is gone or unreachable
             _refresh(r)
@@ -162,6 +165,8 @@ def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int, 
         if errors:  # MOVED / CLUSTERDOWN / READONLY after a failover, or a script error
             _refresh(r)
             raise StoreUnavailable(f"{type(errors[0]).__name__} from {node.name}: {errors[0]}")
+        if wait_ms is None:
+            return list(replies)
         acked = int(replies[-1])
         if acked < REPLICA_ACKS:
             raise StoreUnavailable(

@@ -6,8 +6,9 @@ compare the token atomically. Acquiring also ``INCR``s the key's fencing counter
 the result is the fencing token. The counter must never repeat, also after a Redis restart: the
 store refuses to start unless Redis persists every write before answering (``appendonly yes`` and
 ``appendfsync always``; Redis 7.0 has no ``WAITAOF``), unless ``require_durable=False``. On a
-Redis Cluster, the writes that must also survive a failover wait for a replica
-(:func:`~keyedconsumer.sequencing.connection.send_replicated`): acquiring and renewing leases,
+Redis Cluster, every pipelined script goes per master on plain connections
+(:func:`~keyedconsumer.sequencing.connection.send_to_masters`), and the writes that must also
+survive a failover wait for a replica: acquiring and renewing leases,
 parking, scheduling and moving scheduled messages in, due times, quarantine, the scheduler's lease
 and check-ins. Releases, settling finished parked messages and the parked totals do not: losing one
 in a failover delays a key by a lease TTL or runs a message once more, within at-least-once.
@@ -24,7 +25,7 @@ from typing import Any
 import redis
 
 from . import keys
-from .connection import ERRORS, StoreUnavailable, check_replicas, connect, is_cluster, send_replicated
+from .connection import ERRORS, StoreUnavailable, check_replicas, connect, is_cluster, send_to_masters
 
 __all__ = ["LeaseStore", "StoreUnavailable", "connect", "inspect_namespace"]
 
@@ -334,7 +335,7 @@ class LeaseStore:
         """One ``EVALSHA`` of ``script`` per ``(keys, args)``, pipelined (no MULTI: each script is
         atomic on its own; on a Redis Cluster each goes to the node that holds its keys' slot, which
         is one slot per call: see :mod:`~keyedconsumer.sequencing.keys`). ``replicated``: on a Redis
-        Cluster, each counts only once a replica has it (:func:`send_replicated`).
+        Cluster, each counts only once a replica has it (:func:`send_to_masters`).
 
         Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
         (which also send ``SCRIPT EXISTS`` on each execute, and which redis-py's cluster pipeline
@@ -350,8 +351,9 @@ class LeaseStore:
         if not calls:
             return []
         sha = script.sha
-        if replicated and self._cluster:
-            return send_replicated(self._r, [(k[0], ("EVALSHA", sha, len(k), *k, *a)) for k, a in calls], self._wait_ms, script.script)
+        if self._cluster:  # per master, on plain connections (replicated: and WAIT)
+            cmds = [(k[0], ("EVALSHA", sha, len(k), *k, *a)) for k, a in calls]
+            return send_to_masters(self._r, cmds, self._wait_ms if replicated else None, script.script)
         for attempt in (1, 2):
             try:
                 pipe = self._r.pipeline(transaction=False)
@@ -563,7 +565,7 @@ class LeaseStore:
     def _write(self, key: str, *command: Any) -> Any:
         """One command that writes ``key``; on a Redis Cluster it counts only once a replica has it."""
         if self._cluster:
-            return send_replicated(self._r, [(key, command)], self._wait_ms)[0]
+            return send_to_masters(self._r, [(key, command)], self._wait_ms)[0]
         try:
             return self._r.execute_command(*command)
         except ERRORS as exc:
