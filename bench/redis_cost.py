@@ -404,6 +404,26 @@ def load_scripts(url: str) -> None:
 
 
 
+def fsync_probe(directory: str, n: int = 300) -> dict[str, float]:
+    """Latency of ``fsync`` after a 100 B append in ``directory`` (what ``appendfsync always`` waits
+    for once per event-loop iteration), in ms."""
+    path = os.path.join(directory, f"kc-fsync-probe-{uuid.uuid4().hex[:8]}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    ts = []
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 100)
+            t = time.perf_counter()
+            os.fsync(fd)
+            ts.append((time.perf_counter() - t) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    ts.sort()
+    return {"p50_ms": round(ts[n // 2], 3), "p90_ms": round(ts[n * 9 // 10], 3), "p99_ms": round(ts[n * 99 // 100], 3),
+            "mean_ms": round(sum(ts) / n, 3)}
+
+
 def capacity(url: str, requests: int) -> list[dict[str, Any]]:
     """One Redis's throughput and CPU per call of the sequencer's acquire script on fresh keys
     (``GET``, ``LLEN``, ``SET PX``, ``INCR``: the costliest lease call) and of its release script,
@@ -556,6 +576,11 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         for r in cap["runs"]:
             lines.append(f"| {r['script']} | {r['clients']} | {r['pipeline']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} "
                          f"| {r['cpu_us_per_call']} | {r['cpu_busy_share']:.0%} |")
+        if "fsync" in cap:
+            f = cap["fsync"]
+            lines += ["", f"`fsync` after a 100 B append in the Redis's directory ({f['dir']}), 300 times: p50 {f['p50_ms']} ms, "
+                          f"p90 {f['p90_ms']} ms, p99 {f['p99_ms']} ms, mean {f['mean_ms']} ms (what `appendfsync always` waits "
+                          "for once per event-loop iteration; Redis's CPU is not charged while it waits)."]
         lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
@@ -610,8 +635,9 @@ def main() -> int:
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
     results["kc_src"] = KC_SRC
     if args.capacity:
+        rdir = redis.Redis.from_url(args.redis).config_get("dir")["dir"]
         results["capacity"] = {"commit": results["commit"], "date": results["date"], "loadavg_before": suite.loadavg(),
-                               "quiet_lock": args.quiet_lock,
+                               "quiet_lock": args.quiet_lock, "fsync": {"dir": rdir, **fsync_probe(rdir)},
                                "runs": capacity(args.redis, args.capacity)}
         results["capacity"]["loadavg_after"] = suite.loadavg()
     for label, url in targets:
