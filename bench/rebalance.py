@@ -231,7 +231,7 @@ c.close()
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     suite.delete_topics(args.brokers, [topic])
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     out.update(partitions=partitions, messages=messages)
     suite.log(f"prefetch: {out}")
     return out

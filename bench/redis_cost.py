@@ -635,7 +635,7 @@ def main() -> int:
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
     results["kc_src"] = KC_SRC
     if args.capacity:
-        rdir = redis.Redis.from_url(args.redis).config_get("dir")["dir"]
+        rdir = str(redis.Redis.from_url(args.redis).config_get("dir")["dir"])
         results["capacity"] = {"commit": results["commit"], "date": results["date"], "loadavg_before": suite.loadavg(),
                                "quiet_lock": args.quiet_lock, "fsync": {"dir": rdir, **fsync_probe(rdir)},
                                "runs": capacity(args.redis, args.capacity)}
