@@ -656,6 +656,19 @@ class Run:
         finally:
             c.close()
 
+    def retried(self, what: str, fn: Callable[[], dict[int, int]], timeout_s: float = 60.0) -> dict[int, int]:
+        """``fn()``, tried again for ``timeout_s`` while it fails: just after a broker restart the
+        group's coordinator answers ``COORDINATOR_LOAD_IN_PROGRESS`` for a while."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.say(f"{what}: {exc}; trying again")
+                time.sleep(1.0)
+
     def committed_now(self) -> dict[int, int]:
         from confluent_kafka import ConsumerGroupTopicPartitions
 
@@ -834,8 +847,8 @@ class Run:
             for t in samplers:
                 t.join(10)
             final = {
-                "end_offsets": self.end_offsets(),
-                "committed": self.committed_now(),
+                "end_offsets": self.retried("end offsets", self.end_offsets),
+                "committed": self.retried("committed offsets", self.committed_now),
                 "dlq_records": self.dump_dlq(),
                 "redis": self.redis_keys(),
                 "drained": ok,
