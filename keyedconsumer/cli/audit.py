@@ -15,9 +15,9 @@ from rich.table import Table
 from ..errors import KafkaClientError
 from ..kafka import admin
 from .errors import CliError
-from .output import _Level, _out_console, _reports_errors, _setup_logging
+from .output import _out_console, _reports_errors, _setup_logging
 from .replay import parse_since
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, TimeoutOpt, ToolLogLevelOpt, _client_conf, _Level
 
 #: The consumer group name the reader uses (it never joins it nor commits).
 READER_GROUP = "keyedconsumer-audit-reader"
@@ -110,10 +110,8 @@ def audit(
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
     config_file: ConfigOpt = None,
-    timeout_s: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")
-    ] = 30.0,
-    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.WARNING,
+    timeout_s: TimeoutOpt = 30.0,
+    log_level: ToolLogLevelOpt = _Level.WARNING,
 ) -> None:
     """Find what happened to messages: the audit records of a key, an offset or a time range.
 

@@ -14,8 +14,18 @@ from ..kafka import admin
 from ..offsets import FinishedOffsets
 from ..sequencing import redact_url
 from .errors import CliError
-from .output import _age, _Level, _out_console, _print_json, _reports_errors, _setup_logging
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf, _env_or_toml, _secrets
+from .output import _age, _out_console, _print_json, _reports_errors, _setup_logging
+from .settings import (
+    BrokersOpt,
+    ConfigOpt,
+    PropsOpt,
+    TimeoutOpt,
+    ToolLogLevelOpt,
+    _client_conf,
+    _env_or_toml,
+    _Level,
+    _secrets,
+)
 
 
 def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
@@ -145,10 +155,8 @@ def inspect_group(
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
     config_file: ConfigOpt = None,
-    timeout_s: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")
-    ] = 10.0,
-    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.WARNING,
+    timeout_s: TimeoutOpt = 10.0,
+    log_level: ToolLogLevelOpt = _Level.WARNING,
 ) -> None:
     """Show a consumer group's committed offset, end offset and lag per partition.
 

@@ -19,13 +19,6 @@ from .errors import CliError, _validation_message
 from .settings import _secrets
 
 
-class _Level(str, Enum):
-    DEBUG = "DEBUG"
-    INFO = "INFO"
-    WARNING = "WARNING"
-    ERROR = "ERROR"
-
-
 class _ScrubFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if _secrets.values:

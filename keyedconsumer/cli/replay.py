@@ -15,8 +15,8 @@ from ..errors import KafkaClientError, PublishError
 from ..kafka import admin
 from .errors import CliError
 from .marker import ReplayMarker
-from .output import _Level, _out_console, _print_json, _reports_errors, _setup_logging, _show_key
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf
+from .output import _out_console, _print_json, _reports_errors, _setup_logging, _show_key
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, TimeoutOpt, ToolLogLevelOpt, _client_conf, _Level
 
 log = logging.getLogger("keyedconsumer.cli")
 
@@ -197,10 +197,8 @@ def replay(
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
     config_file: ConfigOpt = None,
-    timeout_s: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")
-    ] = 30.0,
-    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.WARNING,
+    timeout_s: TimeoutOpt = 30.0,
+    log_level: ToolLogLevelOpt = _Level.WARNING,
 ) -> None:
     """Re-publish dead-lettered records to their original topic (or --to), once.
 

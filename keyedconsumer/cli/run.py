@@ -17,8 +17,8 @@ from ..sequencing import redact_url
 from ..sequencing.config import CLUSTER_SCHEMES
 from .errors import CliError
 from .handler import load_handler
-from .output import _Format, _Level, _print_json, _reports_errors, _setup_logging
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _resolve_run
+from .output import _Format, _print_json, _reports_errors, _setup_logging
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _Level, _resolve_run
 
 log = logging.getLogger("keyedconsumer.cli")
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
@@ -233,6 +234,17 @@ BrokersOpt = Annotated[
     typer.Option("--brokers", "-b", metavar="HOST:PORT,...", help=_BROKERS_HELP, show_default=False),
 ]
 PropsOpt = Annotated[list[str] | None, typer.Option("-X", "--property", metavar="KEY=VALUE", help=_X_HELP)]
+class _Level(str, Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")
+]
+ToolLogLevelOpt = Annotated[_Level, typer.Option(help="Log level (stderr).")]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(

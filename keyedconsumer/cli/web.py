@@ -11,8 +11,18 @@ import typer
 from ..config import ENV_PREFIX
 from ..sequencing import redact_url
 from .errors import CliError
-from .output import _Level, _reports_errors, _setup_logging
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, _client_conf, _env_or_toml, _secrets
+from .output import _reports_errors, _setup_logging
+from .settings import (
+    BrokersOpt,
+    ConfigOpt,
+    PropsOpt,
+    TimeoutOpt,
+    ToolLogLevelOpt,
+    _client_conf,
+    _env_or_toml,
+    _Level,
+    _secrets,
+)
 
 TOKEN_ENV = f"{ENV_PREFIX}WEB_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -70,8 +80,8 @@ def web(
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
     config_file: ConfigOpt = None,
-    timeout_s: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Seconds to wait for each broker answer.")] = 10.0,
-    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.WARNING,
+    timeout_s: TimeoutOpt = 10.0,
+    log_level: ToolLogLevelOpt = _Level.WARNING,
 ) -> None:
     """Serve the operations dashboard: consumer groups, Redis keys, dead letters, refreshed live.
 
