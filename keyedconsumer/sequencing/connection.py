@@ -191,25 +191,36 @@ def check_replicas(r: Any) -> None:
 
     A replica that is down or still syncing does not count against the cluster here (that is a
     passing state: writes to its master wait, and fail with :class:`StoreUnavailable`, until it is back).
+    Nor does a failover under way: while any node is flagged failing (``fail``, ``pfail``) or a
+    node serves no slot and follows no master (a killed master restarting, not yet its successor's
+    replica), a master without a replica raises :class:`StoreUnavailable` (try again), not
+    ``RuntimeError``.
 
     Raises
     ------
     StoreUnavailable
-        The cluster did not answer.
+        The cluster did not answer, or a master has no replica while a failover is under way.
     RuntimeError
-        A master without any replica, named in the message.
+        A master without any replica in a settled cluster, named in the message.
     """
     try:
         nodes: dict[str, dict[str, Any]] = r.cluster_nodes()
     except ERRORS as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
     replicas_of: dict[str, int] = {}
+    settling = False
     for detail in nodes.values():
-        if detail.get("master_id") not in (None, "", "-"):
+        flags = str(detail.get("flags", ""))
+        follows = detail.get("master_id") not in (None, "", "-")
+        if follows:
             replicas_of[detail["master_id"]] = replicas_of.get(detail["master_id"], 0) + 1
+        if "fail" in flags or "handshake" in flags or "noaddr" in flags or ("master" in flags and not follows and not detail.get("slots")):
+            settling = True  # a failover under way, or a node rejoining: its role is not settled yet
     for addr, detail in nodes.items():
         flags = detail.get("flags", "")
         if "master" in flags and "fail" not in flags and detail.get("slots") and not replicas_of.get(detail.get("node_id", "")):
+            if settling:
+                raise StoreUnavailable(f"the Redis Cluster master {addr} has no replica while a failover is under way")
             raise RuntimeError(
                 f"the Redis Cluster master {addr} has no replica: a write it acknowledged alone (a fencing "
                 f"token, a parked message) would be lost in a failover; give every master a replica"

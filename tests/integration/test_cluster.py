@@ -235,6 +235,10 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
         # while the new master has no replica, it takes no lease (a token it issued could be lost)
         with pytest.raises(StoreUnavailable, match="no replica"):
             store.acquire([(lid, "owner-3")], 30_000)
+        # and a consumer starting now waits (try again), it is not refused as misconfigured: the
+        # failover is under way (the old master is flagged failing)
+        with pytest.raises(StoreUnavailable, match="failover is under way"):
+            store.check_durable()
     finally:
         cluster.redis_start(m_node)  # M rejoins, as R's replica
 
