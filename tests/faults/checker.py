@@ -364,6 +364,13 @@ def _stopped_during(g: Logs, pid: int, a: float, b: float) -> bool:
     return any(s < b and c > a for s, c in g.stops.get(pid, []) + g.cuts.get(pid, []))
 
 
+def _redis_out_during(g: Logs, a: float, b: float) -> bool:
+    """Whether Redis was down (killed, not yet back) at some time in ``(a, b)``: a run in progress
+    then could not renew its lease, which lapses after its TTL, so another instance may take the
+    key over (a higher fencing token) while the run goes on: a zombie, as after a SIGSTOP."""
+    return any(s < b and e > a for s, e in g.redis_windows)
+
+
 def _resumed_just_before(g: Logs, r: RunRec, ends_by_pid_key: dict[tuple[int, str], list[float]]) -> bool:
     """``r`` started within 1 s after its process was continued, and no run of its key by that process
     ended in between: it had passed the engine's lease check before the SIGSTOP (a pause between the
@@ -434,8 +441,8 @@ def check_exclusive(g: Logs) -> Check:
             active = [a for a in active if a.end > r.start]
             for a in active:
                 low, high = (a, r) if a.token <= r.token else (r, a)
-                zombie = _stopped_during(g, low.pid, low.start, low.end) or (
-                    low is r and _resumed_just_before(g, r, ends_by_pid_key))
+                zombie = (_stopped_during(g, low.pid, low.start, low.end) or _redis_out_during(g, low.start, low.end)
+                          or (low is r and _resumed_just_before(g, r, ends_by_pid_key)))
                 if low.token < high.token and zombie and _harmless_write(low, writes[key]):
                     excused += 1
                 else:
@@ -448,7 +455,7 @@ def check_exclusive(g: Logs) -> Check:
     return Check(5, "no two runs of one key at once",
                  overlaps == 0 and stale == 0 and unended == 0 and stale_writes == 0,
                  f"{_n(len(g.runs))} runs, {_n(overlaps)} overlaps + {_n(stale)} stale-token starts not excused; "
-                 f"{_n(excused)} overlaps by SIGSTOP or cut-host zombies (lower token, write refused or before the newer "
+                 f"{_n(excused)} overlaps by zombies of a SIGSTOP, a host cut or a Redis outage (lower token, write refused or before the newer "
                  f"token's) + {_n(stale_excused)} excused stale starts; {_n(killed_cut)} runs cut by SIGKILL; "
                  f"{_n(refused)} writes refused, {_n(stale_writes)} accepted after a higher token; "
                  f"{_n(unended)} runs never ended", ev_writes + ev)

@@ -152,6 +152,31 @@ def test_a_killed_redis_master_is_replaced_by_its_replica_with_the_writes_it_rep
             r.close()
     finally:
         cluster.redis_start(node)  # it rejoins as a replica
+        _wait_settled(cluster)
+
+
+def _wait_settled(cluster, timeout_s: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait until every master serving slots has a connected replica again and no node is flagged
+    failing: a restarted master rejoins as a replica some seconds after it answers, and the next
+    test must find a settled cluster."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    def settled() -> bool:
+        try:
+            r = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.redis_nodes], socket_timeout=5)
+        except Exception:
+            return False
+        try:
+            nodes = r.cluster_nodes()
+            followed = {d.get("master_id") for d in nodes.values() if d.get("connected") and "fail" not in d.get("flags", "")}
+            masters = [d for d in nodes.values() if "master" in d.get("flags", "") and d.get("slots")]
+            return all("fail" not in d.get("flags", "") for d in nodes.values()) and all(d["node_id"] in followed for d in masters)
+        except Exception:
+            return False
+        finally:
+            r.close()
+
+    assert wait_until(settled, timeout_s, 0.5), "the Redis Cluster did not settle after a node restart"
 
 
 def test_every_redis_cluster_node_must_persist_each_write(cluster) -> None:  # type: ignore[no-untyped-def]
