@@ -20,7 +20,7 @@ from .errors import (
 from .kafka import BatchPublisher, RecordPublisher
 from .kafka.publisher import Publisher
 from .message import Message, Status
-from .outcomes import PermanentError, RetryLater, SkipMessage
+from .outcomes import BatchFailed, PermanentError, RetryLater, SkipMessage
 from .sequencing import RedisSequencer, RedisSequencerConfig
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "RetryLater",
     "SkipMessage",
     "PermanentError",
+    "BatchFailed",
     "Publisher",
     "RecordPublisher",
     "BatchPublisher",

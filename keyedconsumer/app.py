@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from . import signals
 from .config import ConsumerConfig
 from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
+from .engine.batch import check_batch_middlewares
 from .errors import KeyedConsumerError
 from .kafka import ClientFactory
 from .sequencing.base import Sequencer
@@ -62,6 +63,8 @@ class Route:
     error_handler: ErrorHandler | None = None
     sequencer: Callable[[], Sequencer] | None = None
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    #: ``handler`` is a batch handler (:meth:`KeyedApp.batch_handler`): it takes a list of messages.
+    batch: bool = False
 
 
 class KeyedApp:
@@ -152,8 +155,39 @@ class KeyedApp:
         ValueError
             No topic, or a name already used by another route.
         """
+        return self._register(topics, name, middlewares, error_handler, sequencer, options, batch=False)
+
+    def batch_handler(
+        self,
+        *topics: str,
+        name: str | None = None,
+        middlewares: Sequence[Middleware] = (),
+        error_handler: ErrorHandler | None = None,
+        sequencer: Callable[[], Sequencer] | None = None,
+        **options: Any,
+    ) -> Callable[[H], H]:
+        """Register the decorated function as the *batch* handler of ``topics``: it takes a list of
+        messages, at most one per key (``KeyedConsumer(batch_handler=...)``); ``handler_batch_size``
+        and ``handler_batch_linger_s`` are among ``options``. Parameters as :meth:`handler`.
+
+        Raises
+        ------
+        pydantic.ValidationError
+            A bad option, naming the field (at registration, not at run).
+        ValueError
+            No topic, or a name already used by another route.
+        TypeError
+            A route middleware that cannot wrap a batch handler (only ``Retry``, ``DeadLetter``,
+            ``Recover`` can); an app middleware that cannot is refused when the app runs.
+        """
+        check_batch_middlewares(middlewares)
+        return self._register(topics, name, middlewares, error_handler, sequencer, options, batch=True)
+
+    def _register(self, topics: tuple[str, ...], name: str | None, middlewares: Sequence[Middleware],
+                  error_handler: ErrorHandler | None, sequencer: Callable[[], Sequencer] | None,
+                  options: dict[str, Any], *, batch: bool) -> Callable[[H], H]:
         if not topics:
-            raise ValueError("@app.handler needs at least one topic")
+            raise ValueError(f"@app.{'batch_handler' if batch else 'handler'} needs at least one topic")
 
         def register(fn: H) -> H:
             route_name = name or getattr(fn, "__name__", None) or "handler"
@@ -161,7 +195,7 @@ class KeyedApp:
                 raise ValueError(f"a route named {route_name!r} exists already: pass name=")
             merged = {**self._options, **options, "topics": list(topics), "name": route_name}
             settings = ConsumerConfig(**merged)
-            self.routes.append(Route(fn, settings, tuple(middlewares), error_handler, sequencer))
+            self.routes.append(Route(fn, settings, tuple(middlewares), error_handler, sequencer, batch=batch))
             return fn
 
         return register
@@ -266,8 +300,9 @@ class KeyedApp:
             raise first
 
     def _consumer(self, route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]) -> KeyedConsumer:
+        handlers: dict[str, Any] = {"batch_handler" if route.batch else "handler": route.handler}
         return KeyedConsumer(
-            handler=route.handler,
+            **handlers,
             middlewares=[*self._middlewares, *route.middlewares],
             error_handler=route.error_handler,
             client_factory=client_factory,

@@ -291,6 +291,14 @@ class ConsumerConfig(BaseSettings):
         health turns not-ready while it overruns, and its run fails when it returns. Either way the
         attempt fails with ``HandlerTimeoutError``, which retry and dead-letter middleware handle
         (the limit applies inside every middleware).
+    handler_batch_size:
+        With ``KeyedConsumer(batch_handler=...)``: the most messages one batch call gets, >= 1. A
+        batch holds at most one message per key (per partition with ``ordering="partition"``), so
+        it is also bounded by the keys ready at once. Unused with ``handler``.
+    handler_batch_linger_s:
+        With ``batch_handler``: seconds a batch worker that found fewer than ``handler_batch_size``
+        ready messages waits for more before calling the handler (0: call it with what is ready
+        now; the default). Not waited while stopping. Kafka producers' ``linger.ms``, for batches.
     shutdown_timeout_s:
         Seconds ``stop()`` waits for running handlers before committing and closing.
     revoke_timeout_s:
@@ -349,6 +357,8 @@ class ConsumerConfig(BaseSettings):
     batch_size: int = Field(default=500, ge=1, le=1_000_000)
     poll_timeout_s: float = Field(default=0.1, gt=0, le=60)
     handler_timeout_s: float | None = Field(default=None, gt=0)
+    handler_batch_size: int = Field(default=100, ge=1, le=100_000)
+    handler_batch_linger_s: float = Field(default=0.0, ge=0, le=60)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
@@ -381,7 +391,8 @@ class ConsumerConfig(BaseSettings):
 
     @field_validator(
         "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", "poll_timeout_s",
-        "shutdown_timeout_s", "revoke_timeout_s", "startup_timeout_s", "commit_metadata_max_bytes", mode="before"
+        "handler_batch_size", "handler_batch_linger_s", "shutdown_timeout_s", "revoke_timeout_s",
+        "startup_timeout_s", "commit_metadata_max_bytes", mode="before"
     )
     @classmethod
     def _no_bool_for_number(cls, value: Any) -> Any:

@@ -21,6 +21,13 @@ from typing import Any
 
 from . import signals
 from .config import ConsumerConfig
+from .engine.batch import (
+    AsyncBatchExecutor,
+    BatchHandler,
+    BatchRun,
+    ThreadBatchExecutor,
+    check_batch_middlewares,
+)
 from .engine.commits import BLOCKING_CALL_S, Committer
 from .engine.dispatcher import Dispatcher
 from .engine.executors import AsyncExecutor, Executor, ThreadExecutor
@@ -70,6 +77,16 @@ class KeyedConsumer:
         ``msg.ack_fail(err)``, to fail; ``msg.ack_skip()`` to skip. A plain function must not return
         an awaitable (``lambda m: handle_async(m)``): nothing would await it, so the engine stops
         the consumer and ``run()`` raises :class:`HandlerContractError` (see there).
+    batch_handler:
+        Instead of ``handler``: ``def handle(msgs: list[Message]) -> None`` or ``async def``, called
+        with up to ``handler_batch_size`` messages, **at most one per key** (per partition with
+        ``ordering="partition"``), so per-key order and one message in flight per key hold as with
+        ``handler``. Each message ends on its own: raise :class:`~keyedconsumer.BatchFailed`
+        ``({msg: exc})`` to fail some (the others are done); call ``msg.ack_skip()`` /
+        ``msg.ack_fail(err)`` per message; any other exception fails every message not acknowledged
+        (``ack_success``) before it. ``handler_timeout_s`` is the limit of one batch call. Only
+        outcome middlewares (``Retry``, ``DeadLetter``, ``Recover``) are taken, applied to each
+        message's end; see :mod:`keyedconsumer.engine.batch`.
     middlewares:
         A list of handler-in, handler-out callables (instances: ``Retry(...)``, not ``Retry``); the
         first given is the outermost. A middleware with a ``bind_settings(settings: ConsumerConfig)``
@@ -103,6 +120,8 @@ class KeyedConsumer:
     pydantic.ValidationError
         A bad option, naming the field.
     TypeError
+        Neither or both of ``handler`` and ``batch_handler``; a batch handler with a middleware that
+        does not act on outcomes only (``Typed``, ``Logging``, ``Metrics``, ``Tracing``, ``Audit``);
         ``handler`` is not callable; ``middlewares`` is not a list, or one is not callable, is a
         class passed instead of an instance (the message says what to write), or returned a
         non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
@@ -115,7 +134,8 @@ class KeyedConsumer:
     def __init__(
         self,
         *,
-        handler: Handler,
+        handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
         middlewares: Sequence[Middleware] = (),
         error_handler: ErrorHandler | None = None,
         client_factory: ClientFactory | None = None,
@@ -132,6 +152,10 @@ class KeyedConsumer:
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
         check_error_handler(error_handler)
+        if (handler is None) == (batch_handler is None):
+            raise TypeError("give one of handler= (one message per call) or batch_handler= (a list of messages)")
+        if batch_handler is not None:
+            check_batch_middlewares(middlewares)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
         self._clock = clock
         self._on_conflated = on_conflated
@@ -141,8 +165,15 @@ class KeyedConsumer:
         self._contract = Contract()
         bind(middlewares, self.config)
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
-        self._handler = compose(self._contract.wrap(self._time_limit.wrap(handler)), middlewares)
-        self._async = is_async(self._handler)
+        self._batch: BatchRun | None = None
+        if batch_handler is not None:
+            self._batch = BatchRun(self._time_limit.wrap_batch(batch_handler), middlewares)
+            self._handler: Any = self._batch.handler
+            self._async = self._batch.is_async
+        else:
+            assert handler is not None
+            self._handler = compose(self._contract.wrap(self._time_limit.wrap(handler)), middlewares)
+            self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
             from .kafka.client import connect
@@ -235,8 +266,15 @@ class KeyedConsumer:
 
     def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
         settle = Settler(self._d, self._error_handler, self._fail, self._contract)
+        cfg = self.config
+        if self._batch is not None:
+            size, linger_s = cfg.handler_batch_size, cfg.handler_batch_linger_s
+            if self._async:
+                return AsyncBatchExecutor(self._d, self._batch, settle, cfg.concurrency, size, linger_s, loop,
+                                          cfg.event_loop)
+            return ThreadBatchExecutor(self._d, self._batch, settle, cfg.concurrency, size, linger_s)
         if self._async:
-            return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop,  # type: ignore[arg-type]
+            return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop,
                                  self.config.event_loop)
         return ThreadExecutor(self._d, self._handler, settle, self.config.concurrency)
 

@@ -8,13 +8,19 @@ Anything else a handler raises fails the message. These three are not failures o
 - :class:`SkipMessage`: end the message ``SKIP`` (done), like ``msg.ack_skip()``.
 - :class:`PermanentError`: a failure that must not be retried (retry middleware gives up at once);
   for the engine it is a failure like any other.
+
+A batch handler (``KeyedConsumer(batch_handler=...)``) raises :class:`BatchFailed` to fail some
+messages of its batch and not the others.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-__all__ = ["RetryLater", "SkipMessage", "PermanentError"]
+from .message import Message
+
+__all__ = ["RetryLater", "SkipMessage", "PermanentError", "BatchFailed"]
 
 
 class RetryLater(Exception):
@@ -51,3 +57,38 @@ class SkipMessage(Exception):
 
 class PermanentError(Exception):
     """A failure that retrying cannot fix (bad input, a rejected request): do not retry."""
+
+
+class BatchFailed(Exception):
+    """Raised by a batch handler: the messages named in ``errors`` ended with their exception, each
+    on its own (a ``RetryLater`` retries that message, ``SkipMessage`` skips it, any other exception
+    fails it: ``Retry`` / ``DeadLetter`` middleware and ``error_handler`` see it as that message's
+    failure); every other message of the batch ended as it would have had the handler returned
+    (done, or what its ``ack_*`` call said).
+
+    Spring Kafka's ``BatchListenerFailedException`` names one record by its index and Spring then
+    re-runs every record after it; here each message is named, and only those named fail.
+
+    Parameters
+    ----------
+    errors:
+        ``{message: exception}`` for messages of the batch the handler was given; a message of
+        another batch is logged and ignored.
+
+    Raises
+    ------
+    TypeError
+        ``errors`` is not a mapping of messages to exceptions.
+    """
+
+    def __init__(self, errors: Mapping[Message, BaseException], reason: str = "") -> None:
+        if not isinstance(errors, Mapping):
+            raise TypeError(f"BatchFailed takes a mapping {{message: exception}}, got a {type(errors).__name__}")
+        for msg, exc in errors.items():
+            if not isinstance(msg, Message) or not isinstance(exc, BaseException):
+                raise TypeError(
+                    "BatchFailed takes a mapping {message: exception}, got an entry "
+                    f"{type(msg).__name__}: {type(exc).__name__}"
+                )
+        self.errors: dict[Message, BaseException] = dict(errors)
+        super().__init__(reason or f"{len(self.errors)} message(s) of the batch failed")

@@ -161,6 +161,9 @@ class DeadLetter:
         ``brokers`` given and the producer cannot be built (an invalid property).
     """
 
+    #: It acts on a message's end only, so it can wrap each message of a batch handler's batch.
+    outcome_only = True
+
     def __init__(
         self,
         *,

@@ -23,6 +23,9 @@ class Recover:
     (``KeyboardInterrupt``, ``SystemExit``) pass through.
     """
 
+    #: It acts on a message's end only, so it can wrap each message of a batch handler's batch.
+    outcome_only = True
+
     def __call__(self, handler: Any) -> Any:
         return around(handler, None, self._after)
 

@@ -92,6 +92,9 @@ class Retry:
         ``max_attempts`` below 1.
     """
 
+    #: It acts on a message's end only, so it can wrap each message of a batch handler's batch.
+    outcome_only = True
+
     def __init__(
         self,
         *,

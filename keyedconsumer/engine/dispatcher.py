@@ -53,6 +53,10 @@ def _behind(d: Delivery) -> int | None:
     return part.lanes.next_order(d) if part is not None and d.lane is not None else None
 
 
+def _nothing_behind(d: Delivery) -> None:
+    return None
+
+
 class Slot:
     """What one worker holds: the unstarted rest of its chunk and the results not reported yet.
 
@@ -236,6 +240,59 @@ class Dispatcher:
         self.partitions.started(chunk)
         self.flow.started(len(chunk))
         return chunk
+
+    # -- batches (engine/batch.py) ----------------------------------------------------------------
+
+    def wait_batch(self, size: int, linger_s: float) -> list[Delivery] | None:
+        """A batch worker thread's next batch: up to ``size`` ready heads, oldest admitted first,
+        waiting for the first one, then up to ``linger_s`` seconds more while fewer than ``size``
+        are ready (not while stopping or halted). Every lane has one head at a time, so a batch
+        holds at most one message per lane. ``None`` once the dispatcher is closed."""
+        with self._work:
+            while True:
+                while not self.queue:
+                    if self.closed:
+                        return None
+                    self._idle_threads += 1
+                    self._work.wait()
+                    self._idle_threads -= 1
+                if linger_s > 0 and len(self.queue) < size:
+                    deadline = time.monotonic() + linger_s
+                    while len(self.queue) < size and not (self.halted or self.stopping):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._idle_threads += 1
+                        self._work.wait(left)
+                        self._idle_threads -= 1
+                    if not self.queue:  # another worker took them meanwhile
+                        continue
+                return self._take_batch_locked(size)
+
+    def take_batch_locked(self, size: int) -> list[Delivery]:
+        """Up to ``size`` ready heads for one batch (caller holds the lock; some are ready)."""
+        return self._take_batch_locked(size)
+
+    def _take_batch_locked(self, size: int) -> list[Delivery]:
+        # no stop before a head younger than a message queued behind another (as a chunk has): the
+        # batch runs as one call, not one message after the other
+        batch = self.queue.take(size, _nothing_behind)
+        self.partitions.started(batch)
+        self.flow.started(len(batch))
+        return batch
+
+    def finish_batch(self, results: list[tuple[Delivery, Outcome]]) -> None:
+        """A batch ran: ``results`` is ``[(delivery, outcome)]``. The lanes' next messages go to the
+        ready queue (the next batch takes them, with other lanes' heads), not to the caller."""
+        with self.lock:
+            for d, outcome in results:
+                nxt = self._finish_locked(d, outcome)
+                if nxt is not None:
+                    self._give_back(nxt)
+            if self.queue:
+                self._notify(len(self.queue))
+            if self._waiters:
+                self._settled.notify_all()
 
     def may_start(self, d: Delivery) -> bool:
         """True unless the consumer halted, its partition was revoked or lost, the consumer is

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import HandlerTimeoutError
@@ -42,7 +43,8 @@ class TimeLimit:
         #: Runs that exceeded the limit so far (cancelled or reported).
         self.overruns = 0
         self._lock = threading.Lock()
-        self._running: dict[int, tuple[float, Message]] = {}  # plain runs: id -> (deadline, message)
+        # plain runs: id -> (deadline, message or batch, how to name it)
+        self._running: dict[int, tuple[float, Any, Callable[[Any], str]]] = {}
         self._reported: set[int] = set()  # plain runs past their deadline, still running
         self._watchdog: threading.Thread | None = None
 
@@ -53,31 +55,40 @@ class TimeLimit:
 
     def wrap(self, handler: Any) -> Any:
         """``handler`` under the limit, of the same kind (sync or ``async def``)."""
+        return self._wrap(handler, _one)
+
+    def wrap_batch(self, handler: Any) -> Any:
+        """A batch handler (``handler(msgs: list[Message])``) under the limit, of the same kind: the
+        limit is of one call, the whole batch; at it every message of the batch fails with
+        ``HandlerTimeoutError``."""
+        return self._wrap(handler, _batch)
+
+    def _wrap(self, handler: Any, what: Callable[[Any], str]) -> Any:
         limit = self.limit_s
         if limit is None:
             return handler
         if is_async(handler):
 
-            async def limited_async(msg: Message) -> Any:
+            async def limited_async(arg: Any) -> Any:
                 try:
-                    return await asyncio.wait_for(handler(msg), limit)
+                    return await asyncio.wait_for(handler(arg), limit)
                 except asyncio.TimeoutError:  # the builtin TimeoutError on Python 3.11+
                     with self._lock:
                         self.overruns += 1
                     raise HandlerTimeoutError(
-                        f"handler of {msg.topic}[{msg.partition}]@{msg.offset} ran past handler_timeout_s={limit:g} s: cancelled"
+                        f"{what(arg)} ran past handler_timeout_s={limit:g} s: cancelled"
                     ) from None
 
             return limited_async
 
-        def limited(msg: Message) -> Any:
-            token = id(msg)
+        def limited(arg: Any) -> Any:
+            token = id(arg)
             start = time.monotonic()
             with self._lock:
-                self._running[token] = (start + limit, msg)
+                self._running[token] = (start + limit, arg, what)
                 self._ensure_watchdog()
             try:
-                result = handler(msg)
+                result = handler(arg)
             finally:
                 with self._lock:
                     self._running.pop(token, None)
@@ -87,7 +98,7 @@ class TimeLimit:
                 with self._lock:
                     self.overruns += 1
                 raise HandlerTimeoutError(
-                    f"handler of {msg.topic}[{msg.partition}]@{msg.offset} ran {took:.3f} s, past "
+                    f"{what(arg)} ran {took:.3f} s, past "
                     f"handler_timeout_s={limit:g} s (a plain handler is not interrupted; its run counts as failed)"
                 )
             return result
@@ -108,11 +119,22 @@ class TimeLimit:
                     self._watchdog = None
                     return
                 now = time.monotonic()
-                late = [(t, m) for t, (deadline, m) in self._running.items() if deadline <= now and t not in self._reported]
+                late = [(t, what(arg)) for t, (deadline, arg, what) in self._running.items()
+                        if deadline <= now and t not in self._reported]
                 self._reported.update(t for t, _ in late)
-            for _, m in late:
+            for _, name in late:
                 log.warning(
-                    "handler of %s[%d]@%d runs past handler_timeout_s=%g s (plain handlers cannot be interrupted; "
-                    "health is not ready while it runs)", m.topic, m.partition, m.offset, self.limit_s,
+                    "%s runs past handler_timeout_s=%g s (plain handlers cannot be interrupted; "
+                    "health is not ready while it runs)", name, self.limit_s,
                 )
             time.sleep(tick)
+
+
+def _one(msg: Message) -> str:
+    return f"handler of {msg.topic}[{msg.partition}]@{msg.offset}"
+
+
+def _batch(msgs: list[Message]) -> str:
+    first = msgs[0] if msgs else None
+    where = f" (first {first.topic}[{first.partition}]@{first.offset})" if first is not None else ""
+    return f"batch handler of {len(msgs)} message(s){where}"

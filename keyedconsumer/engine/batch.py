@@ -1,0 +1,288 @@
+"""Batch handlers: one call for a batch of ready lane heads, and an outcome for each message.
+
+A batch is what the dispatcher's ready queue holds now (:meth:`Dispatcher.wait_batch`): up to
+``handler_batch_size`` lane heads, oldest admitted first, gathered for at most
+``handler_batch_linger_s``. A lane has one head at a time, so a batch holds **at most one message
+per key** (per partition with ``ordering="partition"``; any messages with ``ordering="none"``):
+per-key order and one message in flight per key hold exactly as for a per-message handler, and the
+next message of a key goes to a later batch once this one settled (Confluent Parallel Consumer's
+``batchSize``, which batches many keys' messages the same way).
+
+Each message of the batch then ends on its own: the handler raised :class:`~keyedconsumer.BatchFailed`
+naming some messages (they end with their exception, the others as if it returned), raised anything
+else (every message it did not acknowledge with ``ack_success`` / ``ack_skip`` ends with that
+exception: Karafka's ``mark_as_consumed``), or returned (each as its ``ack_*`` call said; done by
+default). That end goes through the *outcome middlewares* of the consumer (``Retry``,
+``DeadLetter``, ``Recover``: those whose class sets ``outcome_only = True``), one message at a
+time, and is settled as a per-message handler's end (:class:`~.settle.Settler`): one failed message
+is retried or dead-lettered alone, its key waits, the others are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ..errors import HandlerContractViolation
+from ..message import Message, Status
+from ..outcomes import BatchFailed
+from .delivery import Delivery
+from .dispatcher import Dispatcher
+from .executors import AsyncExecutor, Settle, ThreadExecutor, _cancelling, not_awaited
+from .handler import Middleware, compose, is_async
+from .outcome import NOT_STARTED, Outcome
+
+__all__ = ["BatchHandler", "BatchRun", "ThreadBatchExecutor", "AsyncBatchExecutor", "OUTCOME_ONLY",
+           "check_batch_middlewares"]
+
+log = logging.getLogger("keyedconsumer")
+
+#: ``def handle(msgs: list[Message]) -> None`` or ``async def``.
+BatchHandler = Callable[[list[Message]], None] | Callable[[list[Message]], Awaitable[None]]
+
+#: The class attribute of a middleware that acts only on a message's end (what its handler raised,
+#: its ``msg.status``), never before the handler nor around its run: such a middleware can wrap
+#: each message's end of a batch. ``Retry``, ``DeadLetter`` and ``Recover`` set it.
+OUTCOME_ONLY = "outcome_only"
+
+#: A message's ack before the batch handler raised keeps it done (Karafka's ``mark_as_consumed``).
+_ACKED = (Status.SUCCESS, Status.SKIP, Status.DEAD_LETTERED)
+
+
+def check_batch_middlewares(middlewares: Sequence[Middleware]) -> None:
+    """Refuse middlewares that cannot wrap a batch's per-message ends.
+
+    Raises
+    ------
+    TypeError
+        One of ``middlewares`` does not set ``outcome_only = True`` (``Typed``, ``Logging``,
+        ``Metrics``, ``Tracing``, ``Audit`` act before or around a message's run, which a batch
+        handler's messages do not have one by one), or ``middlewares`` is not a list (as
+        :func:`~.handler.compose`).
+    """
+    if isinstance(middlewares, (str, bytes)) or callable(middlewares) or not hasattr(middlewares, "__iter__"):
+        return  # compose() says what is wrong
+    for i, mw in enumerate(middlewares):
+        if getattr(mw, OUTCOME_ONLY, False) is not True:
+            name = mw.__name__ if isinstance(mw, type) else type(mw).__name__
+            raise TypeError(
+                f"middlewares[{i}] ({name}) cannot wrap a batch handler: a batch handler takes the "
+                "middlewares that act on each message's end only (Retry, DeadLetter, Recover; a "
+                f"middleware class with {OUTCOME_ONLY} = True); decode, log, measure or trace "
+                "inside the batch handler"
+            )
+
+
+class BatchRun:
+    """One batch's call and each of its messages' ends through the outcome middlewares.
+
+    Parameters
+    ----------
+    handler:
+        The batch handler (already under its time limit), plain or ``async def``.
+    middlewares:
+        Outcome middlewares (:func:`check_batch_middlewares`), the first given outermost; each
+        message's end runs through them as if the handler had ended that message alone.
+    """
+
+    def __init__(self, handler: BatchHandler, middlewares: Sequence[Middleware]) -> None:
+        if not callable(handler):
+            raise TypeError(f"batch_handler must be callable, got {type(handler).__name__}")
+        check_batch_middlewares(middlewares)
+        self.handler: Any = handler
+        self.is_async = is_async(handler)
+        self._ends: dict[Message, BaseException] = {}  # a message's exception, until its chain ran
+        ends = self._ends
+
+        if self.is_async:
+
+            async def end_async(msg: Message) -> None:
+                exc = ends.pop(msg, None)
+                if exc is not None:
+                    raise exc
+
+            self.chain: Any = compose(end_async, middlewares)
+        else:
+
+            def end(msg: Message) -> None:
+                exc = ends.pop(msg, None)
+                if exc is not None:
+                    raise exc
+
+            self.chain = compose(end, middlewares)
+
+    def ends(self, msgs: list[Message], exc: BaseException | None) -> None:
+        """Record what each of ``msgs`` ended with, from the batch call's exception ``exc``."""
+        if exc is None:
+            return
+        if isinstance(exc, BatchFailed):
+            batch = set(msgs)
+            for msg, error in exc.errors.items():
+                if msg in batch:
+                    self._ends[msg] = error
+                else:
+                    log.warning("BatchFailed names %r, which is not in the batch: ignored", msg)
+            return
+        for msg in msgs:
+            if msg.status not in _ACKED or isinstance(exc, HandlerContractViolation):
+                self._ends[msg] = exc
+
+    def settle_sync(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
+        """Each message's end through the chain, settled."""
+        out: list[tuple[Delivery, Outcome]] = []
+        chain = self.chain
+        for dl in started:
+            msg = dl.msg
+            try:
+                chain(msg)
+            except BaseException as exc:  # this message's end only
+                out.append((dl, settle(msg, exc)))
+            else:
+                out.append((dl, settle(msg, None)))
+        return out
+
+    async def settle_async(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
+        out: list[tuple[Delivery, Outcome]] = []
+        chain = self.chain
+        for dl in started:
+            msg = dl.msg
+            try:
+                await chain(msg)
+            except BaseException as exc:  # this message's end only
+                out.append((dl, settle(msg, exc)))
+            else:
+                out.append((dl, settle(msg, None)))
+        return out
+
+
+def _split(batch: list[Delivery], may_start: Callable[[Delivery], bool]) -> tuple[list[Delivery], list[tuple[Delivery, Outcome]]]:
+    """The messages of ``batch`` that may start now, and the others as not started."""
+    started: list[Delivery] = []
+    not_started: list[tuple[Delivery, Outcome]] = []
+    for dl in batch:
+        if may_start(dl):
+            started.append(dl)
+        else:
+            not_started.append((dl, NOT_STARTED))
+    return started, not_started
+
+
+class ThreadBatchExecutor(ThreadExecutor):
+    """Run a plain batch handler on ``concurrency`` threads, one batch per thread at a time.
+
+    Parameters
+    ----------
+    size, linger_s:
+        ``handler_batch_size`` (messages) and ``handler_batch_linger_s`` (seconds).
+    """
+
+    def __init__(self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int,
+                 linger_s: float) -> None:
+        super().__init__(d, run.handler, settle, concurrency)
+        self._run = run
+        self._size = size
+        self._linger_s = linger_s
+
+    def _work(self) -> None:
+        d = self._d
+        run = self._run
+        handler = run.handler
+        settle = self._settle
+        while True:
+            batch = d.wait_batch(self._size, self._linger_s)
+            if batch is None:
+                return
+            started, results = _split(batch, d.may_start)
+            if started:
+                msgs = [dl.msg for dl in started]
+                error: BaseException | None = None
+                try:
+                    result = handler(msgs)
+                except BaseException as exc:  # the batch's exception: its messages' ends
+                    error = exc
+                else:
+                    if result is not None and inspect.isawaitable(result):  # nothing awaits it
+                        error = not_awaited(msgs[0], result)
+                run.ends(msgs, error)
+                results.extend(run.settle_sync(started, settle))
+            d.finish_batch(results)
+
+
+class AsyncBatchExecutor(AsyncExecutor):
+    """Run an ``async def`` batch handler as ``concurrency`` worker coroutines on one event loop.
+
+    Parameters
+    ----------
+    size, linger_s:
+        ``handler_batch_size`` (messages) and ``handler_batch_linger_s`` (seconds).
+    loop, event_loop:
+        As :class:`~.executors.AsyncExecutor`.
+    """
+
+    def __init__(self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int,
+                 linger_s: float, loop: asyncio.AbstractEventLoop | None = None, event_loop: str = "auto") -> None:
+        super().__init__(d, run.handler, settle, concurrency, loop, event_loop)
+        self._run = run
+        self._size = size
+        self._linger_s = linger_s
+
+    async def _next_batch(self) -> list[Delivery] | None:
+        """Up to ``size`` ready heads, after up to ``linger_s`` for more; ``None`` once closed."""
+        d = self._d
+        loop = self._loop
+        size, linger_s = self._size, self._linger_s
+        deadline: float | None = None
+        while True:
+            with d.lock:
+                if d.is_closed:
+                    return None
+                count = d.ready_count()
+                if count and deadline is None:
+                    deadline = time.monotonic() + linger_s
+                if count and (count >= size or deadline is None or time.monotonic() >= deadline
+                              or d.halted or d.stopping):
+                    return d.take_batch_locked(size)
+                if not count:
+                    deadline = None  # another worker took them: wait for the next first head
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append(fut)
+            if deadline is None:
+                await fut
+            else:
+                try:
+                    await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _work(self) -> None:
+        d = self._d
+        run = self._run
+        handler = run.handler
+        settle = self._settle
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            started, results = _split(batch, d.may_start)
+            if started:
+                msgs = [dl.msg for dl in started]
+                error: BaseException | None = None
+                try:
+                    await handler(msgs)
+                except asyncio.CancelledError as exc:
+                    if _cancelling():
+                        # this worker is being cancelled (the loop is going away): nothing of the
+                        # batch is done; it is delivered again later
+                        d.finish_batch([*results, *((dl, NOT_STARTED) for dl in started)])
+                        raise
+                    error = exc  # the handler raised it itself: a failure of its messages
+                except BaseException as exc:  # the batch's exception: its messages' ends
+                    error = exc
+                run.ends(msgs, error)
+                results.extend(await run.settle_async(started, settle))
+            d.finish_batch(results)
+            await asyncio.sleep(0)  # a handler that never awaits must not starve the loop
