@@ -31,7 +31,7 @@ from ..errors import HandlerContractViolation
 from ..message import Message, Status
 from ..outcomes import BatchFailed
 from .delivery import Delivery
-from .dispatcher import Dispatcher
+from .dispatcher import LINGER_CHECK_S, Dispatcher
 from .executors import AsyncExecutor, Settle, ThreadExecutor, _cancelling, not_awaited
 from .handler import Middleware, compose, is_async
 from .outcome import NOT_STARTED, Outcome
@@ -143,6 +143,8 @@ class BatchRun:
                 out.append((dl, settle(msg, exc)))
             else:
                 out.append((dl, settle(msg, None)))
+            finally:
+                self._ends.pop(msg, None)  # a middleware that did not call the handler left it
         return out
 
     async def settle_async(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
@@ -156,6 +158,8 @@ class BatchRun:
                 out.append((dl, settle(msg, exc)))
             else:
                 out.append((dl, settle(msg, None)))
+            finally:
+                self._ends.pop(msg, None)  # a middleware that did not call the handler left it
         return out
 
 
@@ -253,8 +257,8 @@ class AsyncBatchExecutor(AsyncExecutor):
             if deadline is None:
                 await fut
             else:
-                try:
-                    await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+                try:  # in slices: stop_starting() is lock-free and wakes nobody
+                    await asyncio.wait_for(fut, max(0.0, min(LINGER_CHECK_S, deadline - time.monotonic())))
                 except asyncio.TimeoutError:
                     pass
 

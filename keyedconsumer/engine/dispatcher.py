@@ -32,7 +32,7 @@ from .outcome import HALT, NOT_STARTED, Done, NotStarted, Outcome, Park, Retry
 from .partitions import ACTIVE, CLOSED, REVOKING, Partition, Partitions
 from .ready import ReadyQueue
 
-__all__ = ["Dispatcher", "Slot", "CHUNK_QUANTUM_S", "MAX_CHUNK", "RESCUE_AFTER_S"]
+__all__ = ["Dispatcher", "Slot", "CHUNK_QUANTUM_S", "MAX_CHUNK", "RESCUE_AFTER_S", "LINGER_CHECK_S"]
 
 _T = TypeVar("_T")
 
@@ -40,6 +40,8 @@ _T = TypeVar("_T")
 #: from a moving average of handler durations): fast handlers are taken in chunks, so the workers
 #: do not wake each other for every message; slow handlers are taken one by one.
 CHUNK_QUANTUM_S = 0.002
+#: A batch worker lingering for more ready heads looks this often (seconds) whether a stop began.
+LINGER_CHECK_S = 0.05
 #: Upper bound of a chunk, in messages.
 MAX_CHUNK = 256
 #: A worker in one handler for longer than this (seconds) gets its chunk's unstarted messages
@@ -246,7 +248,7 @@ class Dispatcher:
     def wait_batch(self, size: int, linger_s: float) -> list[Delivery] | None:
         """A batch worker thread's next batch: up to ``size`` ready heads, oldest admitted first,
         waiting for the first one, then up to ``linger_s`` seconds more while fewer than ``size``
-        are ready (not while stopping or halted). Every lane has one head at a time, so a batch
+        are ready (not once stopping or halted: noticed within ``LINGER_CHECK_S``). Every lane has one head at a time, so a batch
         holds at most one message per lane. ``None`` once the dispatcher is closed."""
         with self._work:
             while True:
@@ -263,7 +265,8 @@ class Dispatcher:
                         if left <= 0:
                             break
                         self._idle_threads += 1
-                        self._work.wait(left)
+                        # in slices: stop_starting() is lock-free and notifies nobody
+                        self._work.wait(min(left, LINGER_CHECK_S))
                         self._idle_threads -= 1
                     if not self.queue:  # another worker took them meanwhile
                         continue

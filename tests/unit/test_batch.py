@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from keyedconsumer.middleware import DeadLetter, Logging, Retry, Typed
 
 from keyedconsumer import (
@@ -344,6 +346,81 @@ def test_app_batch_handler_route() -> None:
     with broker.run_app(app) as run:
         run.until_idle(timeout_s=10)
     assert sum(sizes) == 3 and max(sizes) <= 2
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["threads", "asyncio"])
+def test_linger_waits_for_a_fuller_batch(is_async: bool) -> None:
+    # given a consumer that lingers up to 20 s for batches of 3, and one message admitted
+    broker = InMemoryBroker()
+    broker.create_topic("events", partitions=1)
+    batches: list[list[int]] = []
+
+    def handle(msgs: list[Message]) -> None:
+        batches.append([m.offset for m in msgs])
+
+    async def ahandle(msgs: list[Message]) -> None:
+        handle(msgs)
+
+    consumer = broker.consumer(name=f"batch-linger-{is_async}", batch_handler=ahandle if is_async else handle,
+                               topics=["events"], handler_batch_size=3, handler_batch_linger_s=20)
+    with broker.run(consumer) as run:
+        broker.produce("events", "0", key="k0")
+        run.wait_for(lambda: consumer.in_flight == 1, what="the first message admitted")
+        # when two more messages of other keys arrive while it lingers
+        broker.produce("events", "1", key="k1")
+        broker.produce("events", "2", key="k2")
+        run.until_idle(timeout_s=15)
+    # then the three ran as one batch
+    assert batches == [[0, 1, 2]]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    keys=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    retry_every=st.integers(2, 7),
+    size=st.integers(1, 6),
+    concurrency=st.integers(1, 3),
+    partitions=st.integers(1, 3),
+)
+def test_property_order_per_key_and_each_failure_retried_alone(
+    keys: list[int], retry_every: int, size: int, concurrency: int, partitions: int
+) -> None:
+    # given messages of random keys; every retry_every-th one asks to be retried once
+    broker = InMemoryBroker()
+    broker.create_topic("events", partitions=partitions)
+    expected: dict[tuple[int, bytes | None], list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        r = broker.produce("events", str(i), key=f"k{k}")
+        expected[(r.partition, r.key)].append(r.offset)
+    rec = Recorder()
+    done: dict[tuple[int, bytes | None], list[int]] = defaultdict(list)
+    runs: dict[tuple[int, int], int] = defaultdict(int)
+
+    def handle(msgs: list[Message]) -> None:
+        rec.enter(msgs)
+        errors: dict[Message, BaseException] = {}
+        for m in msgs:
+            runs[(m.partition, m.offset)] += 1
+            if int(m.value or b"0") % retry_every == 0 and m.attempt == 1:
+                errors[m] = RetryLater(1.0)
+            else:
+                done[(m.partition, m.key)].append(m.offset)
+        rec.leave(msgs)
+        if errors:
+            raise BatchFailed(errors)
+
+    consumer = broker.consumer(name="batch-prop", batch_handler=handle, topics=["events"],
+                               handler_batch_size=size, concurrency=concurrency)
+    with broker.run(consumer) as run:
+        run.until_idle(timeout_s=20)
+    # then each key's messages were done once each, in offset order, never two at once
+    assert done == expected
+    assert rec.overlaps == []
+    assert all(len(b) <= size and len({(p, k) for k, p, _ in b}) == len(b) for b in rec.batches)
+    # and only the messages that asked for it ran twice
+    retried = {(p, o) for (p, o), n in runs.items() if n == 2}
+    assert all(n in (1, 2) for n in runs.values())
+    assert len(retried) == sum(1 for i in range(len(keys)) if i % retry_every == 0)
 
 
 # -- refused at construction -------------------------------------------------------------------------
