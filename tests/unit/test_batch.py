@@ -219,6 +219,25 @@ def test_a_raised_exception_fails_the_messages_not_acknowledged_before_it() -> N
     assert broker.committed("batch-ack") == {("events", 0): 4}
 
 
+def test_retry_later_for_the_whole_batch_retries_each_message_not_acknowledged() -> None:
+    broker = InMemoryBroker()
+    broker.create_topic("events", partitions=1)
+    for k in range(3):
+        broker.produce("events", "v", key=f"k{k}")
+    runs: list[tuple[int, int]] = []
+
+    def handle(msgs: list[Message]) -> None:
+        runs.extend((m.offset, m.attempt) for m in msgs)
+        if msgs[0].attempt == 1:
+            msgs[0].ack_success()  # this one is done even though the batch asks for a retry
+            raise RetryLater(30.0)
+
+    consumer = broker.consumer(name="batch-retry-all", batch_handler=handle, topics=["events"])
+    with broker.run(consumer) as run:
+        run.until_idle(timeout_s=10)
+    assert sorted(runs) == [(0, 1), (1, 1), (1, 2), (2, 1), (2, 2)]
+
+
 def test_an_unhandled_failure_stops_the_consumer_and_commits_nothing_past_it() -> None:
     broker = InMemoryBroker()
     broker.create_topic("events", partitions=1)
@@ -372,6 +391,57 @@ def test_linger_waits_for_a_fuller_batch(is_async: bool) -> None:
         run.until_idle(timeout_s=15)
     # then the three ran as one batch
     assert batches == [[0, 1, 2]]
+
+
+def test_rebalances_mid_run_keep_key_order_and_never_commit_backwards() -> None:
+    # given two batch consumers of one group on four partitions, handling messages slowly
+    broker = InMemoryBroker()
+    broker.create_topic("events", partitions=4)
+    keys = [f"key-{i}".encode() for i in range(12)]
+    lock = threading.Lock()
+    log: list[tuple[bytes, int]] = []
+    running: set[bytes] = set()
+    overlaps: list[bytes] = []
+
+    def handle(msgs: list[Message]) -> None:
+        with lock:
+            for m in msgs:
+                assert m.key is not None
+                if m.key in running:
+                    overlaps.append(m.key)
+                running.add(m.key)
+        threading.Event().wait(0.002)
+        with lock:
+            for m in msgs:
+                assert m.key is not None
+                running.discard(m.key)
+                log.append((m.key, int(m.value or b"0")))
+
+    c1, c2 = (broker.consumer(name=name, group_id="grp", batch_handler=handle, topics=["events"], concurrency=2,
+                              handler_batch_size=4) for name in ("c1", "c2"))
+    with broker.run(c1, c2) as run:
+        run.wait_for(lambda: sorted(map(len, broker.assignments("grp").values())) == [2, 2], what="a 2/2 assignment")
+        # when messages arrive and the group rebalances twice while they run
+        for seq in range(10):
+            for key in keys:
+                broker.produce("events", str(seq), key=key)
+            if seq in (3, 6):
+                broker.rebalance("grp")
+        run.until_idle(timeout_s=20)
+    # then no key ran in two batches at once, none skipped ahead, every message ran
+    assert overlaps == []
+    by_key: dict[bytes, list[int]] = defaultdict(list)
+    for key, seq in log:
+        assert seq <= max(by_key[key], default=-1) + 1, f"{key!r} ran {seq} after {by_key[key]}"
+        by_key[key].append(seq)
+    assert {k: sorted(set(v)) for k, v in by_key.items()} == {k: list(range(10)) for k in keys}
+    # and each partition's commits never moved back and ended at its end offset
+    seen: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for c in broker.commits("grp"):
+        tp = (c.topic, c.partition)
+        assert not seen[tp] or c.offset >= seen[tp][-1], (tp, seen[tp], c.offset)
+        seen[tp].append(c.offset)
+    assert {tp: offs[-1] for tp, offs in seen.items()} == broker.end_offsets("events")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
