@@ -7,7 +7,7 @@ from importlib import metadata as _metadata
 
 from .app import KeyedApp, Route
 from .config import ConsumerConfig
-from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
+from .consumer import BatchHandler, ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
 from .errors import (
     CommitError,
     HandlerContractError,
@@ -31,6 +31,7 @@ __all__ = [
     "Status",
     "ConsumerConfig",
     "Handler",
+    "BatchHandler",
     "Middleware",
     "ErrorHandler",
     "KeyedConsumerError",

@@ -51,7 +51,7 @@ from .message import Message
 from .sequencing import RedisSequencer
 from .sequencing.base import InMemorySequencer, Sequencer
 
-__all__ = ["KeyedConsumer", "Handler", "Middleware", "ErrorHandler", "PartitionStatus", "compose",
+__all__ = ["KeyedConsumer", "Handler", "BatchHandler", "Middleware", "ErrorHandler", "PartitionStatus", "compose",
            "BLOCKING_CALL_S", "CLOSE_TIMEOUT_S", "SHUTDOWN_MARGIN_S"]
 
 log = logging.getLogger("keyedconsumer")
