@@ -25,6 +25,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
 from typing import Any
 
 from ..errors import HandlerContractViolation
@@ -95,23 +96,26 @@ class BatchRun:
         check_batch_middlewares(middlewares)
         self.handler: Any = handler
         self.is_async = is_async(handler)
-        self._ends: dict[Message, BaseException] = {}  # a message's exception, until its chain ran
+        # a message's exception and the traceback it was raised with, until its chain ran (one
+        # exception may end every message of a batch: each raise starts from that traceback, so
+        # it does not grow with every message)
+        self._ends: dict[Message, tuple[BaseException, TracebackType | None]] = {}
         ends = self._ends
 
         if self.is_async:
 
             async def end_async(msg: Message) -> None:
-                exc = ends.pop(msg, None)
-                if exc is not None:
-                    raise exc
+                end = ends.pop(msg, None)
+                if end is not None:
+                    raise end[0].with_traceback(end[1])
 
             self.chain: Any = compose(end_async, middlewares)
         else:
 
             def end(msg: Message) -> None:
-                exc = ends.pop(msg, None)
-                if exc is not None:
-                    raise exc
+                found = ends.pop(msg, None)
+                if found is not None:
+                    raise found[0].with_traceback(found[1])
 
             self.chain = compose(end, middlewares)
 
@@ -123,13 +127,14 @@ class BatchRun:
             batch = set(msgs)
             for msg, error in exc.errors.items():
                 if msg in batch:
-                    self._ends[msg] = error
+                    self._ends[msg] = (error, error.__traceback__)
                 else:
                     log.warning("BatchFailed names %r, which is not in the batch: ignored", msg)
             return
+        tb = exc.__traceback__
         for msg in msgs:
             if msg.status not in _ACKED or isinstance(exc, HandlerContractViolation):
-                self._ends[msg] = exc
+                self._ends[msg] = (exc, tb)
 
     def settle_sync(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
         """Each message's end through the chain, settled."""

@@ -238,6 +238,28 @@ def test_retry_later_for_the_whole_batch_retries_each_message_not_acknowledged()
     assert sorted(runs) == [(0, 1), (1, 1), (1, 2), (2, 1), (2, 2)]
 
 
+def test_one_exception_for_a_batch_dead_letters_each_message_with_the_same_trace() -> None:
+    # given a batch of five messages that fails with one exception, behind DeadLetter
+    broker = InMemoryBroker()
+    broker.create_topic("events", partitions=1)
+    for k in range(5):
+        broker.produce("events", "v", key=f"k{k}")
+
+    def handle(msgs: list[Message]) -> None:
+        raise ValueError("the whole batch")
+
+    consumer = broker.consumer(name="batch-trace", batch_handler=handle, topics=["events"],
+                               middlewares=[DeadLetter(publisher=broker.publisher())])
+    with broker.run(consumer) as run:
+        run.until_idle(timeout_s=10)
+    # then each was dead-lettered, and the trace did not grow from one message to the next
+    dead = broker.records("events.dlq")
+    assert sorted(d.header("kafka_dlt-original-offset") for d in dead) == [str(i).encode() for i in range(5)]
+    assert {d.header("kafka_dlt-exception-message") for d in dead} == {b"the whole batch"}
+    traces = {d.header("kafka_dlt-exception-stacktrace") for d in dead}
+    assert len(traces) == 1, traces
+
+
 def test_an_unhandled_failure_stops_the_consumer_and_commits_nothing_past_it() -> None:
     broker = InMemoryBroker()
     broker.create_topic("events", partitions=1)
