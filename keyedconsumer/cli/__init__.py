@@ -29,9 +29,9 @@ import typer
 
 from . import audit, inspect, replay, run, web
 from .handler import load_handler
+from .layers import RunOptions
 from .marker import ReplayMarker
 from .replay import parse_since
-from .settings import RunOptions
 
 __all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOptions"]
 
