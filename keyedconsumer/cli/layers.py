@@ -216,6 +216,8 @@ class Layered:
         return self._name(self.origin.get(key) or self.origin.get(loc[0] if loc else "", "default"), key)
 
     def _name(self, layer: str, key: str) -> str:
+        if key in ("name", "group_id") and self.origin.get("group") == layer:
+            key = "group"  # the layer named the group as a whole
         if layer == "flag":
             return "flag " + _flag(key.replace(".", "_"))
         if layer == "environment":

@@ -321,7 +321,8 @@ def _run_app(
     except pydantic.ValidationError as exc:
         raise layers.explain(exc) from None
     for route, option in replaced:
-        log.warning("route %s sets its own %s: the %s does not apply to it", route, option, layers.where((option,)))
+        log.warning("route %s sets its own %s (or its app does): the %s does not apply to it", route, option,
+                    layers.where((option,)))
     if print_settings:
         _print_json({r.settings.name: {**r.settings.model_dump(), "config": redact(r.settings.config)} for r in app.routes})
         return

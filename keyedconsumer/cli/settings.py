@@ -96,7 +96,10 @@ def _env_or_toml(field: str, settings: Layered) -> Any:
 
 _BROKERS_HELP = f"Bootstrap servers, comma-separated (env {ENV_PREFIX}BROKERS; default {DEFAULT_BROKERS})."
 _X_HELP = "A librdkafka property, passed through (repeatable); secret values are never printed."
-_CONFIG_HELP = "TOML settings file (top-level keys: setting names; [config]: librdkafka properties)."
+_CONFIG_HELP = (
+    "TOML settings file (top-level keys: setting names; [config]: librdkafka properties; [sequencer]: "
+    "Redis sequencer options). Flags beat the environment, which beats the file."
+)
 
 BrokersOpt = Annotated[
     str | None,
