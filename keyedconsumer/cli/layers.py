@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -203,7 +203,6 @@ class Layered:
     values: dict[str, Any]
     origin: dict[str, str]
     toml_file: Path | None = None
-    flags_given: dict[str, Any] = field(default_factory=dict)
 
     def where(self, loc: tuple[str, ...]) -> str:
         """Where the setting at ``loc`` (``("concurrency",)``, ``("sequencer", "lease_ttl_s")``) came
@@ -296,7 +295,7 @@ def layered(flags: dict[str, Any], config_file: Path | None) -> Layered:
         for table in ("sequencer", "config"):
             if isinstance(values.get(table), dict):
                 origin.update(dict.fromkeys((f"{table}.{k}" for k in values[table]), layer))
-    result = Layered({}, origin, config_file, given)
+    result = Layered({}, origin, config_file)
     token = _toml_file.set(config_file)
     try:
         settings = RunSettings(**given)

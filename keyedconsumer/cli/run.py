@@ -80,7 +80,8 @@ def run(
         str | None,
         typer.Argument(
             metavar="MODULE:FUNCTION",
-            help="The handler, package.module:function (sync or async def); or 'handler' in TOML / env.",
+            help="The handler, package.module:function (sync or async def), or module:app (a KeyedApp); "
+            "or 'handler' in TOML / env.",
             show_default=False,
         ),
     ] = None,
@@ -175,6 +176,10 @@ def run(
     On SIGTERM/SIGINT nothing new starts, running handlers finish (up to the shutdown timeout), the
     finished offsets are committed and the process exits 0. A message that fails with nothing to
     handle it (no dead-letter topic) stops the consumer the same way and exits 1.
+
+    Every setting comes from its flag, else its KEYEDCONSUMER_<SETTING> environment variable
+    (KEYEDCONSUMER_SEQUENCER__<OPTION> for a sequencer option), else the TOML file of --config, else
+    its default. For MODULE:APP (a KeyedApp) they are defaults under the routes' own options.
     """
     _setup_logging(log_level.value, log_format.value)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()] or None

@@ -88,6 +88,13 @@ def test_tables_merge_property_by_property_each_from_the_highest_layer(tmp_path:
 
 
 @pytest.mark.timeout(30)
+def test_the_sequencer_options_as_one_json_variable_merge_with_the_per_option_ones() -> None:
+    env = {"KEYEDCONSUMER_SEQUENCER": '{"max_drains": 9, "lease_ttl_s": 30}', "KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S": "12"}
+    s = printed(*BASE, "--redis", "redis://127.0.0.1:1/0", env=env)
+    assert (s["sequencer"]["max_drains"], s["sequencer"]["lease_ttl_s"]) == (9, 12.0)
+
+
+@pytest.mark.timeout(30)
 def test_secrets_follow_the_precedence_and_are_never_shown(tmp_path: Path) -> None:
     secrets = {"flag": "Fl4g-pw-x9", "environment": "Env-pw-y8", "file": "F1le-pw-z7"}
     toml_path = tmp_path / "kc.toml"
