@@ -29,8 +29,8 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import signals
@@ -54,7 +54,9 @@ class Route:
     """One handler of a :class:`KeyedApp`: what :meth:`KeyedApp.handler` registered.
 
     ``settings`` is validated when the route is registered; ``sequencer`` is a factory, called once
-    per run (a :class:`~keyedconsumer.RedisSequencer` belongs to one consumer).
+    per run (a :class:`~keyedconsumer.RedisSequencer` belongs to one consumer). ``options`` are the
+    :class:`~keyedconsumer.ConsumerConfig` fields the app and the route gave (the route's winning),
+    ``topics`` and ``name`` included: what :meth:`KeyedApp.apply_defaults` keeps.
     """
 
     handler: Handler
@@ -63,6 +65,7 @@ class Route:
     error_handler: ErrorHandler | None = None
     sequencer: Callable[[], Sequencer] | None = None
     consumer_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     #: ``handler`` is a batch handler (:meth:`KeyedApp.batch_handler`): it takes a list of messages.
     batch: bool = False
 
@@ -195,10 +198,44 @@ class KeyedApp:
                 raise ValueError(f"a route named {route_name!r} exists already: pass name=")
             merged = {**self._options, **options, "topics": list(topics), "name": route_name}
             settings = ConsumerConfig(**merged)
-            self.routes.append(Route(fn, settings, tuple(middlewares), error_handler, sequencer, batch=batch))
+            self.routes.append(
+                Route(fn, settings, tuple(middlewares), error_handler, sequencer, options=merged, batch=batch)
+            )
             return fn
 
         return register
+
+    def apply_defaults(self, defaults: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Put ``defaults`` (:class:`~keyedconsumer.ConsumerConfig` fields) under every route's
+        options: each route's settings become ``defaults``, then the app's options, then the
+        route's own, validated again. ``keyedconsumer run module:app`` passes the settings of its
+        flags, environment and TOML file this way. Call it before :meth:`run`.
+
+        Returns
+        -------
+        ``[(route name, field)]``: each default a route's (or the app's) own option replaced with
+        another value, so the caller can say so.
+
+        Raises
+        ------
+        ValueError
+            ``topics`` or ``name`` among the defaults (they belong to routes), or the app running.
+        pydantic.ValidationError
+            A bad value, naming the field; no route is changed then.
+        """
+        for own in ("topics", "name"):
+            if own in defaults:
+                raise ValueError(f"{own!r} belongs to a route: @app.handler(...)")
+        with self._lock:
+            if self._running:
+                raise ValueError("the app is running: apply defaults before run()")
+            routes = [
+                replace(r, settings=ConsumerConfig.model_validate({**defaults, **r.options})) for r in self.routes
+            ]
+            self.routes = routes
+        return [
+            (r.settings.name, k) for r in routes for k, v in defaults.items() if k in r.options and r.options[k] != v
+        ]
 
     def use(self, *middlewares: Middleware) -> None:
         """Add middleware to every route, inside the app's earlier ones and outside each route's own

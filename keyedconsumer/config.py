@@ -44,6 +44,7 @@ __all__ = [
     "ENV_PREFIX",
     "CLI_SETTINGS",
     "ENVIRONMENT_VARIABLES",
+    "SEQUENCER_ENV_PREFIX",
     "CALLBACK_PROPERTIES",
     "CONNECTION_PROPERTIES",
     "CONNECTION_PREFIXES",
@@ -56,9 +57,17 @@ __all__ = [
 ENV_PREFIX = "KEYEDCONSUMER_"
 
 #: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
-#: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``, and
-#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag).
-CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token")
+#: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``,
+#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag), and ``sequencer``: the
+#: Redis sequencer's options, one variable each, ``KEYEDCONSUMER_SEQUENCER__<OPTION>`` (a
+#: :class:`~keyedconsumer.sequencing.RedisSequencerConfig` field but ``url`` and ``namespace``), or
+#: all of them as one JSON object in ``KEYEDCONSUMER_SEQUENCER``.
+CLI_SETTINGS = (
+    "handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token",
+    "sequencer",
+)
+#: The prefix of the Redis sequencer's option variables (see :data:`CLI_SETTINGS`).
+SEQUENCER_ENV_PREFIX = ENV_PREFIX + "SEQUENCER__"
 
 Ordering = Literal["key", "partition", "none"]
 
@@ -581,6 +590,12 @@ def _refuse_unknown_environment_variables(title: str) -> None:
     """Raise :class:`pydantic.ValidationError` naming each ``KEYEDCONSUMER_*`` variable that is
     not in :data:`ENVIRONMENT_VARIABLES`. Its value is never shown (it may be a secret)."""
     unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES)
+    if any(k.upper().startswith(SEQUENCER_ENV_PREFIX) for k in unknown):
+        from .sequencing.config import RedisSequencerConfig  # here: it imports this module
+
+        options = {SEQUENCER_ENV_PREFIX + f.upper() for f in RedisSequencerConfig.model_fields} - {
+            SEQUENCER_ENV_PREFIX + "URL", SEQUENCER_ENV_PREFIX + "NAMESPACE"}
+        unknown = [k for k in unknown if k.upper() not in options]
     if not unknown:
         return
     errors: list[InitErrorDetails] = []

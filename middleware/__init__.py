@@ -26,13 +26,13 @@ from .decoders import Decoder, Json, Text, UndecodableError
 from .logging import Logging
 from .metrics import Metrics
 from .recover import Recover
-from .retry import Retry, backoff_delay_s
+from .retry import Retry, Wait
 from .tracing import Tracing
 from .typed import DecodeError, Typed
 
 __all__ = [
     "Retry",
-    "backoff_delay_s",
+    "Wait",
     "DeadLetter",
     "DeadLetterError",
     "DEAD_LETTER_HEADERS",

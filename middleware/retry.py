@@ -16,38 +16,30 @@ total back-off well under the time you accept a partition's offset to stand stil
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable
 from typing import Any
+
+from tenacity import RetryCallState
+from tenacity.wait import wait_exponential_jitter
 
 from keyedconsumer import Message, PermanentError, RetryLater
 
 from ._kind import around, failure_of
 
-__all__ = ["Retry", "backoff_delay_s"]
+__all__ = ["Retry", "Wait"]
+
+#: A back-off policy: tenacity's wait strategy protocol, ``(RetryCallState) -> seconds``. Any
+#: ``tenacity.wait_*`` object (or a sum of them) fits; :class:`Retry` reads only the delay it returns
+#: for ``retry_state.attempt_number`` = the attempt that failed (>= 1).
+Wait = Callable[[RetryCallState], float]
 
 
-def backoff_delay_s(
-    attempt: int,
-    *,
-    initial_delay_s: float,
-    multiplier: float,
-    max_delay_s: float,
-    jitter: float,
-    rand: float,
-) -> float:
-    """The delay in seconds before attempt ``attempt + 1``, after attempt ``attempt`` (>= 1) failed.
-
-    ``min(max_delay_s, initial_delay_s * multiplier ** (attempt - 1))``, spread by ``jitter``
-    (a fraction in [0, 1]): multiplied by ``1 + jitter * (2 * rand - 1)`` where ``rand`` is in
-    [0, 1), then capped at ``max_delay_s``. Pure: the caller passes the random number.
-    """
-    try:
-        base = initial_delay_s * multiplier ** max(0, attempt - 1)
-    except OverflowError:
-        base = max_delay_s
-    base = min(base, max_delay_s)
-    return max(0.0, min(max_delay_s, base * (1.0 + jitter * (2.0 * rand - 1.0))))
+def _state(attempt: int) -> RetryCallState:
+    """The tenacity call state a wait strategy reads: ``attempt_number`` is the failed attempt. The
+    engine, not tenacity, runs the retries (``RetryLater``), so there is no retrying object."""
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return state
 
 
 def _check(name: str, value: float, low: float, high: float = math.inf) -> float:
@@ -60,26 +52,37 @@ def _check(name: str, value: float, low: float, high: float = math.inf) -> float
 
 
 class Retry:
-    """Retry a failing handler with exponential back-off.
+    """Retry a failing handler with exponential back-off and jitter.
 
-    Defaults follow BigBen (seed 004): 3 attempts, 1 s initial delay, multiplier 2.
+    Defaults follow BigBen (seed 004): 3 attempts, 1 s initial delay, multiplier 2. The delays are
+    tenacity's ``wait_exponential_jitter`` (Google Cloud's retry strategy,
+    https://cloud.google.com/storage/docs/retry-strategy): after failed attempt ``n`` (>= 1),
+    ``min(max_delay_s, initial_delay_s * multiplier ** (n - 1) + uniform(0, jitter))`` seconds
+    (``max_delay_s`` when the power overflows).
 
     Parameters
     ----------
     max_attempts:
         Attempts in all, first included (>= 1); ``None`` retries without end.
     initial_delay_s, multiplier, max_delay_s:
-        Delay after attempt ``n`` is ``min(max_delay_s, initial_delay_s * multiplier ** (n - 1))``
-        seconds.
+        Seconds after the first failed attempt; the factor between two delays (>= 1); the longest
+        delay in seconds, jitter included.
     jitter:
-        Fraction in [0, 1] by which each delay is spread at random (0 = exact delays).
+        Seconds (>= 0) of random delay added to each delay, uniform in ``[0, jitter]``
+        (tenacity's ``jitter``); ``0`` gives exact delays. It was a fraction of the delay before
+        tenacity computed the delays (CHANGELOG); tenacity has no proportional jitter (its issue
+        #397).
     retry_on:
         Exception types that are retried.
     give_up_on:
         Exception types never retried, even if they match ``retry_on``
         (default: :class:`~keyedconsumer.PermanentError`).
-    rand:
-        The random source, ``() -> float`` in [0, 1) (pass a fixed one in tests).
+    wait:
+        The back-off policy itself, replacing the four parameters above: any tenacity wait
+        strategy (:data:`Wait`), e.g. ``tenacity.wait_fixed(2)`` or
+        ``tenacity.wait_random_exponential(multiplier=1, max=60)`` (AWS's full jitter); tests pass
+        a deterministic one. Its delay is refused when negative, NaN or infinite
+        (``ValueError`` from ``RetryLater``).
     park:
         With a :class:`~keyedconsumer.RedisSequencer`, park the failing key in Redis while it waits
         (``RetryLater(park=True)``): its partition's offset moves on and other keys flow; the key's
@@ -88,8 +91,8 @@ class Retry:
     Raises
     ------
     ValueError
-        A negative, NaN or infinite delay, a multiplier below 1, a jitter outside [0, 1], or
-        ``max_attempts`` below 1.
+        A negative, NaN or infinite delay or jitter, a multiplier below 1, or ``max_attempts``
+        below 1.
     """
 
     #: It acts on a message's end only, so it can wrap each message of a batch handler's batch.
@@ -105,7 +108,7 @@ class Retry:
         jitter: float = 0.1,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         give_up_on: tuple[type[BaseException], ...] = (PermanentError,),
-        rand: Callable[[], float] = random.random,
+        wait: Wait | None = None,
         park: bool = False,
     ) -> None:
         if max_attempts is not None and (
@@ -116,22 +119,17 @@ class Retry:
         self.initial_delay_s = _check("initial_delay_s", initial_delay_s, 0.0)
         self.multiplier = _check("multiplier", multiplier, 1.0)
         self.max_delay_s = _check("max_delay_s", max_delay_s, 0.0)
-        self.jitter = _check("jitter", jitter, 0.0, 1.0)
+        self.jitter = _check("jitter", jitter, 0.0)
         self.retry_on = tuple(retry_on)
         self.give_up_on = tuple(give_up_on)
-        self._rand = rand
+        self.wait: Wait = wait or wait_exponential_jitter(
+            multiplier=self.initial_delay_s, exp_base=self.multiplier, max=self.max_delay_s, jitter=self.jitter
+        )
         self.park = bool(park)
 
     def delay_s(self, attempt: int) -> float:
-        """The back-off after failed attempt ``attempt``, in seconds."""
-        return backoff_delay_s(
-            attempt,
-            initial_delay_s=self.initial_delay_s,
-            multiplier=self.multiplier,
-            max_delay_s=self.max_delay_s,
-            jitter=self.jitter,
-            rand=self._rand(),
-        )
+        """The back-off in seconds after failed attempt ``attempt`` (>= 1): what :attr:`wait` says."""
+        return float(self.wait(_state(attempt)))
 
     def _after(self, msg: Message, exc: BaseException | None) -> None:
         """Turn a failure into ``RetryLater`` when the policy allows; otherwise let it through."""
@@ -150,5 +148,6 @@ class Retry:
     def __repr__(self) -> str:
         return (
             f"Retry(max_attempts={self.max_attempts}, initial_delay_s={self.initial_delay_s}, "
-            f"multiplier={self.multiplier}, max_delay_s={self.max_delay_s}, jitter={self.jitter}, park={self.park})"
+            f"multiplier={self.multiplier}, max_delay_s={self.max_delay_s}, jitter={self.jitter}, wait={self.wait!r}, "
+            f"park={self.park})"
         )

@@ -8,13 +8,16 @@
     keyedconsumer web [--group G] [--redis URL] [--enable-actions]   (extra keyedconsumer[web])
     keyedconsumer audit [--topic keyedconsumer.audit] [--key K] [--source-topic T --partition P --offset N] [--since TIME]
 
-**Settings** come from, highest precedence first: command-line flags, environment variables
-``KEYEDCONSUMER_<SETTING>`` (``KEYEDCONSUMER_CONCURRENCY=64``, ``KEYEDCONSUMER_BROKERS=a:9092,b:9092``,
-``KEYEDCONSUMER_CONFIG='{"security.protocol": "SASL_SSL"}'``), the TOML file given with ``--config``
-(or ``KEYEDCONSUMER_CONFIG_FILE``), then the defaults. librdkafka properties (``-X key=value``, the
-``KEYEDCONSUMER_CONFIG`` JSON object, the TOML ``[config]`` table) are merged property by property
-with the same precedence. ``--group`` (``group``) sets the consumer's ``name`` and ``group_id``: the
-group comes whole from the first source naming it (``--group`` beats ``KEYEDCONSUMER_GROUP_ID``).
+**Settings** come from, highest precedence first: command-line flags (one for every
+``ConsumerConfig`` field and Redis sequencer option), environment variables ``KEYEDCONSUMER_<SETTING>``
+(``KEYEDCONSUMER_CONCURRENCY=64``, ``KEYEDCONSUMER_BROKERS=a:9092,b:9092``,
+``KEYEDCONSUMER_CONFIG='{"security.protocol": "SASL_SSL"}'``, ``KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S=20``),
+the TOML file given with ``--config`` (or ``KEYEDCONSUMER_CONFIG_FILE``), then the defaults: the
+sources of pydantic-settings, merged by it (:mod:`.layers`). librdkafka properties (``-X key=value``,
+the ``KEYEDCONSUMER_CONFIG`` JSON object, the TOML ``[config]`` table) and the sequencer's options
+(``[sequencer]``) merge property by property. ``--group`` (``group``) sets the consumer's ``name``
+and ``group_id`` within its layer (``--group`` beats ``KEYEDCONSUMER_GROUP_ID``). For
+``run module:app`` they are defaults under the routes' own options.
 
 **Exit codes**: 0 done (``run``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
 failed and nothing handled it, the brokers did not answer, a replay left records behind), 2 bad
@@ -29,9 +32,9 @@ import typer
 
 from . import audit, inspect, replay, run, web
 from .handler import load_handler
+from .layers import RunOptions
 from .marker import ReplayMarker
 from .replay import parse_since
-from .settings import RunOptions
 
 __all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOptions"]
 

@@ -8,17 +8,20 @@ from enum import Enum
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+import pydantic
 import typer
 
 from ..app import KeyedApp
 from ..config import ENV_PREFIX, ConsumerConfig, redact
 from ..errors import KeyedConsumerError, PublishError
 from ..sequencing import redact_url
-from ..sequencing.config import CLUSTER_SCHEMES
+from ..sequencing.config import CLUSTER_SCHEMES, RedisSequencerConfig
 from .errors import CliError
+from .flags import with_every_setting
 from .handler import load_handler
+from .layers import RUN_KEYS, Layered, RunOptions, layered
 from .output import _Format, _print_json, _reports_errors, _setup_logging
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, RunOptions, _Level, _resolve_run
+from .settings import BrokersOpt, ConfigOpt, PropsOpt, _Level, _parse_properties, _resolve_run, _secrets
 
 log = logging.getLogger("keyedconsumer.cli")
 
@@ -34,7 +37,7 @@ class _Reset(str, Enum):
     LATEST = "latest"
 
 
-def _effective(settings: ConsumerConfig, options: RunOptions) -> dict[str, Any]:
+def _effective(settings: ConsumerConfig, options: RunOptions, sequencer: dict[str, Any]) -> dict[str, Any]:
     data = settings.model_dump()
     data["config"] = redact(settings.config)
     data.update(
@@ -44,8 +47,17 @@ def _effective(settings: ConsumerConfig, options: RunOptions) -> dict[str, Any]:
         dead_letter_topic=options.dead_letter_topic,
         retry_attempts=options.retry_attempts,
         park=options.park,
+        sequencer=None,
     )
+    if options.redis:
+        config = RedisSequencerConfig.model_validate({"url": options.redis, "namespace": data["namespace"], **sequencer})
+        data["sequencer"] = config.model_dump(exclude={"url", "namespace"})
     return data
+
+
+#: The settings ``run`` spells out as flags of its own; :func:`with_every_setting` adds the others.
+_SPELLED_OUT = {"topics", "brokers", "concurrency", "ordering", "manual_commit", "max_in_flight", "auto_offset_reset",
+                "shutdown_timeout_s", "config"}
 
 
 def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
@@ -61,13 +73,15 @@ def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
     return out
 
 
+@with_every_setting(_SPELLED_OUT)
 @_reports_errors
 def run(
     handler: Annotated[
         str | None,
         typer.Argument(
             metavar="MODULE:FUNCTION",
-            help="The handler, package.module:function (sync or async def); or 'handler' in TOML / env.",
+            help="The handler, package.module:function (sync or async def), or module:app (a KeyedApp); "
+            "or 'handler' in TOML / env.",
             show_default=False,
         ),
     ] = None,
@@ -155,12 +169,17 @@ def run(
             "--print-settings", help="Print the effective settings as JSON (secrets hidden) and exit."
         ),
     ] = False,
+    more_settings: dict[str, Any] | None = None,
 ) -> None:
     """Consume topics with a handler until SIGTERM or SIGINT, which drain gracefully.
 
     On SIGTERM/SIGINT nothing new starts, running handlers finish (up to the shutdown timeout), the
     finished offsets are committed and the process exits 0. A message that fails with nothing to
     handle it (no dead-letter topic) stops the consumer the same way and exits 1.
+
+    Every setting comes from its flag, else its KEYEDCONSUMER_<SETTING> environment variable
+    (KEYEDCONSUMER_SEQUENCER__<OPTION> for a sequencer option), else the TOML file of --config, else
+    its default. For MODULE:APP (a KeyedApp) they are defaults under the routes' own options.
     """
     _setup_logging(log_level.value, log_format.value)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()] or None
@@ -180,24 +199,25 @@ def run(
         "max_in_flight": max_in_flight,
         "auto_offset_reset": auto_offset_reset.value if auto_offset_reset else None,
         "shutdown_timeout_s": shutdown_timeout_s,
+        "config": _parse_properties(props or []),
+        **(more_settings or {}),
     }
-    if handler is not None:
-        target = load_handler(handler, app_dir)
-        if isinstance(target, KeyedApp):
-            app_flags = {k: v for k, v in flags.items() if k != "handler"}
-            app_flags.update(health_port=health_port, metrics_port=metrics_port, http_addr=http_addr)
-            _run_app(handler, target, app_flags, props, config_file)
-            return
-    settings, options = _resolve_run(flags, props or [], config_file)
-    if not options.handler:
+    layers = layered(flags, config_file)
+    spec = layers.values.get("handler")
+    if not spec:
         raise CliError(
             f"no handler: give package.module:function, {ENV_PREFIX}HANDLER, or 'handler' in the TOML file", 2
         )
+    target = load_handler(spec, app_dir)
+    if isinstance(target, KeyedApp):
+        _run_app(spec, target, layers, print_settings, health_port, metrics_port, http_addr)
+        return
+    settings, options, sequencer_options = _resolve_run(layers)
     if options.park and not options.redis:
         raise CliError("--park needs --redis (parked keys wait in Redis)", 2)
-    fn = load_handler(options.handler, app_dir)
+    fn = target
     if print_settings:
-        _print_json(_effective(settings, options))
+        _print_json(_effective(settings, options, sequencer_options))
         return
     from ..consumer import KeyedConsumer
     from ..sequencing import RedisSequencer
@@ -209,7 +229,9 @@ def run(
                 f"--redis {redact_url(options.redis)!r}: expected a redis://, rediss://, unix:// or "
                 "redis+cluster:// URL", 2
             )
-        sequencer = RedisSequencer(url=options.redis, namespace=options.namespace or settings.group)
+        sequencer = RedisSequencer(
+            url=options.redis, namespace=options.namespace or settings.group, **sequencer_options
+        )
     middlewares = _middlewares(settings, options)
     metrics: Any = None
     if metrics_port is not None:
@@ -266,18 +288,49 @@ def _run_serving_health(run: Any, source: Any, health_port: int | None, http_add
     log.info("stopped")
 
 
-def _run_app(spec: str, app: KeyedApp, flags: dict[str, Any], props: list[str] | None, config_file: str | None) -> None:
+def _run_app(
+    spec: str,
+    app: KeyedApp,
+    layers: Layered,
+    print_settings: bool,
+    health_port: int | None,
+    metrics_port: int | None,
+    http_addr: str,
+) -> None:
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
-    Its routes carry their own options, so the consumer flags, ``-X`` and a TOML file are refused
-    (exit 2) rather than silently ignored or half applied. ``--health-port`` serves the health of
-    every route together (``Health(app)``), ``--metrics-port`` adds ``Metrics`` to every route
-    (message counters and durations; the per-partition gauges need ``Metrics.bind`` of one consumer)."""
-    health_port, metrics_port, http_addr = flags.pop("health_port"), flags.pop("metrics_port"), flags.pop("http_addr")
-    given = sorted(k for k, v in flags.items() if v is not None)
-    if given or props or config_file:
-        named = ", ".join(given + (["-X"] if props else []) + (["--config-file"] if config_file else []))
-        raise CliError(f"{spec} is a KeyedApp: its routes carry their options; remove {named}", 2)
+    The consumer settings of the flags, the environment and the TOML file (layered as for a
+    handler) are **defaults under the app's and each route's own options** (``KeyedApp.apply_defaults``):
+    a route's ``concurrency=16`` beats ``--concurrency 4``, which applies to the routes that set
+    none; each setting a route replaces is logged as a warning. ``--group`` is the group of the
+    routes that name none (as ``KeyedApp(group_id=...)``). Topics, the handler's middleware
+    (``--dead-letter-topic``, ``--retry-attempts``, ``--park``) and the sequencer (``--redis``,
+    ``--namespace``, ``--sequencer-*``) belong to the routes: given as flags or in the TOML file they
+    are refused (exit 2); from the environment (which ``inspect`` and ``web`` share) they are
+    ignored, and logged. ``--health-port`` serves the health of every route together
+    (``Health(app)``), ``--metrics-port`` adds ``Metrics`` to every route (message counters and
+    durations; the per-partition gauges need ``Metrics.bind`` of one consumer)."""
+    routes_own = sorted((RUN_KEYS - {"handler", "group"}) | {"sequencer", "topics"})
+    refused = [k for k in routes_own if k in layers.values and layers.origin.get(k) in ("flag", "file")]
+    if refused:
+        named = ", ".join(layers.where((k,)) for k in refused)
+        raise CliError(f"{spec} is a KeyedApp: its routes carry their own {', '.join(refused)}; remove {named}", 2)
+    ignored = [k for k in routes_own if k in layers.values]
+    if ignored:
+        log.info("%s is a KeyedApp: %s from the environment do not apply to it", spec,
+                 ", ".join(layers.where((k,)) for k in ignored))
+    defaults = layers.consumer_values(without=("name", "topics"))
+    _secrets.add_config(defaults.get("config") or {})
+    try:
+        replaced = app.apply_defaults(defaults)
+    except pydantic.ValidationError as exc:
+        raise layers.explain(exc) from None
+    for route, option in replaced:
+        log.warning("route %s sets its own %s (or its app does): the %s does not apply to it", route, option,
+                    layers.where((option,)))
+    if print_settings:
+        _print_json({r.settings.name: {**r.settings.model_dump(), "config": redact(r.settings.config)} for r in app.routes})
+        return
     log.info("running %s: %s", spec, ", ".join(f"{r.settings.name} <- {','.join(r.settings.topics)}" for r in app.routes))
     if metrics_port is not None:
         try:

@@ -208,10 +208,48 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
     assert "health on http://127.0.0.1:" in output  # --health-port serves every route's health
     for t in topics:
         assert committed(kafka_bootstrap, group, t, 2) == end_offsets(kafka_bootstrap, t, 2)
-    # and consumer flags next to an app are refused, not ignored
-    bad = start_run(["tests.integration.procs.cli_app:app", "--concurrency", "4"], log, env)
+    # and what belongs to the routes (topics, the handler's middleware) is refused as a flag, not ignored
+    bad = start_run(["tests.integration.procs.cli_app:app", "--topic", "x", "--retry-attempts", "2"], log, env)
     out, err = bad.communicate(timeout=60)
-    assert bad.returncode == 2 and "is a KeyedApp" in err and "concurrency" in err, err
+    assert bad.returncode == 2 and "is a KeyedApp" in err and "topics" in err and "retry_attempts" in err, err
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(240)
+def test_a_flag_beats_the_environment_which_beats_the_toml_file_for_the_group_and_concurrency(
+    kafka_bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    # given 80 records over 2 partitions, and a group and a concurrency in each of the three layers
+    topic = new_topic(2)
+    n = 80
+    produce(kafka_bootstrap, topic, [(f"k{i % 20}".encode(), str(i).encode(), None) for i in range(n)])
+    uid = uuid.uuid4().hex[:8]
+    groups = {layer: f"cli-layers-{layer}-{uid}" for layer in ("flag", "environment", "file")}
+    toml = tmp_path / "kc.toml"
+    toml.write_text(
+        f'handler = "tests.integration.procs.cli_handlers:handle_counting"\ngroup = "{groups["file"]}"\n'
+        f'topics = ["{topic}"]\nbrokers = ["{kafka_bootstrap}"]\nconcurrency = 2\n'
+    )
+    env = {"KEYEDCONSUMER_GROUP": groups["environment"], "KEYEDCONSUMER_CONCURRENCY": "3"}
+    flags = ["--group", groups["flag"], "--concurrency", "4"]
+    runs = [("flag", flags, env, 4), ("environment", [], env, 3), ("file", [], {}, 2)]
+    for i, (winner, args, extra_env, concurrency) in enumerate(runs):
+        log = tmp_path / f"handled-{winner}.log"
+        # when `keyedconsumer run --config kc.toml` runs with these layers until all records were handled
+        proc = start_run(["--config", str(toml), *args], log, extra_env)
+        try:
+            assert wait_until(lambda: len({(r[1], r[2]) for r in read_log(log)}) >= n or proc.poll() is not None, 90)  # noqa: B023
+        finally:
+            code, output = stop(proc)
+        # then the winning layer's group consumed and committed everything, with its concurrency
+        assert code == 0, output[-3000:]
+        assert f"as group {groups[winner]} with " in output and f"(concurrency={concurrency}," in output, output[-3000:]
+        assert len({(r[1], r[2]) for r in read_log(log)}) == n
+        assert max(int(r[4].rsplit("|", 1)[1]) for r in read_log(log)) <= concurrency
+        assert committed(kafka_bootstrap, groups[winner], topic, 2) == end_offsets(kafka_bootstrap, topic, 2)
+        # and the groups of the lower layers (not run yet) committed nothing
+        for lower, *_ in runs[i + 1:]:
+            assert committed(kafka_bootstrap, groups[lower], topic, 2) == {0: None, 1: None}, lower
 
 
 @pytest.mark.kafka
@@ -456,7 +494,7 @@ def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "kc.toml"
     toml.write_text("concurrancy = 4\n")
     result = cli("run", "json:dumps", "-t", "t", "-g", "g", "--config", str(toml))
-    assert result.exit_code == 2 and "unknown setting(s) concurrancy" in result.output
+    assert result.exit_code == 2 and "concurrancy (from file " in result.output and "unknown setting" in result.output
 
 
 @pytest.mark.timeout(30)

@@ -367,6 +367,14 @@ def test_an_unknown_environment_variable_is_refused_naming_it(name: str, monkeyp
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", ["KEYEDCONSUMER_SEQUENCER__LEASE_TTL", "KEYEDCONSUMER_SEQUENCER__URL"])
+def test_an_unknown_sequencer_option_variable_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the sequencer's options are read as KEYEDCONSUMER_SEQUENCER__<OPTION>; its URL is --redis
+    monkeypatch.setenv(name, "4")
+    assert fields(refused()) == {name}
+
+
+@pytest.mark.timeout(10)
 def test_the_value_of_an_unknown_environment_variable_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEYEDCONSUMER_SASL_PASSWORD", SECRET)
     err = refused()
@@ -380,7 +388,8 @@ def test_the_value_of_an_unknown_environment_variable_is_never_shown(monkeypatch
     "name,value",
     [("GROUP", "g"), ("HANDLER", "app:handle"), ("REDIS", "redis://127.0.0.1:6379/0"), ("NAMESPACE", "ns"),
      ("DEAD_LETTER_TOPIC", "t.dlq"), ("RETRY_ATTEMPTS", "3"), ("PARK", "true"), ("CONFIG_FILE", "/dev/null"),
-     ("CONCURRENCY", "2"), ("CONFIG", "{}")],
+     ("CONCURRENCY", "2"), ("CONFIG", "{}"), ("SEQUENCER", "{}"), ("SEQUENCER__LEASE_TTL_S", "5"),
+     ("SEQUENCER__SCHEDULER", "false")],
 )
 def test_every_variable_the_package_reads_is_accepted(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the command line's own settings (RunOptions, --config) are not ConsumerConfig fields, but not typos
@@ -404,5 +413,10 @@ def test_the_list_of_environment_variables_names_every_one_the_package_reads() -
     for path in package.rglob("*.py"):
         for name in re.findall(r"(?:KEYEDCONSUMER_|\{ENV_PREFIX\})([A-Z][A-Z_]*[A-Z])", path.read_text()):
             spelled.add("KEYEDCONSUMER_" + name)
-    assert spelled - ENVIRONMENT_VARIABLES == set()
+    from keyedconsumer.config import SEQUENCER_ENV_PREFIX
+    from keyedconsumer.sequencing import RedisSequencerConfig
+
+    nested = {n for n in spelled if n.startswith(SEQUENCER_ENV_PREFIX)}  # the sequencer's options
+    assert {n[len(SEQUENCER_ENV_PREFIX):].lower() for n in nested} <= set(RedisSequencerConfig.model_fields)
+    assert spelled - nested - ENVIRONMENT_VARIABLES == set()
     assert {"KEYEDCONSUMER_CONFIG_FILE", "KEYEDCONSUMER_GROUP", "KEYEDCONSUMER_BROKERS"} <= spelled

@@ -17,7 +17,6 @@ from keyedconsumer.middleware import (
     Recover,
     Retry,
     Typed,
-    backoff_delay_s,
 )
 from pydantic import BaseModel
 
@@ -44,16 +43,37 @@ def test_backoff_defaults_follow_bigben() -> None:
     initial=st.floats(min_value=0, max_value=100),
     mult=st.floats(min_value=1, max_value=10),
     cap=st.floats(min_value=0, max_value=3600),
-    jitter=st.floats(min_value=0, max_value=1),
-    rand=st.floats(min_value=0, max_value=1, exclude_max=True),
+    jitter=st.floats(min_value=0, max_value=5),
 )
-def test_backoff_is_bounded_and_finite(attempt: int, initial: float, mult: float, cap: float, jitter: float, rand: float) -> None:
-    d = backoff_delay_s(attempt, initial_delay_s=initial, multiplier=mult, max_delay_s=cap, jitter=jitter, rand=rand)
+def test_backoff_is_bounded_finite_and_at_least_the_exponential_delay(
+    attempt: int, initial: float, mult: float, cap: float, jitter: float
+) -> None:
+    # the distribution is tenacity's wait_exponential_jitter: the exponential delay plus uniform(0,
+    # jitter), capped at max_delay_s; what is certain: within [min(cap, exponential), cap]
+    d = Retry(initial_delay_s=initial, multiplier=mult, max_delay_s=cap, jitter=jitter).delay_s(attempt)
     assert math.isfinite(d) and 0.0 <= d <= cap
+    try:
+        exponential = initial * mult ** (attempt - 1)
+    except OverflowError:
+        exponential = math.inf
+    assert d >= min(cap, exponential) * (1 - 1e-12)
+    if jitter == 0.0 and exponential <= cap:
+        assert d == pytest.approx(exponential)
+
+
+def test_backoff_policy_is_passed_in() -> None:
+    import tenacity
+
+    # given a deterministic tenacity wait strategy, when an attempt fails, then its delay is the one asked
+    r = Retry(max_attempts=5, wait=tenacity.wait_fixed(2.5) + tenacity.wait_incrementing(start=0, increment=1))
+    assert [r.delay_s(n) for n in (1, 2, 3)] == [2.5, 3.5, 4.5]
+    with pytest.raises(RetryLater) as caught:
+        r(failing(ValueError("boom")))(msg(attempt=2))
+    assert caught.value.delay_s == 3.5
 
 
 @pytest.mark.parametrize("kwargs", [{"initial_delay_s": math.nan}, {"max_delay_s": math.inf}, {"multiplier": 0.5},
-                                    {"jitter": 2}, {"max_attempts": 0}, {"initial_delay_s": -1}, {"max_attempts": True}])
+                                    {"jitter": -0.1}, {"max_attempts": 0}, {"initial_delay_s": -1}, {"max_attempts": True}])
 def test_bad_retry_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Retry(**kwargs)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 from keyedconsumer import Message
@@ -42,6 +43,29 @@ def poison(msg: Message) -> None:
         _log("fail", msg)
         raise ValueError(f"cannot handle {msg.value!r}")
     _log("ok", msg)
+
+
+_running = 0
+_running_lock = threading.Lock()
+
+
+def handle_counting(msg: Message) -> None:
+    """Sync, 20 ms of work; logs the value as ``<value>|<handlers running now>`` (this one included)."""
+    global _running
+    with _running_lock:
+        _running += 1
+        now = _running
+    try:
+        time.sleep(0.02)
+        key = (msg.key or b"-").decode()
+        fd = os.open(os.environ["KC_CLI_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"ok {msg.partition} {msg.offset} {key} {(msg.value or b'-').decode()}|{now}\n".encode())
+        finally:
+            os.close(fd)
+    finally:
+        with _running_lock:
+            _running -= 1
 
 
 NOT_CALLABLE = 42
