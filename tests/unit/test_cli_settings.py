@@ -161,7 +161,7 @@ CONSUMER_VALUES: dict[str, Any] = {
     "ordering": "partition", "conflate": True, "manual_commit": True, "max_in_flight": 5, "max_in_flight_bytes": 4096,
     "batch_size": 7, "poll_timeout_s": 0.5, "handler_timeout_s": 2.5, "shutdown_timeout_s": 3.5, "revoke_timeout_s": 4.5,
     "startup_timeout_s": 5.5, "auto_offset_reset": "latest", "commit_metadata_max_bytes": 100, "event_loop": "asyncio",
-    "config": {"client.id": "x"},
+    "handler_batch_size": 9, "handler_batch_linger_s": 0.25, "config": {"client.id": "x"},
 }
 #: A valid value, not the default, of every Redis sequencer option.
 SEQUENCER_VALUES: dict[str, Any] = {
