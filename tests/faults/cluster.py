@@ -12,7 +12,7 @@ import random
 import subprocess
 from pathlib import Path
 
-from .services import port_free, run_services, services_env
+from .services import ephemeral_start, port_free, run_services, services_env, stable_port
 
 KAFKA_NODES = 3
 REDIS_NODES = 6
@@ -31,13 +31,14 @@ def _redis_ports(base: int) -> list[int]:
 def pick_bases(preferred: tuple[int, int] = (19092, 17000)) -> tuple[int, int]:
     """``(kafka base, redis base)``: the preferred ones if all their ports are free, else free ones."""
     def free(kafka: int, redis: int) -> bool:
-        return all(port_free(p) for p in _kafka_ports(kafka) + _redis_ports(redis))
+        return all(stable_port(p) for p in _kafka_ports(kafka) + _redis_ports(redis))
 
     if free(*preferred):
         return preferred
     rng = random.Random()
     for _ in range(200):
-        kafka, redis = rng.randrange(30000, 39000, 10), rng.randrange(40000, 49000, 10)
+        # below the ephemeral range (see services.ephemeral_start); a Redis node's bus port is +10000
+        kafka, redis = rng.randrange(22000, min(30000, ephemeral_start() - 100), 10), rng.randrange(10000, 11900, 10)
         if free(kafka, redis):
             return kafka, redis
     raise RuntimeError("no free ports for the test cluster")

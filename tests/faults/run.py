@@ -899,8 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", action="store_true",
                     help="3 brokers, a Redis Cluster, consumers on network-namespace hosts, host cuts (needs root)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--kafka-port", type=int, default=39092)
-    ap.add_argument("--redis-port", type=int, default=36379)
+    ap.add_argument("--kafka-port", type=int, default=24092)
+    ap.add_argument("--redis-port", type=int, default=24379)
     ap.add_argument("--keep-services-dir", action="store_true")
     args = ap.parse_args(argv)
 

@@ -34,17 +34,35 @@ def port_free(port: int) -> bool:
     return True
 
 
+def ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (``net.ipv4.ip_local_port_range``; 32768 if
+    unreadable). Any outgoing connection may take a port at or above it as its local end, so a
+    service listening there can find its port taken when it is restarted after a kill (seen in CI:
+    the harness's broker, restarted, could not bind its port)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def stable_port(port: int) -> bool:
+    """``port`` is free now and below the ephemeral range, so no outgoing connection takes it later."""
+    return port < ephemeral_start() and port_free(port)
+
+
 def pick_ports(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
-    """Kafka, Kafka controller and Redis ports: the preferred ones if all are free, else free ones."""
-    if all(port_free(p) for p in preferred):
+    """Kafka, Kafka controller and Redis ports: the preferred ones if all are :func:`stable_port`,
+    else free ones below the ephemeral range."""
+    if all(stable_port(p) for p in preferred):
         return preferred
     rng = random.Random()
+    top = ephemeral_start() - 100
     for _ in range(200):
-        base = rng.randrange(30000, 39900)
+        base = rng.randrange(20000, top - 50)
         cand = (base, base + 1, base + 50)
-        if all(port_free(p) for p in cand):
+        if all(stable_port(p) for p in cand):
             return cand
-    raise RuntimeError("no free ports for the harness's Kafka and Redis")
+    raise RuntimeError("no free ports below the ephemeral range for the harness's Kafka and Redis")
 
 
 def services_env(run_dir: Path, **settings: object) -> dict[str, str]:
@@ -52,7 +70,8 @@ def services_env(run_dir: Path, **settings: object) -> dict[str, str]:
     ``settings`` (ports), the shared Kafka jars read-only when they are resolved (no Maven run), and
     the project's venv python for the readiness checks."""
     env = dict(os.environ)
-    env.update({"KC_RUN_DIR": str(run_dir), "KC_KAFKA_STOP_TIMEOUT": "20"})
+    # no SASL listener: the harness does not use one, and each listener is one more port to lose
+    env.update({"KC_RUN_DIR": str(run_dir), "KC_KAFKA_STOP_TIMEOUT": "20", "KAFKA_SASL_PORT": "off"})
     env.update({k: str(v) for k, v in settings.items()})
     shared_libs = REPO / ".run" / "cache" / "kafka-libs"
     if "KC_LIBS_DIR" not in env and "KC_CACHE_DIR" not in env and (shared_libs / ".complete").exists():
