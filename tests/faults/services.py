@@ -65,6 +65,17 @@ def pick_ports(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
     raise RuntimeError("no free ports below the ephemeral range for the harness's Kafka and Redis")
 
 
+def stable_free_port() -> int:
+    """One free port below the ephemeral range, for a test's own server that may be killed and
+    restarted (a port from ``bind(0)`` is in that range: see :func:`ephemeral_start`)."""
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(20000, ephemeral_start() - 100)
+        if stable_port(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 def services_env(run_dir: Path, **settings: object) -> dict[str, str]:
     """The environment of ``scripts/services`` for services of their own in ``run_dir``: the
     ``settings`` (ports), the shared Kafka jars read-only when they are resolved (no Maven run), and

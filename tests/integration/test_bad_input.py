@@ -814,9 +814,11 @@ def test_sasl_password_in_no_log_line_error_or_repr(kafka_bootstrap: str, caplog
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    # below the ephemeral range: a port from bind(0) can be taken by an outgoing connection
+    # before the server (re)starts on it
+    from tests.faults.services import stable_free_port
+
+    return stable_free_port()
 
 
 @pytest.mark.redis

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -124,9 +123,11 @@ def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_ord
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    # below the ephemeral range: a port from bind(0) can be taken by an outgoing connection
+    # before the server (re)starts on it
+    from tests.faults.services import stable_free_port
+
+    return stable_free_port()
 
 
 class _Redis:
