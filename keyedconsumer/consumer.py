@@ -36,8 +36,10 @@ from .engine.handler import (
 )
 from .engine.partitions import Partition
 from .engine.rebalance import CATCH_UP_SHARE, FINAL_COMMIT_MIN_S, Rebalance
+from .engine.results import Results
 from .engine.settle import Settler
 from .engine.timelimit import TimeLimit
+from .engine.transactions import TransactionalCommitter
 from .errors import KafkaClientError, KeyedConsumerError
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message
@@ -131,6 +133,9 @@ class KeyedConsumer:
             self.config = settings.override(**options) if options else settings
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
+        if self.config.transactional and isinstance(sequencer, RedisSequencer):
+            raise ValueError("transactional=True does not combine with the RedisSequencer: parked messages are "
+                             "settled in Redis, outside the Kafka transaction (docs/exactly-once.md)")
         check_error_handler(error_handler)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
         self._clock = clock
@@ -141,7 +146,9 @@ class KeyedConsumer:
         self._contract = Contract()
         bind(middlewares, self.config)
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
-        self._handler = compose(self._contract.wrap(self._time_limit.wrap(handler)), middlewares)
+        #: the records handlers produce (msg.produce): written before their message counts done
+        self._results = Results(self.config.transactional, self.config.produce_timeout_s)
+        self._handler = compose(self._contract.wrap(self._results.wrap(self._time_limit.wrap(handler))), middlewares)
         self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
@@ -234,7 +241,8 @@ class KeyedConsumer:
             signals.unregister(self)
 
     def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
-        settle = Settler(self._d, self._error_handler, self._fail, self._contract)
+        settle = Settler(self._d, self._error_handler, self._fail, self._contract,
+                         self._results.finished if self.config.transactional else None)
         if self._async:
             return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop,  # type: ignore[arg-type]
                                  self.config.event_loop)
@@ -405,11 +413,20 @@ class KeyedConsumer:
         self._active = True
         cfg, d, seq = self.config, self._d, self._sequencer
         client = self._factory(cfg.librdkafka(), self._on_client_error)
-        commits = Committer(client, d, cfg, self._budget, self._on_client_error)
-        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget, lambda: self._stop_deadline)
+        self._results.attach(client.publisher)
+        if cfg.transactional:
+            txn = TransactionalCommitter(client, d, cfg, self._budget, self._on_client_error, self._results, self._fail)
+            commits: Committer = txn
+            revoked: Callable[[list[Partition], float], None] | None = txn.commit_revoked
+        else:
+            commits, revoked = Committer(client, d, cfg, self._budget, self._on_client_error), None
+        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget,
+                                                lambda: self._stop_deadline, revoked)
         started = False
         try:
             client.check_brokers(cfg.startup_timeout_s)
+            if isinstance(commits, TransactionalCommitter):
+                commits.start()
             session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
             seq.attach(d, self._fail, commits.confirm_ownership, session_s)
             if not self._stop.is_set():  # stopped before it started: never join the group
@@ -511,6 +528,9 @@ class KeyedConsumer:
         d.close()
         if started:
             executor.join(max(0.5, min(5.0, deadline - time.monotonic())))
+        if isinstance(commits, TransactionalCommitter):
+            commits.close()
+        self._results.detach()
         self._sequencer.detach()
 
 

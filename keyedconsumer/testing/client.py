@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CommitError, KafkaClientError, PublishError
+from ..errors import CommitError, KafkaClientError, PublishError, TransactionError
 from ..kafka import TP, RebalanceListener
 from ..message import Message
 
 if TYPE_CHECKING:
-    from ..kafka import BatchPublisher, RecordPublisher
+    from ..kafka import BatchPublisher, RecordPublisher, TransactionalProducer
     from .broker import GroupEvent, InMemoryBroker
 
 __all__ = ["FakeClient", "FakePublisher"]
@@ -64,6 +64,26 @@ class FakeClient:
             raise KafkaClientError(f"{what}: the consumer is closed", code="_STATE")
 
     # -- the KafkaClient protocol -----------------------------------------------------------------
+
+    def publisher(self, delivery_timeout_s: float) -> BatchPublisher:
+        """A :class:`FakePublisher` on the same broker: what handlers produce (``msg.produce``)
+        lands in its topics (read them with ``InMemoryBroker.records``)."""
+        return FakePublisher(self._broker)
+
+    def transactional_producer(
+        self, transactional_id: str, timeout_s: float, transaction_timeout_s: float
+    ) -> TransactionalProducer:
+        """Refused: the in-memory broker does not model Kafka transactions.
+
+        Raises
+        ------
+        TransactionError
+            Always (fatal): test ``transactional=True`` against a real broker.
+        """
+        raise TransactionError(
+            "the in-memory broker does not model Kafka transactions: test transactional=True against a "
+            "real broker (msg.produce without transactional=True works here)", code="_NOT_IMPLEMENTED", fatal=True
+        )
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """Join the group with a subscription to ``topics``; assignments come in ``poll_batch``."""
