@@ -78,6 +78,8 @@ class Results:
     def wrap(self, handler: Any) -> Any:
         """``handler`` (plain or ``async def``) with the attempt's records dropped at its start and
         when it fails, and, without ``transactional``, written when it returns."""
+        if not callable(handler):
+            return handler  # the handler contract's check refuses it (TypeError)
         transactional = self._transactional
         if is_async(handler):
 
