@@ -30,8 +30,14 @@ __all__ = ["KafkaTransactionalProducer"]
 log = logging.getLogger("keyedconsumer")
 
 
+#: Errors that mean a newer producer with the same ``transactional.id`` started (this one is a zombie).
+_FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"}
+
+
 def _error(err: KafkaError, what: str) -> TransactionError:
-    return TransactionError(f"{what}: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal(),
+    hint = (" (another producer with this transactional_id started: this one is fenced off and can "
+            "commit nothing more)") if err.name() in _FENCED else ""
+    return TransactionError(f"{what}: {err.name()}: {err.str()}{hint}", code=err.name(), fatal=err.fatal(),
                             abortable=bool(err.txn_requires_abort()))
 
 

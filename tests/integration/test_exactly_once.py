@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from keyedconsumer.middleware import Retry
 
 from keyedconsumer import KeyedConsumer, Message
+from keyedconsumer.errors import TransactionError
 
 from .conftest import Running
 from .kafkautil import committed, produce, wait_until
@@ -183,3 +184,39 @@ def test_a_message_counts_done_only_after_its_records_are_acknowledged(
         assert reader.snapshot() == [(b"k", b"x" * 1000)]
     finally:
         reader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_fenced_producer_stops_its_consumer_with_a_clear_error(
+    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running]  # type: ignore[no-untyped-def]
+) -> None:
+    # given a transactional consumer that has committed a transaction
+    src, out = new_topic(1), new_topic(1)
+    tid = f"fence-{uuid.uuid4().hex[:8]}"
+    produce(kafka_bootstrap, src, [(b"k", b"1", None)])
+
+    def handle(msg: Message) -> None:
+        msg.produce(out, msg.key, msg.value)
+
+    group = f"fence-{uuid.uuid4().hex[:8]}"
+    first = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src],
+                                transactional=True, transactional_id=tid))
+    assert wait_until(lambda: committed(kafka_bootstrap, group, src, 1) == {0: 1}, 60, 0.2)
+    # when another consumer starts with the same transactional id (a zombie's successor)
+    other_src = new_topic(1)
+    second = start(KeyedConsumer(name=f"{group}-2", handler=handle, brokers=[kafka_bootstrap], topics=[other_src],
+                                 transactional=True, transactional_id=tid))
+    assert wait_until(lambda: second.consumer.running and second.consumer.assignment != [], 60)
+    # and the first one has something to commit
+    produce(kafka_bootstrap, src, [(b"k", b"2", None)])
+    # then the first one stops with a fatal TransactionError, and its record is not visible
+    assert first.join(60)
+    assert isinstance(first.error, TransactionError) and first.error.fatal, repr(first.error)
+    assert committed(kafka_bootstrap, group, src, 1) == {0: 1}
+    reader = CommittedReader(kafka_bootstrap, out, 1)
+    try:
+        time.sleep(2.0)
+        assert reader.snapshot() == [(b"k", b"1")]
+    finally:
+        reader.close()
+    assert second.error is None
