@@ -36,7 +36,11 @@ What is modelled, the way librdkafka and the Kafka group coordinator behave:
   :meth:`InMemoryBroker.consumer` does) and ``RetryLater`` back-off of minutes takes milliseconds.
   Fake time passes only while a consumer polls idle; a handler's own run time is not fake time.
 
-Not modelled: replication, transactions, compaction, retention, record size limits, quotas, and a
+- **Produced records.** What handlers give to ``msg.produce`` lands in the broker's topics (read
+  them with :meth:`InMemoryBroker.records`) before the message counts done.
+
+Not modelled: replication, transactions (``transactional=True`` is refused with a
+``TransactionError``: test it against a real broker), compaction, retention, record size limits, quotas, and a
 member being slower than ``max.poll.interval.ms``.
 
 Layout: :mod:`~keyedconsumer.testing.broker` (the broker, its records, the member protocol),
