@@ -51,12 +51,16 @@ from .dispatcher import Dispatcher
 from .partitions import CLOSED, Partition
 from .results import Finished, Results
 
-__all__ = ["TransactionalCommitter", "TRANSACTION_RETRY_S"]
+__all__ = ["TransactionalCommitter", "TRANSACTION_RETRY_S", "HELD_WARNING"]
 
 log = logging.getLogger("keyedconsumer")
 
 #: Pause before the next transaction after an abortable failure (seconds), doubling up to the second.
 TRANSACTION_RETRY_S = (0.1, 2.0)
+#: Finished messages whose records wait for the committed offsets to cover them (commit metadata
+#: cut to ``commit_metadata_max_bytes`` names fewer finished offsets) above which a warning is logged:
+#: they are held in memory, outside the ``max_in_flight`` bounds, until the offset passes them.
+HELD_WARNING = 10_000
 
 
 class TransactionalCommitter(Committer):
@@ -93,6 +97,7 @@ class TransactionalCommitter(Committer):
         self._pause_s = TRANSACTION_RETRY_S[0]
         self._failing_since: float | None = None
         self._broken = False
+        self._warned = False
         #: Transactions committed, and the records they wrote.
         self.transactions = 0
         self.records = 0
@@ -185,6 +190,11 @@ class TransactionalCommitter(Committer):
                 later.append(entry)
                 continue
             records.extend(recs)
+        if len(later) >= HELD_WARNING and not self._warned:
+            self._warned = True
+            log.warning("%d finished messages' records wait for the committed offsets to cover them (the commit "
+                        "metadata is cut to commit_metadata_max_bytes): held in memory until the offsets pass them",
+                        len(later))
         moved = [(t, n, o) for t, n, o in offsets if self._committed.get((t, n)) != (o, meta.get((t, n), ""))]
         if not records and not moved:
             self._kept = later

@@ -1,17 +1,20 @@
 """Handlers producing result records (``msg.produce``) on the in-memory broker: the records are
 written when the handler returns normally, before the message counts done; a failed attempt's
-records are dropped; ``transactional=True`` is refused by the fake with a clear error."""
+records are dropped; with ``transactional=True`` (the fake's transactions are applied whole or not
+at all) each result is written once, through a rebalance, an abort and a fencing."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pydantic
 import pytest
 
 from keyedconsumer import ConsumerConfig, Message, RetryLater
 from keyedconsumer.errors import MessageError, PublishError, TransactionError
-from keyedconsumer.testing import InMemoryBroker
+from keyedconsumer.testing import FakeTransactionalProducer, InMemoryBroker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -99,11 +102,123 @@ def test_a_record_not_written_fails_the_attempt_and_the_offset_does_not_pass_it(
     assert [r.value for r in broker.records("out")] == [b"ok"]
 
 
-def test_transactional_mode_is_refused_by_the_in_memory_broker(kc_broker: InMemoryBroker) -> None:
-    kc_broker.create_topic("in", partitions=1)
-    consumer = kc_broker.consumer(name="tx", handler=lambda m: None, topics=["in"], transactional=True)
-    with pytest.raises(TransactionError, match="does not model Kafka transactions"), kc_broker.run(consumer) as run:
+def _ledger(broker: InMemoryBroker, topic: str) -> list[bytes]:
+    return [r.value or b"" for r in broker.records(topic)]
+
+
+def test_transactional_writes_each_result_once_through_a_rebalance(kc_broker: InMemoryBroker) -> None:
+    # given 4 keys x 25 messages on 4 partitions and two transactional consumers of one group
+    kc_broker.create_topic("in", partitions=4)
+    kc_broker.create_topic("out", partitions=4)
+    inputs = [f"k{k}:{s}" for s in range(25) for k in range(4)]
+    for v in inputs:
+        kc_broker.produce("in", v, key=v.split(":")[0])
+    handled: list[int] = []
+
+    def handle(msg: Message) -> None:
+        msg.produce("out", msg.key, msg.value)
+        handled.append(1)
+
+    def consumer(tid: str) -> object:
+        return kc_broker.consumer(name="eos", handler=handle, topics=["in"], concurrency=4, transactional=True,
+                                  transactional_id=tid, transaction_interval_s=0.005)
+
+    # when the group is rebalanced mid-run
+    with kc_broker.run(consumer("a"), consumer("b")) as run:  # type: ignore[arg-type]
+        run.wait_for(lambda: len(handled) >= 30, what="30 messages handled")
+        kc_broker.rebalance("eos")
         run.until_idle()
+    # then every input's result is in the output once, each key's in input order
+    out = _ledger(kc_broker, "out")
+    assert sorted(out) == sorted(v.encode() for v in inputs)
+    for k in range(4):
+        assert [v for v in out if v.startswith(f"k{k}:".encode())] == [f"k{k}:{s}".encode() for s in range(25)]
+
+
+def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(kc_broker: InMemoryBroker) -> None:
+    # given a transactional consumer whose next transaction will be aborted
+    kc_broker.create_topic("in", partitions=1)
+    for i in range(5):
+        kc_broker.produce("in", str(i), key="k")
+    started = threading.Event()
+
+    def handle(msg: Message) -> None:
+        started.wait(5)
+        msg.produce("out", msg.key, msg.value)
+
+    consumer = kc_broker.consumer(name="abort", handler=handle, topics=["in"], transactional=True,
+                                  transactional_id="abort-1", transaction_interval_s=0.005)
+    with kc_broker.run(consumer) as run:
+        run.wait_for(lambda: FakeTransactionalProducer.of(kc_broker, "abort-1") is not None, what="the producer")
+        producer = FakeTransactionalProducer.of(kc_broker, "abort-1")
+        assert producer is not None
+        producer.fail_next = TransactionError("aborted", code="REBALANCE_IN_PROGRESS", abortable=True)
+        started.set()
+        # when it runs until idle
+        run.until_idle()
+    # then the aborted transaction left nothing, and the next one wrote every record once
+    assert _ledger(kc_broker, "out") == [b"0", b"1", b"2", b"3", b"4"]
+    assert producer.fail_next is None
+
+
+def test_a_fenced_producer_stops_the_consumer_and_commits_nothing_more(kc_broker: InMemoryBroker) -> None:
+    # given a transactional consumer that committed its first message
+    kc_broker.create_topic("in", partitions=1)
+    kc_broker.produce("in", "first", key="k")
+
+    def handle(msg: Message) -> None:
+        msg.produce("out", msg.key, msg.value)
+
+    consumer = kc_broker.consumer(name="fenced", handler=handle, topics=["in"], transactional=True,
+                                  transactional_id="dup", transaction_interval_s=0.005)
+    with pytest.raises(TransactionError) as info, kc_broker.run(consumer) as run:
+        run.until_idle()
+        # when another producer with the same transactional id starts (a successor of a zombie)
+        other = kc_broker.consumer(name="other", handler=handle, topics=["elsewhere"], transactional=True,
+                                   transactional_id="dup")
+        run.add(other)
+        run.wait_for(lambda: FakeTransactionalProducer.of(kc_broker, "dup") is not None
+                     and FakeTransactionalProducer.of(kc_broker, "dup").transactional_id == "dup"  # type: ignore[union-attr]
+                     and other.running, what="the second producer")
+        time.sleep(0.05)
+        kc_broker.produce("in", "second", key="k")
+        run.wait_for(lambda: not consumer.running, what="the first consumer stopping")
+    # then the first consumer stopped with the fatal error; the second record was never written
+    assert info.value.fatal and info.value.code == "_FENCED"
+    assert _ledger(kc_broker, "out") == [b"first"]
+    assert kc_broker.committed("fenced") == {("in", 0): 1}
+
+
+def test_records_of_finished_messages_above_a_slow_one_wait_without_metadata(kc_broker: InMemoryBroker) -> None:
+    # given commit metadata off, one slow message at offset 0 and fast ones behind it on other keys
+    kc_broker.create_topic("in", partitions=1)
+    kc_broker.produce("in", "slow", key="s")
+    for i in range(5):
+        kc_broker.produce("in", f"fast{i}", key=f"f{i}")
+    release = threading.Event()
+    fast_done: list[int] = []
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"slow":
+            release.wait(10)
+        else:
+            fast_done.append(1)
+        msg.produce("out", msg.key, msg.value)
+
+    consumer = kc_broker.consumer(name="held", handler=handle, topics=["in"], concurrency=4, transactional=True,
+                                  transactional_id="held-1", transaction_interval_s=0.005, commit_metadata_max_bytes=0)
+    with kc_broker.run(consumer) as run:
+        # when the fast ones finished while the slow one runs
+        run.wait_for(lambda: len(fast_done) == 5, what="the fast messages")
+        time.sleep(0.1)  # several transaction intervals
+        # then none of their records is written: no committed offset covers them yet
+        assert _ledger(kc_broker, "out") == []
+        release.set()
+        run.until_idle()
+    # and once the slow one finished, all are written once, the partition's in the order they finished
+    out = _ledger(kc_broker, "out")
+    assert sorted(out) == sorted([b"slow"] + [f"fast{i}".encode() for i in range(5)])
+    assert kc_broker.committed("held") == {("in", 0): 6}
 
 
 def test_transactional_refuses_manual_commit_naming_the_field() -> None:
