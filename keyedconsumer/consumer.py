@@ -147,7 +147,7 @@ class KeyedConsumer:
         bind(middlewares, self.config)
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
         #: the records handlers produce (msg.produce): written before their message counts done
-        self._results = Results(self.config.transactional, self.config.produce_timeout_s)
+        self._results = Results(self.config.transactional, self.config.produce_timeout_s, self.config.concurrency)
         self._handler = compose(self._contract.wrap(self._results.wrap(self._time_limit.wrap(handler))), middlewares)
         self._async = is_async(self._handler)
         self._error_handler = error_handler

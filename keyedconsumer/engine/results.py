@@ -20,6 +20,7 @@ import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PublishError
@@ -45,11 +46,16 @@ class Results:
         ``ConsumerConfig.transactional``.
     produce_timeout_s:
         ``ConsumerConfig.produce_timeout_s``: how long a record is tried (without ``transactional``).
+    concurrency:
+        ``ConsumerConfig.concurrency``: the threads an ``async def`` handler's waits for
+        acknowledgements take (a pool of its own, not the event loop's default executor).
     """
 
-    def __init__(self, transactional: bool, produce_timeout_s: float) -> None:
+    def __init__(self, transactional: bool, produce_timeout_s: float, concurrency: int = 1) -> None:
         self._transactional = transactional
         self._timeout_s = produce_timeout_s
+        self._concurrency = concurrency
+        self._waiters: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._make_publisher: Callable[[float], BatchPublisher] | None = None
         self._publisher: BatchPublisher | None = None
@@ -70,6 +76,9 @@ class Results:
         """The run ended: release the publisher (its records were all answered already)."""
         with self._lock:
             publisher, self._publisher, self._make_publisher = self._publisher, None, None
+            waiters, self._waiters = self._waiters, None
+        if waiters is not None:
+            waiters.shutdown(wait=False)
         if publisher is not None:
             publisher.close(1.0)
 
@@ -94,7 +103,7 @@ class Results:
                     msg.take_produced()
                 elif not transactional and msg._produced:
                     records = msg.take_produced()
-                    await asyncio.get_running_loop().run_in_executor(None, self._publish, msg, records)
+                    await asyncio.get_running_loop().run_in_executor(self._waiter_pool(), self._publish, msg, records)
                 return result
 
             return producing_async
@@ -113,6 +122,12 @@ class Results:
             return result
 
         return producing
+
+    def _waiter_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._waiters is None:
+                self._waiters = ThreadPoolExecutor(self._concurrency, thread_name_prefix="keyedconsumer-produce")
+            return self._waiters
 
     def _publisher_now(self) -> BatchPublisher:
         with self._lock:

@@ -220,3 +220,33 @@ def test_a_fenced_producer_stops_its_consumer_with_a_clear_error(
     finally:
         reader.close()
     assert second.error is None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transactional", [False, True])
+def test_async_handlers_produce_on_the_real_broker(
+    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running], transactional: bool  # type: ignore[no-untyped-def]
+) -> None:
+    # given 300 inputs over 10 keys and an async def handler producing one record each
+    src, out = new_topic(2), new_topic(2)
+    inputs = [f"k{i % 10}:{i // 10}".encode() for i in range(300)]
+    produce(kafka_bootstrap, src, [(v.split(b":")[0], v, None) for v in inputs])
+
+    async def handle(msg: Message) -> None:
+        msg.produce(out, msg.key, msg.value)
+
+    group = f"async-{uuid.uuid4().hex[:8]}"
+    start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src], concurrency=8,
+                        transactional=transactional))
+    # when every offset is committed
+    assert wait_until(lambda: sum(o or 0 for o in committed(kafka_bootstrap, group, src, 2).values()) == 300, 60, 0.2)
+    # then every result was written, each key's in input order
+    reader = CommittedReader(kafka_bootstrap, out, 2)
+    try:
+        assert wait_until(lambda: len(reader.snapshot()) >= 300, 30)
+        seen = reader.snapshot()
+    finally:
+        reader.close()
+    assert sorted(v for _, v in seen) == sorted(inputs)
+    for k in range(10):
+        assert [int(v.split(b":")[1]) for key, v in seen if key == f"k{k}".encode()] == list(range(30))
