@@ -250,3 +250,38 @@ def test_async_handlers_produce_on_the_real_broker(
     assert sorted(v for _, v in seen) == sorted(inputs)
     for k in range(10):
         assert [int(v.split(b":")[1]) for key, v in seen if key == f"k{k}".encode()] == list(range(30))
+
+
+@pytest.mark.timeout(120)
+def test_a_record_the_topic_refuses_aborts_and_in_the_end_stops_the_transactional_consumer(
+    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running]  # type: ignore[no-untyped-def]
+) -> None:
+    # given an output topic that refuses the record (max.message.bytes below its size) and a
+    # transactional consumer allowed 2 s of abortable failures
+    src = new_topic(1)
+    out = f"refusing-tx-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(out, 1, 1, config={"max.message.bytes": "100"})])[out].result(30)
+    produce(kafka_bootstrap, src, [(b"k", b"small", None), (b"k", b"big", None)])
+
+    def handle(msg: Message) -> None:
+        msg.produce(out, msg.key, msg.value if msg.value == b"small" else b"x" * 1000)
+
+    group = f"refuse-tx-{uuid.uuid4().hex[:8]}"
+    running = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src],
+                                  transactional=True, transaction_timeout_s=2))
+    # when the transactions holding the big record keep being aborted
+    assert running.join(60)
+    # then the consumer stopped with an abortable TransactionError naming the refusal, and nothing of
+    # the aborted transactions is visible: the offset never passed the big record's message, and the
+    # output holds the small record exactly when its offset was committed (in a transaction of its own)
+    assert isinstance(running.error, TransactionError) and running.error.abortable, repr(running.error)
+    assert "MSG_SIZE_TOO_LARGE" in str(running.error)
+    offset = committed(kafka_bootstrap, group, src, 1)[0]
+    assert offset in (None, 1)
+    reader = CommittedReader(kafka_bootstrap, out, 1)
+    try:
+        time.sleep(2.0)
+        assert reader.snapshot() == ([] if offset is None else [(b"k", b"small")])
+    finally:
+        reader.close()
