@@ -243,3 +243,25 @@ def test_produce_checks_its_arguments() -> None:
         msg.produce("out", "k", b"v")  # type: ignore[arg-type]
     msg.produce("out", None, None)
     assert msg.produced == [("out", None, None, None)]
+
+
+def test_a_keyed_app_route_produces_transactionally(kc_broker: InMemoryBroker) -> None:
+    # given an app whose async route produces in transactional mode
+    from keyedconsumer import KeyedApp
+
+    app = KeyedApp(group_id="app-eos")
+
+    @app.handler("orders", concurrency=4, transactional=True, transactional_id="app-eos-1")
+    async def invoice(msg: Message) -> None:
+        msg.produce("invoices", msg.key, b"invoice " + (msg.value or b""))
+
+    kc_broker.create_topic("orders", partitions=2)
+    with kc_broker.run_app(app) as run:
+        for i in range(20):
+            kc_broker.produce("orders", str(i), key=f"c{i % 3}")
+        run.until_idle()
+    # then each order has one invoice, each customer's in order
+    out = kc_broker.records("invoices")
+    assert sorted(r.value or b"" for r in out) == sorted(f"invoice {i}".encode() for i in range(20))
+    for k in range(3):
+        assert [r.value for r in out if r.key == f"c{k}".encode()] == [f"invoice {i}".encode() for i in range(20) if i % 3 == k]
