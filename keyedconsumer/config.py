@@ -285,6 +285,30 @@ class ConsumerConfig(BaseSettings):
         ``False``: librdkafka commits the stored offsets every ``auto.commit.interval.ms``.
         ``True``: each offset advance is committed synchronously and every per-partition commit
         error is checked.
+    transactional:
+        Exactly-once results (docs/exactly-once.md): the records handlers produce
+        (``msg.produce``) and the offsets of the messages that produced them are committed in one
+        Kafka transaction (``send_offsets_to_transaction`` with the group metadata, KIP-447), every
+        ``transaction_interval_s``, at a revoke and at the stop; a ``read_committed`` reader of the
+        output sees each input's records once. Offsets are then never committed outside a
+        transaction (librdkafka's auto commit is off; ``manual_commit`` must stay ``False``). Not
+        with a ``RedisSequencer``. Needs brokers with transactions (``transaction.state.log.*``).
+    transactional_id:
+        librdkafka ``transactional.id`` of the transactional producer; ``None``: the group id with a
+        random suffix. Give each instance a stable one (its pod name) so that a restarted instance
+        aborts what its crashed predecessor left open at once, instead of after
+        ``transaction_timeout_s`` (meanwhile ``read_committed`` readers of the output wait).
+    transaction_interval_s:
+        Seconds between transactions (> 0, <= 60): the latency of results to ``read_committed``
+        readers and of offset commits, against the cost of a commit (two round trips to the
+        transaction coordinator) per interval.
+    transaction_timeout_s:
+        librdkafka ``transaction.timeout.ms`` in seconds (1 to 900): a transaction its producer left
+        open (a crash) is aborted by the broker after it. Also the longest time transactions may keep
+        failing with abortable errors before the consumer stops.
+    produce_timeout_s:
+        Without ``transactional``: seconds a produced record is tried (librdkafka
+        ``message.timeout.ms``) before its attempt fails with ``PublishError``.
     max_in_flight:
         Messages buffered or running, >= 1. Above it the assigned partitions are paused; they are
         resumed below half of it. Polling goes on while paused.
@@ -361,6 +385,11 @@ class ConsumerConfig(BaseSettings):
     ordering: Ordering = "key"
     conflate: bool = False
     manual_commit: bool = False
+    transactional: bool = False
+    transactional_id: str | None = Field(default=None, min_length=1, max_length=512)
+    transaction_interval_s: float = Field(default=0.1, gt=0, le=60)
+    transaction_timeout_s: float = Field(default=10.0, ge=1, le=900)
+    produce_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     max_in_flight: int = Field(default=10_000, ge=1)
     max_in_flight_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     batch_size: int = Field(default=500, ge=1, le=1_000_000)
@@ -401,7 +430,8 @@ class ConsumerConfig(BaseSettings):
     @field_validator(
         "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", "poll_timeout_s",
         "handler_batch_size", "handler_batch_linger_s", "shutdown_timeout_s", "revoke_timeout_s",
-        "startup_timeout_s", "commit_metadata_max_bytes", mode="before"
+        "startup_timeout_s", "commit_metadata_max_bytes", "transaction_interval_s", "transaction_timeout_s",
+        "produce_timeout_s", mode="before"
     )
     @classmethod
     def _no_bool_for_number(cls, value: Any) -> Any:
@@ -410,7 +440,7 @@ class ConsumerConfig(BaseSettings):
             raise ValueError("expected a number, got a boolean")
         return value
 
-    @field_validator("manual_commit", "conflate", mode="before")
+    @field_validator("manual_commit", "conflate", "transactional", mode="before")
     @classmethod
     def _no_int_for_bool(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -452,6 +482,11 @@ class ConsumerConfig(BaseSettings):
         if self.conflate and self.ordering == "none":
             raise PydanticCustomError(
                 "conflate_needs_order", "conflate replaces a lane's waiting messages: it needs ordering='key' or 'partition'"
+            )
+        if self.transactional and self.manual_commit:
+            raise PydanticCustomError(
+                "transactional_commits", "manual_commit: transactional=True commits offsets in its transactions; "
+                "manual_commit must be False"
             )
         if self.group_id is None:
             self.group_id = self.name
@@ -520,7 +555,7 @@ class ConsumerConfig(BaseSettings):
             "bootstrap.servers": ",".join(self.brokers),
             "group.id": self.group,
             "enable.auto.offset.store": False,
-            "enable.auto.commit": not self.manual_commit,
+            "enable.auto.commit": not (self.manual_commit or self.transactional),
             "auto.offset.reset": self.auto_offset_reset,
             # librdkafka's own prefetch queue, bounded like ours (max_in_flight(_bytes)): a quarter
             # of max_in_flight_bytes (1 to 64 MiB) and half of max_in_flight messages per partition

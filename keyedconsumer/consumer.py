@@ -43,8 +43,10 @@ from .engine.handler import (
 )
 from .engine.partitions import Partition
 from .engine.rebalance import CATCH_UP_SHARE, FINAL_COMMIT_MIN_S, Rebalance
+from .engine.results import Results
 from .engine.settle import Settler
 from .engine.timelimit import TimeLimit
+from .engine.transactions import TransactionalCommitter
 from .errors import KafkaClientError, KeyedConsumerError
 from .kafka import TP, ClientFactory, KafkaClient
 from .message import Message
@@ -151,6 +153,9 @@ class KeyedConsumer:
             self.config = settings.override(**options) if options else settings
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
+        if self.config.transactional and isinstance(sequencer, RedisSequencer):
+            raise ValueError("transactional=True does not combine with the RedisSequencer: parked messages are "
+                             "settled in Redis, outside the Kafka transaction (docs/exactly-once.md)")
         check_error_handler(error_handler)
         if (handler is None) == (batch_handler is None):
             raise TypeError("give one of handler= (one message per call) or batch_handler= (a list of messages)")
@@ -165,14 +170,16 @@ class KeyedConsumer:
         self._contract = Contract()
         bind(middlewares, self.config)
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
+        #: the records handlers produce (msg.produce): written before their message counts done
+        self._results = Results(self.config.transactional, self.config.produce_timeout_s, self.config.concurrency)
         self._batch: BatchRun | None = None
         if batch_handler is not None:
-            self._batch = BatchRun(self._time_limit.wrap_batch(batch_handler), middlewares)
+            self._batch = BatchRun(self._time_limit.wrap_batch(batch_handler), middlewares, self._results)
             self._handler: Any = self._batch.handler
             self._async = self._batch.is_async
         else:
             assert handler is not None
-            self._handler = compose(self._contract.wrap(self._time_limit.wrap(handler)), middlewares)
+            self._handler = compose(self._contract.wrap(self._results.wrap(self._time_limit.wrap(handler))), middlewares)
             self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
@@ -265,7 +272,8 @@ class KeyedConsumer:
             signals.unregister(self)
 
     def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
-        settle = Settler(self._d, self._error_handler, self._fail, self._contract)
+        settle = Settler(self._d, self._error_handler, self._fail, self._contract,
+                         self._results.finished if self.config.transactional else None)
         cfg = self.config
         if self._batch is not None:
             size, linger_s = cfg.handler_batch_size, cfg.handler_batch_linger_s
@@ -443,11 +451,20 @@ class KeyedConsumer:
         self._active = True
         cfg, d, seq = self.config, self._d, self._sequencer
         client = self._factory(cfg.librdkafka(), self._on_client_error)
-        commits = Committer(client, d, cfg, self._budget, self._on_client_error)
-        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget, lambda: self._stop_deadline)
+        self._results.attach(client.publisher)
+        if cfg.transactional:
+            txn = TransactionalCommitter(client, d, cfg, self._budget, self._on_client_error, self._results, self._fail)
+            commits: Committer = txn
+            revoked: Callable[[list[Partition], float], None] | None = txn.commit_revoked
+        else:
+            commits, revoked = Committer(client, d, cfg, self._budget, self._on_client_error), None
+        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget,
+                                                lambda: self._stop_deadline, revoked)
         started = False
         try:
             client.check_brokers(cfg.startup_timeout_s)
+            if isinstance(commits, TransactionalCommitter):
+                commits.start()
             session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
             seq.attach(d, self._fail, commits.confirm_ownership, session_s)
             if not self._stop.is_set():  # stopped before it started: never join the group
@@ -549,6 +566,9 @@ class KeyedConsumer:
         d.close()
         if started:
             executor.join(max(0.5, min(5.0, deadline - time.monotonic())))
+        if isinstance(commits, TransactionalCommitter):
+            commits.close()
+        self._results.detach()
         self._sequencer.detach()
 
 

@@ -10,6 +10,7 @@ __all__ = [
     "KafkaClientError",
     "CommitError",
     "PublishError",
+    "TransactionError",
 ]
 
 
@@ -91,6 +92,22 @@ class KafkaClientError(KeyedConsumerError):
 
 class CommitError(KafkaClientError):
     """A synchronous offset commit failed for at least one partition (named in the message)."""
+
+
+class TransactionError(KafkaClientError):
+    """A Kafka transaction of ``transactional=True`` failed (librdkafka's transactional API).
+
+    ``abortable``: the transaction was aborted and nothing of it became visible, and the producer
+    can run another one (librdkafka ``txn_requires_abort``: e.g. the group rebalanced and refused
+    the offsets, KIP-447's generation check); the engine tries the same records and offsets again in
+    a new transaction. Otherwise it is ``fatal`` (e.g. ``_FENCED``: a newer producer with the same
+    ``transactional.id`` started) or the broker refused a record for good (too large, no such topic,
+    not authorised), and the consumer stops with this error.
+    """
+
+    def __init__(self, message: str, code: str = "", fatal: bool = False, abortable: bool = False) -> None:
+        super().__init__(message, code=code, fatal=fatal)
+        self.abortable = abortable
 
 
 class PublishError(KeyedConsumerError):

@@ -25,7 +25,10 @@ else:
 
     P = TypeVar("P")
 
-__all__ = ["Message", "Status"]
+__all__ = ["Message", "Status", "Record"]
+
+#: A record a handler produces: ``(topic, key, value, headers)`` (:meth:`Message.produce`).
+Record = tuple[str, "bytes | None", "bytes | None", "list[tuple[str, bytes | None]] | None"]
 
 
 class Status(enum.Enum):
@@ -102,6 +105,7 @@ class Message(Generic[P]):
         "_state",
         "_owns",
         "_delivery",
+        "_produced",
     )
 
     def __init__(
@@ -139,6 +143,8 @@ class Message(Generic[P]):
         # the engine's ownership check of this run and its record of the message (Message.still_owned)
         self._owns: Callable[[Any], bool] | None = None
         self._delivery: Any = None
+        # records the current attempt produced (msg.produce), written when the handler returns
+        self._produced: list[Record] | None = None
 
     @property
     def headers(self) -> list[tuple[str, bytes | None]]:
@@ -208,6 +214,64 @@ class Message(Generic[P]):
             if k == name:
                 return v
         return None
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+    ) -> None:
+        """Produce a result record of this message (Confluent Parallel Consumer's
+        ``pollAndProduce``): it is written only when the handler returns normally (not when it
+        raises or calls :meth:`ack_fail`), and the message counts done only after that.
+
+        Without ``transactional``, the engine writes the attempt's records when the handler returns
+        and waits for the broker's acknowledgement (``acks=all``, idempotent producer) before the
+        message counts done: a refused record fails the attempt with
+        :class:`~keyedconsumer.PublishError` (``Retry`` and ``DeadLetter`` handle it like any failure),
+        so an offset never passes a message whose records were not acknowledged. A retried or re-run
+        message produces its records again (at-least-once).
+
+        With ``transactional=True`` (docs/exactly-once.md), the records are written in the Kafka
+        transaction that also commits the message's offset: a ``read_committed`` reader sees them
+        exactly once.
+
+        Parameters
+        ----------
+        topic:
+            The topic to write to; the partition is chosen from ``key`` by the producer's partitioner.
+        key, value:
+            Raw bytes, or ``None``.
+        headers:
+            ``[(name, bytes or None)]``, or ``None``.
+
+        Raises
+        ------
+        TypeError
+            ``topic`` is not a non-empty ``str``, or ``key`` / ``value`` is neither bytes nor ``None``.
+        """
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"produce() needs a topic name, got {topic!r}")
+        for name, v in (("key", key), ("value", value)):
+            if v is not None and not isinstance(v, (bytes, bytearray, memoryview)):
+                raise TypeError(f"produce() {name} must be bytes or None, got {type(v).__name__}")
+        records = self._produced
+        if records is None:
+            records = self._produced = []
+        records.append((topic, key, value, list(headers) if headers else None))
+
+    @property
+    def produced(self) -> list[Record]:
+        """The records this attempt produced so far (:meth:`produce`), not yet written; a copy."""
+        return list(self._produced or ())
+
+    def take_produced(self) -> list[Record]:
+        """Remove and return the records this attempt produced (the engine calls it: when an
+        attempt starts, to drop an earlier attempt's records, and when it writes them)."""
+        records = self._produced
+        self._produced = None
+        return records or []
 
     def ack_success(self) -> None:
         """Mark the message ``SUCCESS`` (the default when the handler returns normally)."""

@@ -36,6 +36,7 @@ from .dispatcher import LINGER_CHECK_S, Dispatcher
 from .executors import AsyncExecutor, Settle, ThreadExecutor, _cancelling, not_awaited
 from .handler import Middleware, compose, is_async
 from .outcome import NOT_STARTED, Outcome
+from .results import Results
 
 __all__ = ["BatchHandler", "BatchRun", "ThreadBatchExecutor", "AsyncBatchExecutor", "OUTCOME_ONLY",
            "check_batch_middlewares"]
@@ -88,9 +89,12 @@ class BatchRun:
     middlewares:
         Outcome middlewares (:func:`check_batch_middlewares`), the first given outermost; each
         message's end runs through them as if the handler had ended that message alone.
+    results:
+        The consumer's :class:`~.results.Results`: each message's records (``msg.produce`` in the
+        batch call) are written with its end, as a per-message handler's are (dropped if it failed).
     """
 
-    def __init__(self, handler: BatchHandler, middlewares: Sequence[Middleware]) -> None:
+    def __init__(self, handler: BatchHandler, middlewares: Sequence[Middleware], results: Results | None = None) -> None:
         if not callable(handler):
             raise TypeError(f"batch_handler must be callable, got {type(handler).__name__}")
         check_batch_middlewares(middlewares)
@@ -109,7 +113,7 @@ class BatchRun:
                 if end is not None:
                     raise end[0].with_traceback(end[1])
 
-            self.chain: Any = compose(end_async, middlewares)
+            self.chain: Any = compose(results.wrap(end_async, drop_at_start=False) if results else end_async, middlewares)
         else:
 
             def end(msg: Message) -> None:
@@ -117,7 +121,7 @@ class BatchRun:
                 if found is not None:
                     raise found[0].with_traceback(found[1])
 
-            self.chain = compose(end, middlewares)
+            self.chain = compose(results.wrap(end, drop_at_start=False) if results else end, middlewares)
 
     def ends(self, msgs: list[Message], exc: BaseException | None) -> None:
         """Record what each of ``msgs`` ended with, from the batch call's exception ``exc``."""

@@ -60,6 +60,9 @@ class Rebalance:
         ``budget(cap_s) -> seconds`` a blocking call may take now (cut to a stop's deadline).
     stop_deadline:
         ``stop_deadline()``: when a stop under way must be over (monotonic seconds), or ``None``.
+    commit_revoked:
+        With ``transactional``: ``commit_revoked(parts, deadline)`` commits the revoked partitions
+        in a transaction before they are closed (instead of the consumer client's commit).
     """
 
     def __init__(
@@ -70,8 +73,10 @@ class Rebalance:
         catch_up: Callable[[list[Partition], float], None],
         budget: Callable[[float], float],
         stop_deadline: Callable[[], float | None],
+        commit_revoked: Callable[[list[Partition], float], None] | None = None,
     ) -> None:
         self._client = client
+        self._commit_revoked = commit_revoked
         self._d = dispatcher
         self._config = config
         self._catch_up = catch_up
@@ -121,6 +126,11 @@ class Rebalance:
             deadline = min(deadline, stop)
         if not d.wait_idle(parts, max(0.0, deadline - time.monotonic())) and not self._closing:
             log.warning("revoke: handlers of %s still running after %g s", partitions, self._config.revoke_timeout_s)
+        if self._commit_revoked is not None:  # transactional: their records and offsets, before they close
+            self._commit_revoked(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
+            d.close_parts(parts)
+            log.info("revoked %s", partitions)
+            return
         final, meta = d.close_parts(parts)
         if final:
             # Store as well as commit: with auto commit librdkafka commits the *stored* offsets of

@@ -39,9 +39,12 @@ class Settler:
         ``fail(error)`` stops the consumer with ``error`` (``run()`` raises it).
     contract:
         The handler contract's record of broken runs.
+    finished:
+        ``finished(msg)`` for a message settled done with ``SUCCESS`` or ``SKIP``, before the
+        dispatcher marks it done (``Results.finished``: its produced records, with ``transactional``).
     """
 
-    __slots__ = ("_d", "_error_handler", "_fail", "_contract")
+    __slots__ = ("_d", "_error_handler", "_fail", "_contract", "_finished")
 
     def __init__(
         self,
@@ -49,15 +52,19 @@ class Settler:
         error_handler: Callable[[BaseException, Message | None], Any] | None,
         fail: Callable[[BaseException], None],
         contract: Contract,
+        finished: Callable[[Message], None] | None = None,
     ) -> None:
         self._d = dispatcher
         self._error_handler = error_handler
         self._fail = fail
         self._contract = contract
+        self._finished = finished
 
     def __call__(self, msg: Message, exc: BaseException | None) -> Outcome:
         if exc is None and msg.status is _PENDING and not self._d.closed and not self._contract:
             msg.status = _SUCCESS  # the common case, first: returned normally, no contract broken
+            if self._finished is not None:
+                self._finished(msg)
             return DONE
         if self._d.closed:
             return HALT  # the run is over: nothing of it counts any more
@@ -73,10 +80,14 @@ class Settler:
             status = msg.status
             if status is Status.PENDING:
                 msg.status = Status.SUCCESS
+                if self._finished is not None:
+                    self._finished(msg)
                 return DONE
             if status is Status.DEAD_LETTERED:
                 return DEAD_LETTERED
             if status is not Status.FAIL:
+                if self._finished is not None:
+                    self._finished(msg)
                 return DONE
             exc = msg.error if msg.error is not None else RuntimeError("ack_fail() without an error")
         elif isinstance(exc, RetryLater):

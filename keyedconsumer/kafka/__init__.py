@@ -8,6 +8,7 @@ only modules of the package that import ``confluent_kafka``:
   :class:`KafkaClient`, and :func:`~keyedconsumer.kafka.client.check_config`;
 - :mod:`keyedconsumer.kafka.publisher`: :class:`~keyedconsumer.Publisher`, the real
   :class:`RecordPublisher`;
+- :mod:`keyedconsumer.kafka.transactional`: the real :class:`TransactionalProducer`;
 - :mod:`keyedconsumer.kafka.admin`: the command line's admin, inspection and replay tools.
 
 :mod:`keyedconsumer.testing` implements :class:`KafkaClient` (``FakeClient``) and
@@ -20,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import KafkaClientError, PublishError
-from ..message import Message
+from ..message import Message, Record
 
-__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher", "BatchPublisher"]
+__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher", "BatchPublisher",
+           "TransactionalProducer"]
 
 #: A topic-partition: ``(topic, partition)``.
 TP = tuple[str, int]
@@ -55,6 +57,30 @@ class KafkaClient(Protocol):
     def high_watermarks(self, partitions: Sequence[TP]) -> dict[TP, int | None]: ...
     def check_brokers(self, timeout_s: float) -> None: ...
     def close(self, timeout_s: float | None = None) -> bool: ...
+
+    def publisher(self, delivery_timeout_s: float) -> BatchPublisher:
+        """A producer of the same cluster (same brokers and security settings) for the records
+        handlers produce (``msg.produce``), waiting for each record's acknowledgement.
+
+        Raises
+        ------
+        PublishError
+            The producer could not be created.
+        """
+        ...
+
+    def transactional_producer(
+        self, transactional_id: str, timeout_s: float, transaction_timeout_s: float
+    ) -> TransactionalProducer:
+        """A transactional producer of the same cluster whose commits send this consumer's offsets
+        with its group metadata (KIP-447), started (``init_transactions``) within ``timeout_s``.
+
+        Raises
+        ------
+        TransactionError
+            The producer could not be created or started (the brokers may lack transaction support).
+        """
+        ...
 
 
 #: ``factory(librdkafka_config, on_error) -> KafkaClient``; ``on_error`` receives client errors.
@@ -117,4 +143,37 @@ class BatchPublisher(RecordPublisher, Protocol):
         PublishError
             The publisher can send nothing more (a fatal producer error).
         """
+        ...
+
+
+class TransactionalProducer(Protocol):
+    """Writes records and commits a consumer's offsets in one Kafka transaction (librdkafka's
+    transactional API; ``send_offsets_to_transaction`` with the consumer's group metadata, KIP-447).
+    Used from one thread (the consumer's poll thread).
+
+    :meth:`run` is one transaction: begin, produce, send the offsets, commit. Nothing of it becomes
+    visible to ``read_committed`` readers unless all of it does.
+    """
+
+    def run(
+        self,
+        records: Sequence[Record],
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str],
+        timeout_s: float,
+    ) -> None:
+        """Write ``records`` (``(topic, key, value, headers)``, in order) and commit ``offsets``
+        (``(topic, partition, next offset)`` with ``metadata[(topic, partition)]``) for the
+        consumer's group, in one transaction, within about ``timeout_s`` seconds.
+
+        Raises
+        ------
+        TransactionError
+            ``abortable``: it was aborted (nothing of it is visible) and another may be tried.
+            Otherwise the producer failed for good (``fatal``, e.g. fenced) or a record was refused.
+        """
+        ...
+
+    def close(self) -> None:
+        """Abort an open transaction (best effort) and release the producer."""
         ...

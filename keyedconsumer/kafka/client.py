@@ -14,9 +14,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from ..config import is_connection_property
 from ..errors import CommitError, KafkaClientError
 from ..message import Message
-from . import TP, KafkaClient, RebalanceListener
+from . import TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer
 
 __all__ = ["connect", "check_config"]
 
@@ -79,6 +80,9 @@ class _ConfluentClient:
         #: the last authentication error librdkafka reported (wrong SASL credentials, a refused token)
         self._auth_error: KafkaError | None = None
         conf["error_cb"] = self._error_cb
+        #: what a producer of the same cluster takes: the brokers and the connection properties
+        self._producer_conf = {"bootstrap.servers": conf["bootstrap.servers"],
+                               **{k: v for k, v in conf.items() if is_connection_property(k)}}
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
@@ -311,6 +315,24 @@ class _ConfluentClient:
                     "(check 'brokers' / bootstrap.servers)",
                     code=err.name(),
                 ) from None
+
+    def publisher(self, delivery_timeout_s: float) -> BatchPublisher:
+        """A :class:`~keyedconsumer.Publisher` of the same cluster (brokers, security properties)."""
+        from .publisher import Publisher
+
+        brokers = str(self._producer_conf["bootstrap.servers"]).split(",")
+        extra = {k: v for k, v in self._producer_conf.items() if k != "bootstrap.servers"}
+        return Publisher(brokers, extra, delivery_timeout_s=delivery_timeout_s)
+
+    def transactional_producer(
+        self, transactional_id: str, timeout_s: float, transaction_timeout_s: float
+    ) -> TransactionalProducer:
+        """A started transactional producer of the same cluster, committing with this consumer's
+        group metadata (:class:`~keyedconsumer.kafka.transactional.KafkaTransactionalProducer`)."""
+        from .transactional import KafkaTransactionalProducer
+
+        return KafkaTransactionalProducer(self._producer_conf, transactional_id,
+                                          self._consumer.consumer_group_metadata, timeout_s, transaction_timeout_s)
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored

@@ -75,6 +75,14 @@ class Publisher:
             self._producer = Producer(conf)
         except KafkaException as exc:
             raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
+        # Delivery reports are served by one poller thread (started on first use): a caller waits
+        # on its own event. Callers polling themselves served each other's reports, and one whose
+        # report another served slept on in its poll until the timeout (measured: ~100 ms per
+        # record with 16 threads publishing at once, bench/eos_cost.py).
+        self._poller: threading.Thread | None = None
+        self._poller_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._fatal: KafkaError | None = None
 
     def publish(
         self,
@@ -154,6 +162,8 @@ class Publisher:
                     left[0] -= 1
         if left[0] == 0:
             done.set()
+        else:
+            self._ensure_poller()
         deadline = time.monotonic() + self.delivery_timeout_s + self.REPORT_GRACE_S
         while not done.is_set():
             wait = deadline - time.monotonic()
@@ -163,17 +173,36 @@ class Publisher:
                     f"no delivery report for {topics} within {self.delivery_timeout_s + self.REPORT_GRACE_S:g} s: "
                     "the record's fate is unknown (it may still be delivered)"
                 )
-            try:
-                self._producer.poll(min(wait, 0.1))
-            except KafkaException as exc:  # a fatal producer error: the producer sends nothing more
-                err = exc.args[0]
+            err = self._fatal
+            if err is not None:  # a fatal producer error: the producer sends nothing more
                 topics = ", ".join(sorted({r[0] for r in records}))
-                raise PublishError(f"cannot publish to {topics}: the producer failed: {err.name()}: {err.str()}") from None
+                raise PublishError(f"cannot publish to {topics}: the producer failed: {err.name()}: {err.str()}")
+            done.wait(min(wait, 0.1))
         return [r for r in results if r is not None]
 
+    def _ensure_poller(self) -> None:
+        with self._poller_lock:
+            if self._poller is None and not self._closing.is_set():
+                self._poller = threading.Thread(target=self._serve_reports, name="keyedconsumer-publisher", daemon=True)
+                self._poller.start()
+
+    def _serve_reports(self) -> None:
+        """Serve delivery reports until :meth:`close` (or a fatal error, kept for the waiters)."""
+        while not self._closing.is_set():
+            try:
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                self._fatal = exc.args[0]
+                return
+
     def close(self, timeout_s: float = 10.0) -> None:
-        """Wait up to ``timeout_s`` seconds for queued records."""
-        self._producer.flush(timeout_s)
+        """Wait up to ``timeout_s`` seconds for queued records; stop serving delivery reports."""
+        if self._fatal is None:
+            self._producer.flush(timeout_s)
+        self._closing.set()
+        poller = self._poller
+        if poller is not None:
+            poller.join(1.0)
 
 
 if TYPE_CHECKING:  # mypy checks that the real publisher satisfies the seam

@@ -36,7 +36,15 @@ What is modelled, the way librdkafka and the Kafka group coordinator behave:
   :meth:`InMemoryBroker.consumer` does) and ``RetryLater`` back-off of minutes takes milliseconds.
   Fake time passes only while a consumer polls idle; a handler's own run time is not fake time.
 
-Not modelled: replication, transactions, compaction, retention, record size limits, quotas, and a
+- **Produced records.** What handlers give to ``msg.produce`` lands in the broker's topics (read
+  them with :meth:`InMemoryBroker.records`) before the message counts done. With
+  ``transactional=True`` a :class:`FakeTransactionalProducer` applies each transaction whole (the
+  offsets committed and the records appended) or not at all; a transaction for partitions the
+  member no longer owns is aborted, and a newer producer of the same ``transactional_id`` fences
+  off the older one.
+
+Not modelled: replication, transactions left open by a crash and ``read_uncommitted`` readers,
+compaction, retention, record size limits, quotas, and a
 member being slower than ``max.poll.interval.ms``.
 
 Layout: :mod:`~keyedconsumer.testing.broker` (the broker, its records, the member protocol),
@@ -47,9 +55,10 @@ Kafka seams, which use only the broker's public methods) and :mod:`~keyedconsume
 """
 
 from .broker import GroupEvent, InMemoryBroker, Record
-from .client import FakeClient, FakePublisher
+from .client import FakeClient, FakePublisher, FakeTransactionalProducer
 from .clock import FakeClock
 from .group import Commit
 from .run import AppRun, Run
 
-__all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "Record", "Commit", "Run", "AppRun", "GroupEvent"]
+__all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "FakeTransactionalProducer", "Record", "Commit",
+           "Run", "AppRun", "GroupEvent"]

@@ -7,18 +7,20 @@ through its public methods (the client: the member protocol listed in :mod:`keye
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+from weakref import WeakKeyDictionary
 
-from ..errors import CommitError, KafkaClientError, PublishError
+from ..errors import CommitError, KafkaClientError, PublishError, TransactionError
 from ..kafka import TP, RebalanceListener
-from ..message import Message
+from ..message import Message, Record
 
 if TYPE_CHECKING:
-    from ..kafka import BatchPublisher, RecordPublisher
+    from ..kafka import BatchPublisher, RecordPublisher, TransactionalProducer
     from .broker import GroupEvent, InMemoryBroker
 
-__all__ = ["FakeClient", "FakePublisher"]
+__all__ = ["FakeClient", "FakePublisher", "FakeTransactionalProducer"]
 
 #: The committed offset librdkafka reports when there is none (``RD_KAFKA_OFFSET_INVALID``).
 OFFSET_INVALID = -1001
@@ -64,6 +66,18 @@ class FakeClient:
             raise KafkaClientError(f"{what}: the consumer is closed", code="_STATE")
 
     # -- the KafkaClient protocol -----------------------------------------------------------------
+
+    def publisher(self, delivery_timeout_s: float) -> BatchPublisher:
+        """A :class:`FakePublisher` on the same broker: what handlers produce (``msg.produce``)
+        lands in its topics (read them with ``InMemoryBroker.records``)."""
+        return FakePublisher(self._broker)
+
+    def transactional_producer(
+        self, transactional_id: str, timeout_s: float, transaction_timeout_s: float
+    ) -> TransactionalProducer:
+        """A :class:`FakeTransactionalProducer` committing for this member (and fencing off an
+        earlier one of the same ``transactional_id`` on this broker)."""
+        return FakeTransactionalProducer(self._broker, self, transactional_id)
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """Join the group with a subscription to ``topics``; assignments come in ``poll_batch``."""
@@ -238,6 +252,89 @@ class FakeClient:
         return out
 
 
+class FakeTransactionalProducer:
+    """A :class:`~keyedconsumer.kafka.TransactionalProducer` on an :class:`InMemoryBroker`.
+
+    A transaction is applied at once and whole, or not at all: its offsets are committed for the
+    member's group and its records appended to their topics, after checking that it can do both
+    (the member owns every partition of the offsets: otherwise an *abortable* ``TransactionError``,
+    like the group coordinator's generation check of KIP-447; the topics exist, or the broker
+    creates topics). Starting a producer with a ``transactional_id`` fences off the earlier one of
+    that id on the same broker: its next transaction fails with a *fatal* ``_FENCED`` error.
+
+    Not modelled: transactions left open (there is no crash in memory), ``read_uncommitted``
+    readers, the transaction timeout. Get a consumer's producer with :meth:`of` to inject a failure.
+
+    Attributes
+    ----------
+    fail_next:
+        When set, the next transaction raises it (and is not applied); then it is cleared.
+    transactions:
+        Transactions applied so far.
+    """
+
+    _live: ClassVar[WeakKeyDictionary[InMemoryBroker, dict[str, FakeTransactionalProducer]]] = WeakKeyDictionary()
+    _live_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, broker: InMemoryBroker, client: FakeClient, transactional_id: str) -> None:
+        self._broker = broker
+        self._client = client
+        self.transactional_id = transactional_id
+        self.fail_next: TransactionError | None = None
+        self.transactions = 0
+        with self._live_lock:
+            self._live.setdefault(broker, {})[transactional_id] = self
+
+    @classmethod
+    def of(cls, broker: InMemoryBroker, transactional_id: str) -> FakeTransactionalProducer | None:
+        """The live producer of ``transactional_id`` on ``broker`` (the newest one started), or ``None``."""
+        with cls._live_lock:
+            return cls._live.get(broker, {}).get(transactional_id)
+
+    def run(
+        self,
+        records: Sequence[Record],
+        offsets: Sequence[tuple[str, int, int]],
+        metadata: Mapping[TP, str],
+        timeout_s: float,
+    ) -> None:
+        """Apply one transaction (see the class docstring).
+
+        Raises
+        ------
+        TransactionError
+            ``fail_next``; fatal ``_FENCED`` when a newer producer of this id started; abortable
+            ``ILLEGAL_GENERATION`` when the member does not own a partition of ``offsets``; not
+            abortable when a record's topic does not exist and the broker creates none.
+        """
+        error, self.fail_next = self.fail_next, None
+        if error is not None:
+            raise error
+        if self.of(self._broker, self.transactional_id) is not self:
+            raise TransactionError(f"transactional id {self.transactional_id!r}: _FENCED: a newer producer started",
+                                   code="_FENCED", fatal=True)
+        owned = set(self._broker.assignment(self._client.member_id))
+        stale = [(t, p) for t, p, _ in offsets if (t, p) not in owned]
+        if stale:
+            raise TransactionError(f"transaction aborted: ILLEGAL_GENERATION: {stale} not assigned to this member",
+                                   code="ILLEGAL_GENERATION", abortable=True)
+        topics = self._broker.topics()
+        missing = sorted({r[0] for r in records if r[0] not in topics})
+        if missing and not self._broker.auto_create_topics:
+            raise TransactionError(f"transaction aborted: unknown topic(s) {missing}", code="UNKNOWN_TOPIC_OR_PART")
+        if offsets:
+            try:
+                self._client.commit(offsets, metadata)
+            except KafkaClientError as exc:  # a revoke between the check and the commit
+                raise TransactionError(f"transaction aborted: {exc}", code=exc.code, abortable=True) from None
+        for topic, key, value, headers in records:
+            self._broker.produce(topic, value, key=key, headers=headers)
+        self.transactions += 1
+
+    def close(self) -> None:
+        """Nothing is left open."""
+
+
 class FakePublisher:
     """A :class:`~keyedconsumer.RecordPublisher` that writes into an :class:`InMemoryBroker` (no producer).
 
@@ -303,3 +400,6 @@ if TYPE_CHECKING:  # mypy checks that the fake satisfies the dead-letter seam
 
     def _is_a_batch_publisher(publisher: FakePublisher) -> BatchPublisher:
         return publisher
+
+    def _is_a_transactional_producer(producer: FakeTransactionalProducer) -> TransactionalProducer:
+        return producer

@@ -97,3 +97,21 @@ def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: P
     assert "## Goals" in md and "| W2 5 ms, c64 sync | >= 0.9 of ideal |" in md
     if _has_matplotlib():
         assert (tmp_path / "throughput.png").stat().st_size > 10_000
+
+
+@pytest.mark.timeout(180)
+def test_eos_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> None:
+    # bench/eos_cost.py at its smoke size: every contender handled every message and each producing
+    # one's results were all read back with read_committed; no speed is asserted
+    out = subprocess.run(
+        [sys.executable, "bench/eos_cost.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads((tmp_path / "eos_cost.json").read_text())
+    assert res["ok"] and {r["contender"] for r in res["runs"]} == {"none", "plain", "tx-0.1s", "tx-1s"}
+    n = res["messages"]
+    assert all(r["records_read_committed"] == n for r in res["runs"] if r["contender"].startswith("tx"))
+    assert all(r["records_read_committed"] >= n for r in res["runs"] if r["contender"] == "plain")
+    assert set(res["median_ratios"]) >= {"plain/none", "tx-0.1s/plain"}
+    assert (tmp_path / "eos_cost.md").exists()

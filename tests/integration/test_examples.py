@@ -61,3 +61,16 @@ def test_unit_test_example_passes_without_kafka() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 passed" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_exactly_once_example(kafka_bootstrap: str) -> None:
+    # each payment's two ledger entries, read_committed, exactly once across a hand-over to a second consumer
+    out = subprocess.run(
+        [sys.executable, "examples/exactly_once.py", "--brokers", kafka_bootstrap, "--events", "1000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ledger entries      2000 (read_committed)" in out.stdout, out.stdout
+    assert "each entry once     True" in out.stdout and "debits in order     True" in out.stdout, out.stdout
+    assert "RESULT              OK" in out.stdout, out.stdout

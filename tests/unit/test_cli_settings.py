@@ -163,6 +163,12 @@ CONSUMER_VALUES: dict[str, Any] = {
     "startup_timeout_s": 5.5, "auto_offset_reset": "latest", "commit_metadata_max_bytes": 100, "event_loop": "asyncio",
     "handler_batch_size": 9, "handler_batch_linger_s": 0.25, "config": {"client.id": "x"},
 }
+#: The exactly-once options: a valid value, not the default, of each (checked in a pass of their
+#: own: ``transactional`` refuses ``manual_commit``, which the table above sets).
+TRANSACTION_VALUES: dict[str, Any] = {
+    "transactional": True, "transactional_id": "tx-1", "transaction_interval_s": 0.5,
+    "transaction_timeout_s": 20.0, "produce_timeout_s": 7.0,
+}
 #: A valid value, not the default, of every Redis sequencer option.
 SEQUENCER_VALUES: dict[str, Any] = {
     "lease_ttl_s": 8.0, "renew_interval_s": 2.0, "lease_linger_s": 0.5, "socket_timeout_s": 1.5, "require_durable": False,
@@ -210,7 +216,7 @@ def _check(shown: dict[str, Any]) -> None:
 @pytest.mark.timeout(60)
 def test_every_option_is_reachable_from_every_layer(tmp_path: Path) -> None:
     # the tables name every option: a new field needs a value here (and gets a flag, a variable, a key)
-    assert set(CONSUMER_VALUES) == set(ConsumerConfig.model_fields)
+    assert set(CONSUMER_VALUES) | set(TRANSACTION_VALUES) == set(ConsumerConfig.model_fields)
     assert set(SEQUENCER_VALUES) == set(SEQUENCER_KEYS)
     base = ["run", HANDLER, "--app-dir", str(ROOT), "--print-settings", "--redis", REDIS]
 
@@ -234,6 +240,23 @@ def test_every_option_is_reachable_from_every_layer(tmp_path: Path) -> None:
     args = [a for k, v in CONSUMER_VALUES.items() for a in _flags(k, v)]
     args += [a for k, v in SEQUENCER_VALUES.items() for a in _flags(k, v, "sequencer-")]
     _check(shown(args))
+
+
+@pytest.mark.timeout(60)
+def test_every_exactly_once_option_is_reachable_from_every_layer(tmp_path: Path) -> None:
+    base = ["run", HANDLER, "--app-dir", str(ROOT), "--print-settings", "--group", "g-tx", "-t", "t1"]
+
+    def check(args: list[str], env: dict[str, str] | None = None) -> None:
+        result = runner.invoke(app, [*base, *args], env=env)
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.stdout)
+        for name, v in TRANSACTION_VALUES.items():
+            assert shown[name] == v, name
+
+    (tmp_path / "tx.toml").write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in TRANSACTION_VALUES.items()))
+    check(["--config", str(tmp_path / "tx.toml")])
+    check([], {f"KEYEDCONSUMER_{k.upper()}": _text(v) for k, v in TRANSACTION_VALUES.items()})
+    check([a for k, v in TRANSACTION_VALUES.items() for a in _flags(k, v)])
 
 
 # -- a KeyedApp: the layers are defaults under the routes' own options ------------------------------------

@@ -42,7 +42,8 @@ def test_one_module_per_outside_system() -> None:
 # -- confluent_kafka only behind the seam, checked on each module's syntax tree ------------------------
 
 ROOT = Path(keyedconsumer.__file__).resolve().parent.parent
-CONFLUENT_MODULES = {"keyedconsumer.kafka.client", "keyedconsumer.kafka.publisher", "keyedconsumer.kafka.admin"}
+CONFLUENT_MODULES = {"keyedconsumer.kafka.client", "keyedconsumer.kafka.publisher", "keyedconsumer.kafka.transactional",
+                     "keyedconsumer.kafka.admin"}
 #: The Schema Registry's seam (another outside system, whose client ships in confluent-kafka): the one
 #: middleware module that imports confluent_kafka, and only its schema_registry and serialization parts.
 REGISTRY_MODULE = "keyedconsumer.middleware.schema_registry"
@@ -85,13 +86,13 @@ def _imports_confluent(imported: set[str]) -> bool:
     return any(m == "confluent_kafka" or m.startswith("confluent_kafka.") for m in imported)
 
 
-def test_only_the_three_kafka_implementation_modules_import_confluent_kafka() -> None:
+def test_only_the_kafka_implementation_modules_import_confluent_kafka() -> None:
     # given every module of the engine and the middleware
     modules = _modules()
     assert "keyedconsumer.kafka" in modules and "keyedconsumer.middleware.dead_letter" in modules
     # when their import statements are read
     importers = {name for name, path in modules.items() if _imports_confluent(_imported(name, path))}
-    # then only the client, the publisher and the admin tools import confluent_kafka (and the
+    # then only the client, the publishers and the admin tools import confluent_kafka (and the
     # Schema Registry's decoders, its registry client only: never the Kafka client)
     assert importers == CONFLUENT_MODULES | {REGISTRY_MODULE}
     registry = {m for m in _imported(REGISTRY_MODULE, modules[REGISTRY_MODULE]) if m.startswith("confluent_kafka")}

@@ -1,0 +1,230 @@
+"""Exactly-once results: the records and the offsets they advance, in one Kafka transaction.
+
+With ``transactional=True`` offsets are never stored nor committed by the consumer client: every
+``transaction_interval_s``, at a revoke (before the partitions are given up) and at the stop, the
+poll thread runs one transaction (:class:`~keyedconsumer.kafka.TransactionalProducer`):
+
+1. it reads what to commit: each partition's first unfinished offset and the commit metadata
+   naming the offsets finished above it (``Dispatcher.commit_offsets``);
+2. then it takes the records of the messages settled done meanwhile
+   (:meth:`~.results.Results.take_finished`): a message is queued there by its worker *before* the
+   dispatcher marks it done, so every message that step 1 counted done has its records in hand;
+3. it writes the records of the messages step 1 covers (below the offset, or named in the
+   metadata as decoded, so a truncated metadata never covers more than it names), in the order
+   they finished, and keeps the others for a later transaction (and every later record of that
+   partition, so records keep their partition's, hence their key's, order); records of a partition
+   no longer assigned are dropped (its next owner runs those messages again);
+4. it sends the offsets with the consumer's group metadata (``send_offsets_to_transaction``,
+   KIP-447: a member of an older generation is refused) and commits.
+
+So every record in a committed transaction belongs to a message whose offset that transaction
+commits, and every committed offset's messages have their records in it or an earlier one; a crash
+before the commit leaves an open transaction that the broker aborts (at ``transaction_timeout_s``,
+or at once when a producer with the same ``transactional_id`` starts), and its messages run again.
+Confluent Parallel Consumer makes workers produce into the open transaction under a shared
+"produce lock" and the committer take it exclusively; here the poll thread alone uses the
+producer, so a transaction is open only while it is being committed and no worker ever waits for
+one.
+
+An *abortable* failure (e.g. ``REBALANCE_IN_PROGRESS`` / ``ILLEGAL_GENERATION`` while the group
+rebalances) aborts; the same records stay in hand and go out in the next transaction, with the
+offsets as they are then. Abortable failures lasting longer than ``transaction_timeout_s``, a
+record refused for good, or a fatal error (``_FENCED``: another producer with the same
+``transactional_id``) stop the consumer with a :class:`~keyedconsumer.TransactionError`; nothing
+more is committed, and a restart runs everything after the last committed transaction again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from ..config import ConsumerConfig
+from ..errors import KafkaClientError, TransactionError
+from ..kafka import TP, KafkaClient, TransactionalProducer
+from ..message import Record
+from ..offsets import FinishedOffsets
+from .commits import Committer
+from .dispatcher import Dispatcher
+from .partitions import CLOSED, Partition
+from .results import Finished, Results
+
+__all__ = ["TransactionalCommitter", "TRANSACTION_RETRY_S", "HELD_WARNING"]
+
+log = logging.getLogger("keyedconsumer")
+
+#: Pause before the next transaction after an abortable failure (seconds), doubling up to the second.
+TRANSACTION_RETRY_S = (0.1, 2.0)
+#: Finished messages whose records wait for the committed offsets to cover them (commit metadata
+#: cut to ``commit_metadata_max_bytes`` names fewer finished offsets) above which a warning is logged:
+#: they are held in memory, outside the ``max_in_flight`` bounds, until the offset passes them.
+HELD_WARNING = 10_000
+
+
+class TransactionalCommitter(Committer):
+    """The poll thread's offset work with ``transactional=True`` (see the module docstring).
+
+    Parameters
+    ----------
+    client, dispatcher, config, budget, on_error:
+        As :class:`~.commits.Committer`.
+    results:
+        The consumer's produced records.
+    fail:
+        ``fail(error)`` stops the consumer with ``error``.
+    """
+
+    def __init__(
+        self,
+        client: KafkaClient,
+        dispatcher: Dispatcher,
+        config: ConsumerConfig,
+        budget: Callable[[float], float],
+        on_error: Callable[[KafkaClientError], None],
+        results: Results,
+        fail: Callable[[BaseException], None],
+    ) -> None:
+        super().__init__(client, dispatcher, config, budget, on_error)
+        self._config = config
+        self._results = results
+        self._fail = fail
+        self._producer: TransactionalProducer | None = None
+        self._kept: list[Finished] = []  # records in hand, not committed yet, oldest first
+        self._committed: dict[TP, tuple[int, str]] = {}  # what the last transaction committed
+        self._next_s = 0.0  # when the next periodic transaction is due (monotonic seconds)
+        self._pause_s = TRANSACTION_RETRY_S[0]
+        self._failing_since: float | None = None
+        self._broken = False
+        self._warned = False
+        #: Transactions committed, and the records they wrote.
+        self.transactions = 0
+        self.records = 0
+
+    def start(self) -> None:
+        """Build and start the transactional producer (``init_transactions``: fences an older
+        producer of the same ``transactional_id`` and aborts what it left open).
+
+        Raises
+        ------
+        TransactionError
+            The producer could not be started.
+        """
+        cfg = self._config
+        tid = cfg.transactional_id or f"{cfg.group}-{uuid.uuid4().hex[:12]}"
+        self._producer = self._client.transactional_producer(tid, cfg.startup_timeout_s, cfg.transaction_timeout_s)
+        log.info("transactional producer started as %r", tid)
+
+    def close(self) -> None:
+        """Release the producer (an open transaction, which only a failure leaves, is aborted)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close()
+
+    # -- the Committer's hooks --------------------------------------------------------------------
+
+    def store(self) -> None:
+        """After each poll: a transaction when ``transaction_interval_s`` passed."""
+        now = time.monotonic()
+        if now >= self._next_s:
+            self._next_s = now + self._config.transaction_interval_s
+            self.commit(self._d.active(), self._budget(self._config.transaction_timeout_s))
+
+    def commit_metadata(self) -> None:
+        """Nothing: every transaction commits the metadata with the offsets."""
+
+    def commit_final(self, deadline: float) -> None:
+        """The stop's transaction, tried again after abortable failures until ``deadline``."""
+        while not self._broken:
+            if self.commit(self._d.active(), max(0.5, deadline - time.monotonic())):
+                return
+            if time.monotonic() + self._pause_s >= deadline:
+                log.warning("final transaction not committed: what finished after the last one runs again")
+                return
+            time.sleep(self._pause_s)
+
+    def commit_revoked(self, parts: list[Partition], deadline: float) -> None:
+        """A revoke: commit the revoked (and every other) partition's offsets and records before they
+        are given up, tried again after abortable failures until ``deadline``."""
+        while not self._broken:
+            if self.commit([*self._d.active(), *parts], max(0.5, deadline - time.monotonic())):
+                return
+            if time.monotonic() + self._pause_s >= deadline:
+                log.warning("revoke: transaction not committed: what finished after the last one runs again")
+                return
+            time.sleep(self._pause_s)
+
+    def confirm_ownership(self) -> bool:
+        """Not used: ``transactional`` refuses the Redis sequencer, the only caller."""
+        return True
+
+    # -- one transaction --------------------------------------------------------------------------
+
+    def commit(self, parts: list[Partition], timeout_s: float) -> bool:
+        """One transaction for ``parts`` (see the module docstring). Returns ``True`` when it was
+        committed or nothing needed one, ``False`` when it failed (an abortable failure: its records
+        stay in hand; or the consumer is stopping with the error)."""
+        if self._broken or self._producer is None:
+            return False
+        offsets, meta = self._d.commit_offsets(parts)  # first: what counts done now
+        kept = self._kept
+        kept.extend(self._results.take_finished())  # then: their records are all in hand
+        done: dict[int, tuple[int, FinishedOffsets | None]] = {}
+        by_tp = {p.tp: p for p in parts}
+        for t, n, o in offsets:
+            part = by_tp.get((t, n))
+            if part is not None:
+                done[id(part)] = (o, FinishedOffsets.decode(o, meta.get((t, n))))
+        records: list[Record] = []
+        later: list[Finished] = []
+        held: set[int] = set()
+        for entry in kept:
+            part, offset, recs = entry
+            if part is None or part.state == CLOSED:
+                continue  # no longer this instance's: its next owner runs the message again
+            key = id(part)
+            mark = done.get(key)
+            if key in held or mark is None or not (offset < mark[0] or (mark[1] is not None and mark[1].covers(offset))):
+                held.add(key)
+                later.append(entry)
+                continue
+            records.extend(recs)
+        if len(later) >= HELD_WARNING and not self._warned:
+            self._warned = True
+            log.warning("%d finished messages' records wait for the committed offsets to cover them (the commit "
+                        "metadata is cut to commit_metadata_max_bytes): held in memory until the offsets pass them",
+                        len(later))
+        moved = [(t, n, o) for t, n, o in offsets if self._committed.get((t, n)) != (o, meta.get((t, n), ""))]
+        if not records and not moved:
+            self._kept = later
+            return True
+        try:
+            self._producer.run(records, offsets, meta, timeout_s)
+        except TransactionError as exc:
+            return self._failed(exc)
+        self._kept = later
+        self._failing_since = None
+        self._pause_s = TRANSACTION_RETRY_S[0]
+        self.transactions += 1
+        self.records += len(records)
+        for t, n, o in offsets:
+            self._committed[(t, n)] = (o, meta.get((t, n), ""))
+            part = by_tp.get((t, n))
+            if part is not None:
+                part.mark_stored(o)
+        return True
+
+    def _failed(self, exc: TransactionError) -> bool:
+        now = time.monotonic()
+        if exc.abortable:
+            if self._failing_since is None:
+                self._failing_since = now
+            if now - self._failing_since < self._config.transaction_timeout_s:
+                log.warning("transaction aborted (%s): its records and offsets go in the next one", exc)
+                self._next_s = now + self._pause_s
+                self._pause_s = min(TRANSACTION_RETRY_S[1], self._pause_s * 2)
+                return False
+        self._broken = True
+        self._fail(exc)
+        return False
