@@ -36,6 +36,18 @@ def test_retry_and_dead_letter_example(kafka_bootstrap: str) -> None:
     assert "kafka_dlt-exception-fqcn" in out.stdout
 
 
+@pytest.mark.timeout(180)
+def test_latest_prices_example_conflates_and_audits_every_tick(kafka_bootstrap: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "examples/latest_prices.py", "--brokers", kafka_bootstrap, "--ticks", "2000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for line in ("prices only rise    True", "cache = last prices True", "every tick counted  True",
+                 "audit has each tick True", "committed offsets   2000 of 2000", "RESULT              OK"):
+        assert line in out.stdout, out.stdout
+
+
 @pytest.mark.redis
 @pytest.mark.timeout(40)
 def test_redis_parking_example(kafka_bootstrap: str, redis_url: str) -> None:
