@@ -115,3 +115,21 @@ def test_eos_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> None:
     assert all(r["records_read_committed"] >= n for r in res["runs"] if r["contender"] == "plain")
     assert set(res["median_ratios"]) >= {"plain/none", "tx-0.1s/plain"}
     assert (tmp_path / "eos_cost.md").exists()
+
+
+@pytest.mark.timeout(180)
+def test_features_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> None:
+    # bench/features_cost.py at its smoke size: every contender finished every message, no audit
+    # record was refused, and without conflation every message called the handler; no speed is asserted
+    out = subprocess.run(
+        [sys.executable, "bench/features_cost.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads((tmp_path / "features_cost.json").read_text())
+    assert res["ok"]
+    assert {(r["workload"], r["contender"]) for r in res["runs"]} == {
+        ("audit", "raw"), ("audit", "kc"), ("audit", "kc+audit"), ("conflation", "kc"), ("conflation", "kc+conflate")}
+    calls = res["conflation_handler_calls"]
+    assert calls["kc"] == res["conflation_messages"] and calls["kc+conflate"] <= calls["kc"]
+    assert (tmp_path / "features_cost.md").exists()
