@@ -24,7 +24,7 @@ from .config import RedisSequencerConfig
 from .durations import at_ms, due_ms, redis_ms
 from .keys import lease_id
 from .leases import LeaseTable
-from .parking import DrainJob, Parker
+from .parking import DrainJob, Parker, last_error
 
 if TYPE_CHECKING:
     from ..engine.dispatcher import Dispatcher
@@ -253,8 +253,10 @@ class RedisSequencer:
         return self._route(self._leases.lane_dry(d, d.lease_id or ""))
 
     def park(self, d: Delivery, delay_s: float) -> bool:
+        """``d``'s key goes to Redis, due again after ``delay_s``; the failure that parks it (the
+        handler's, ``Message.last_error``) is stored with the key, in the script that parks it."""
         assert self.parker is not None
-        self.parker.park(d, delay_s)
+        self.parker.park(d, delay_s, last_error(d.msg))
         return True
 
     def on_drop(self, d: Delivery) -> None:
