@@ -271,7 +271,10 @@ class ConsumerConfig(BaseSettings):
         behind its head (running, ready or retrying), only the newest waiting one runs; each older
         waiting one is *conflated*: it never runs, counts done (its offset advances) and is handed
         to ``KeyedConsumer(on_conflated=...)`` and counted in ``KeyedConsumer.conflated``. Needs
-        ``ordering="key"`` or ``"partition"``. Messages parked in Redis are not conflated.
+        ``ordering="key"`` or ``"partition"``. With a ``RedisSequencer``, a key parked in Redis
+        keeps its parked head and only its newest waiting message: each newer one replaces the
+        waiting one in the Lua script that parks it (under the key's lease), and a drain cuts a
+        longer list (scheduled messages moved in) the same way; those replaced are conflated alike.
     manual_commit:
         ``False``: librdkafka commits the stored offsets every ``auto.commit.interval.ms``.
         ``True``: each offset advance is committed synchronously and every per-partition commit
