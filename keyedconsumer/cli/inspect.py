@@ -177,7 +177,7 @@ def inspect_group(
     shown is the age of the record at the committed offset (now minus its timestamp) where lag > 0:
     that record is the oldest one the group has not finished. A partition without a committed offset
     shows no lag ("-": where the group starts depends on its auto.offset.reset). With --redis it also
-    shows the leased keys, parked keys and their depth, scheduled messages and live instances.
+    shows the leased keys, parked keys with their depth and last error, scheduled messages and live instances.
     """
     _setup_logging(log_level.value)
     conf, toml = _client_conf(brokers, props or [], config_file)

@@ -39,9 +39,11 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
     messages, live instances, the scheduler and quarantined keys.
 
     Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
-    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
-    "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis server's
-    clock; ``now_s`` is its time now).
+    "next_due_s", "last_error"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler":
+    str | None, "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis
+    server's clock; ``now_s`` is its time now); every field, and ``last_error``'s (the failure that
+    parked the key, cut to :data:`~keyedconsumer.sequencing.parking.MAX_ERROR_BYTES`), in
+    :func:`~keyedconsumer.sequencing.store.inspect_namespace`.
 
     Raises
     ------
