@@ -213,8 +213,8 @@ def test_a_drain_conflates_the_messages_between_a_parked_head_and_the_newest(
     t.start()
     try:
         _wait(lambda: [x["depth"] for x in inspect_redis(redis_url, ns)["parked"]] == [1])
-        for i in (1, 2, 3):
-            consumer.schedule(b"s", f"s:{i}".encode(), delay_s=0)
+        for i in (1, 2, 3):  # due 10 ms apart: moved in that order (one due time has no order among its ids)
+            consumer.schedule(b"s", f"s:{i}".encode(), delay_s=0.01 * i)
         # when the drain takes the list (the head is not due yet), it keeps the head and the newest
         _wait(lambda: consumer.conflated == 2)
         [pk] = inspect_redis(redis_url, ns)["parked"]
