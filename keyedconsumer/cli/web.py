@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -25,6 +26,7 @@ from .settings import (
 )
 
 TOKEN_ENV = f"{ENV_PREFIX}WEB_TOKEN"
+AUDIT_TOPIC_ENV = f"{ENV_PREFIX}WEB_AUDIT_TOPIC"
 MIN_TOKEN_CHARS = 16
 
 
@@ -78,7 +80,7 @@ def web(
         typer.Option(
             "--audit-topic",
             metavar="TOPIC",
-            help="Write each action to this audit topic (the Audit middleware's, on the same brokers; `keyedconsumer audit --outcome ACTION` reads them).",
+            help=f"Write each action to this audit topic (the Audit middleware's, on the same brokers; `keyedconsumer audit --outcome ACTION` reads them; env {AUDIT_TOPIC_ENV}).",
             show_default=False,
         ),
     ] = None,
@@ -112,7 +114,7 @@ def web(
     conf, toml = _client_conf(brokers, props or [], config_file)
     groups = _split(group) or _split([g] if (g := _env_or_toml("group", toml)) else None)
     redis = redis or _env_or_toml("redis", toml)
-    audit_topic = audit_topic or _env_or_toml("web_audit_topic", toml)
+    audit_topic = audit_topic or os.environ.get(AUDIT_TOPIC_ENV) or None
     _secrets.add_url(redis)
     if token:
         _secrets.values.add(token)

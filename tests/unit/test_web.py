@@ -265,3 +265,22 @@ def test_an_action_whose_audit_record_is_refused_says_so() -> None:
     r = client.post("/actions/replay", json={"topic": "orders", "records": [[0, 1]]}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 400 and "NOT in the audit trail" in r.json()["message"] and "refuses writes" in r.json()["message"]
     assert broker.records("web.audit") == []
+
+
+@pytest.mark.timeout(30)
+def test_the_audit_topic_comes_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from keyedconsumer.cli import app as cli_app
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    runner = CliRunner()
+    base = ["web", "--brokers", "127.0.0.1:1", "--enable-actions"]
+    env = {"KEYEDCONSUMER_WEB_TOKEN": TOKEN}
+    assert runner.invoke(cli_app, [*base, "--audit-topic", "ops.audit"], env=env).exit_code == 0
+    assert runner.invoke(cli_app, base, env={**env, "KEYEDCONSUMER_WEB_AUDIT_TOPIC": "env.audit"}).exit_code == 0
+    assert runner.invoke(cli_app, base, env=env).exit_code == 0
+    audits = [app.state.dashboard.audit for app in served]
+    assert [a.topic if a else None for a in audits] == ["ops.audit", "env.audit", None]
