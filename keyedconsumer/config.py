@@ -58,7 +58,7 @@ ENV_PREFIX = "KEYEDCONSUMER_"
 #: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
 #: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``, and
 #: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag).
-CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token")
+CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token", "web_audit_topic")
 
 Ordering = Literal["key", "partition", "none"]
 
