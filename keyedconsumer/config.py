@@ -58,13 +58,14 @@ ENV_PREFIX = "KEYEDCONSUMER_"
 
 #: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
 #: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``,
-#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag), and ``sequencer``: the
+#: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag), the dashboard's
+#: ``web_token`` and ``web_audit_topic``, and ``sequencer``: the
 #: Redis sequencer's options, one variable each, ``KEYEDCONSUMER_SEQUENCER__<OPTION>`` (a
 #: :class:`~keyedconsumer.sequencing.RedisSequencerConfig` field but ``url`` and ``namespace``), or
 #: all of them as one JSON object in ``KEYEDCONSUMER_SEQUENCER``.
 CLI_SETTINGS = (
     "handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token",
-    "sequencer",
+    "web_audit_topic", "sequencer",
 )
 #: The prefix of the Redis sequencer's option variables (see :data:`CLI_SETTINGS`).
 SEQUENCER_ENV_PREFIX = ENV_PREFIX + "SEQUENCER__"
@@ -280,7 +281,10 @@ class ConsumerConfig(BaseSettings):
         behind its head (running, ready or retrying), only the newest waiting one runs; each older
         waiting one is *conflated*: it never runs, counts done (its offset advances) and is handed
         to ``KeyedConsumer(on_conflated=...)`` and counted in ``KeyedConsumer.conflated``. Needs
-        ``ordering="key"`` or ``"partition"``. Messages parked in Redis are not conflated.
+        ``ordering="key"`` or ``"partition"``. With a ``RedisSequencer``, a key parked in Redis
+        keeps its parked head and only its newest waiting message: each newer one replaces the
+        waiting one in the Lua script that parks it (under the key's lease), and a drain cuts a
+        longer list (scheduled messages moved in) the same way; those replaced are conflated alike.
     manual_commit:
         ``False``: librdkafka commits the stored offsets every ``auto.commit.interval.ms``.
         ``True``: each offset advance is committed synchronously and every per-partition commit

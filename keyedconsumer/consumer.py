@@ -375,6 +375,12 @@ class KeyedConsumer:
             except Exception:
                 log.exception("on_conflated raised for %s[%d]@%d", m.topic, m.partition, m.offset)
 
+    def _report_sequencer_conflated(self, d: Dispatcher) -> None:
+        """Report the messages the sequencer conflated (a parked key's list in Redis)."""
+        msgs = d.take_conflated()
+        if msgs and self._on_conflated is not None:
+            self._report_conflated(msgs)
+
     @property
     def skipped_finished(self) -> int:
         """Messages of this run not run because the partition's previous owner had finished them
@@ -478,6 +484,7 @@ class KeyedConsumer:
             while not self._stop.is_set():
                 timeout_s = poll_timeout_s
                 hint_s = seq.tick()
+                self._report_sequencer_conflated(d)
                 if hint_s is not None and hint_s < timeout_s:
                     timeout_s = hint_s
                 if d.next_due_s() is not None:
@@ -529,6 +536,7 @@ class KeyedConsumer:
             if not d.catching_up(parts, self._clock() + (deadline - time.monotonic())):
                 return
             seq.tick()
+            self._report_sequencer_conflated(d)
             d.release_due(self._clock())
             d.release_held()
             d.rescue()
@@ -549,6 +557,7 @@ class KeyedConsumer:
             log.warning("%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
                         d.running, cfg.shutdown_timeout_s)
         self._sequencer.settle_pending()
+        self._report_sequencer_conflated(d)
         try:
             commits.store()
             if started:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import KafkaClientError
 from ..kafka import admin
@@ -21,6 +22,9 @@ from .settings import BrokersOpt, ConfigOpt, PropsOpt, TimeoutOpt, ToolLogLevelO
 
 #: The consumer group name the reader uses (it never joins it nor commits).
 READER_GROUP = "keyedconsumer-audit-reader"
+#: The outcomes of audit records: the Audit middleware's, and ``ACTION`` for the dashboard's actions
+#: (``keyedconsumer web --audit-topic``).
+OUTCOMES = ("SUCCESS", "SKIP", "FAIL", "RETRY", "PARKED", "DEAD_LETTERED", "CONFLATED", "ACTION")
 
 
 def partition_of_key(key: bytes, partitions: int) -> int:
@@ -97,7 +101,7 @@ def audit(
     offset: Annotated[int | None, typer.Option("--offset", metavar="N", help="... at this offset.")] = None,
     outcome: Annotated[
         str | None,
-        typer.Option(metavar="OUTCOME", help="SUCCESS, SKIP, FAIL, RETRY, PARKED or DEAD_LETTERED."),
+        typer.Option(metavar="OUTCOME", help=f"{', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]} (a dashboard action)."),
     ] = None,
     since: Annotated[
         str | None, typer.Option(metavar="TIME", help="From this time (ISO 8601, or epoch ms).", show_default=False)
@@ -123,8 +127,8 @@ def audit(
     conf, _ = _client_conf(brokers, props or [], config_file)
     if limit < 1:
         raise CliError("--limit must be >= 1", 2)
-    if outcome is not None and outcome.upper() not in ("SUCCESS", "SKIP", "FAIL", "RETRY", "PARKED", "DEAD_LETTERED"):
-        raise CliError(f"--outcome {outcome!r}: expected SUCCESS, SKIP, FAIL, RETRY, PARKED or DEAD_LETTERED", 2)
+    if outcome is not None and outcome.upper() not in OUTCOMES:
+        raise CliError(f"--outcome {outcome!r}: expected {', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]}", 2)
     since_ms = parse_since(since) if since is not None else None
     until_ms = parse_since(until) if until is not None else None
     try:
@@ -146,9 +150,11 @@ def audit(
     for d in found:
         when = dt.datetime.fromtimestamp(d.get("time_ms", 0) / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
         error = f"{d.get('error_type', '')}: {d.get('error', '')}" if d.get("error_type") else ""
+        if d.get("outcome") == "ACTION":  # a dashboard action: what, by whom, the result
+            error = f"{d.get('action')} by {d.get('session')} ({d.get('client')}): {d.get('result')}: {d.get('message', '')}"
         key_text = d.get("key") if d.get("key") is not None else (f"b64:{d['key_b64']}" if d.get("key_b64") else "-")
         table.add_row(
-            when, str(key_text), f"{d.get('topic')}[{d.get('partition')}]@{d.get('offset')}", str(d.get("attempt")),
-            str(d.get("outcome")), str(d.get("duration_ms")), error[:120], str(d.get("instance", "")),
+            when, Text(str(key_text)), f"{d.get('topic')}[{d.get('partition')}]@{d.get('offset')}", str(d.get("attempt")),
+            str(d.get("outcome")), str(d.get("duration_ms")), Text(error[:120]), str(d.get("instance", "")),
         )
     _out_console().print(table)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..config import ENV_PREFIX
 from ..kafka import admin
@@ -95,6 +96,18 @@ def group_rows(
     return desc, rows
 
 
+def _last_error_text(err: dict[str, Any] | None, now_s: float) -> Text:
+    """A parked key's last error for the table: attacker-influenced text, so a :class:`Text` (no Rich
+    markup; control characters, terminal escapes included, are stripped), on one line, cut to 200
+    characters (``--json`` has all of it)."""
+    if not err:
+        return Text("-")
+    ago = f", {_age(max(0.0, now_s - err['time_s']))} ago" if err.get("time_s") is not None else ""
+    line = f"{err['type']}: {err['message']}".replace("\r", " ").replace("\n", " ")
+    more = "..." if len(line) > 200 else ""
+    return Text(f"{line[:200]}{more} ({err.get('at')}, attempt {err.get('attempt')}{ago})")
+
+
 def _redis_tables(info: dict[str, Any], console: Console, now_s: float, limit: int = 50) -> None:
     leases = Table(title=f"leased keys ({len(info.get('leases', []))})")
     for col in ("key", "owner", "ttl ms", "fencing token"):
@@ -102,8 +115,8 @@ def _redis_tables(info: dict[str, Any], console: Console, now_s: float, limit: i
     for le in info.get("leases", [])[:limit]:
         leases.add_row(str(le["key"]), str(le["owner"]), str(le["ttl_ms"]), str(le["fencing_token"]))
     parked = Table(title=f"parked keys ({len(info.get('parked', []))})")
-    for col in ("key", "depth", "next due"):
-        parked.add_column(col, justify="right" if col != "key" else "left")
+    for col in ("key", "depth", "next due", "last error"):
+        parked.add_column(col, justify="right" if col in ("depth", "next due") else "left")
     for pk in info.get("parked", [])[:limit]:
         due = pk.get("next_due_s")
         when = (
@@ -111,7 +124,7 @@ def _redis_tables(info: dict[str, Any], console: Console, now_s: float, limit: i
             if due is None
             else (f"in {_age(due - now_s)}" if due >= now_s else f"{_age(now_s - due)} overdue")
         )
-        parked.add_row(str(pk["key"]), str(pk["depth"]), when)
+        parked.add_row(str(pk["key"]), str(pk["depth"]), when, _last_error_text(pk.get("last_error"), now_s))
     instances = Table(title=f"live instances ({len(info.get('instances', []))})")
     instances.add_column("instance")
     instances.add_column("last seen", justify="right")
@@ -164,7 +177,7 @@ def inspect_group(
     shown is the age of the record at the committed offset (now minus its timestamp) where lag > 0:
     that record is the oldest one the group has not finished. A partition without a committed offset
     shows no lag ("-": where the group starts depends on its auto.offset.reset). With --redis it also
-    shows the leased keys, parked keys and their depth, scheduled messages and live instances.
+    shows the leased keys, parked keys with their depth and last error, scheduled messages and live instances.
     """
     _setup_logging(log_level.value)
     conf, toml = _client_conf(brokers, props or [], config_file)

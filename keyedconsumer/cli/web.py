@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -25,6 +26,7 @@ from .settings import (
 )
 
 TOKEN_ENV = f"{ENV_PREFIX}WEB_TOKEN"
+AUDIT_TOPIC_ENV = f"{ENV_PREFIX}WEB_AUDIT_TOPIC"
 MIN_TOKEN_CHARS = 16
 
 
@@ -73,6 +75,15 @@ def web(
             show_envvar=False,
         ),
     ] = None,
+    audit_topic: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-topic",
+            metavar="TOPIC",
+            help=f"Write each action to this audit topic (the Audit middleware's, on the same brokers; `keyedconsumer audit --outcome ACTION` reads them; env {AUDIT_TOPIC_ENV}).",
+            show_default=False,
+        ),
+    ] = None,
     refresh_s: Annotated[float, typer.Option("--refresh", metavar="SECONDS", help="Seconds between page refreshes and samples.")] = 5.0,
     stall_after_s: Annotated[
         float, typer.Option("--stall-after", metavar="SECONDS", help="Flag a partition with lag whose committed offset has not moved for this long.")
@@ -88,7 +99,8 @@ def web(
     Read-only unless --enable-actions is given with an access token: then a person who signs in with
     the token may replay selected dead letters (as `dead-letter replay`, in transactions), un-park a
     key now and cancel a scheduled message; each action asks for confirmation and is logged to
-    keyedconsumer.web.actions. Brokers and Redis are asked once per --refresh seconds, whatever the
+    keyedconsumer.web.actions, and with --audit-topic written to that audit topic (who, what, which
+    key and offsets, the result). Brokers and Redis are asked once per --refresh seconds, whatever the
     number of open pages.
     """
     _setup_logging(log_level.value)
@@ -102,6 +114,7 @@ def web(
     conf, toml = _client_conf(brokers, props or [], config_file)
     groups = _split(group) or _split([g] if (g := _env_or_toml("group", toml)) else None)
     redis = redis or _env_or_toml("redis", toml)
+    audit_topic = audit_topic or os.environ.get(AUDIT_TOPIC_ENV) or None
     _secrets.add_url(redis)
     if token:
         _secrets.values.add(token)
@@ -119,6 +132,7 @@ def web(
         dead_letter_topics=_split(dead_letter_topic),
         actions=enable_actions,
         token=token if enable_actions else None,
+        audit_topic=audit_topic or None,
         refresh_s=refresh_s,
         interval_s=refresh_s,
         stall_after_s=stall_after_s,
@@ -128,7 +142,10 @@ def web(
     log = logging.getLogger("keyedconsumer.web")
     log.warning(
         "dashboard on http://%s:%d (%s; brokers %s%s)",
-        host, port, "actions enabled" if enable_actions else "read-only", conf["bootstrap.servers"],
+        host, port,
+        ("actions enabled" + (f", written to the audit topic {audit_topic}" if audit_topic else ", logged only"))
+        if enable_actions else "read-only",
+        conf["bootstrap.servers"],
         f"; redis {redact_url(redis)}" if redis else "",
     )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)

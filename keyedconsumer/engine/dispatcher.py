@@ -175,6 +175,7 @@ class Dispatcher:
         self.retries = 0  # Retry and Park outcomes so far
         self.conflate = conflate and ordering != "none"
         self.conflated = 0  # messages conflated so far (replaced by a newer one of their lane)
+        self._conflated_out: list[Message] = []  # conflated by the sequencer, not reported yet
         self._waiters = 0  # threads in wait_idle
         self._idle_threads = 0  # worker threads waiting for work
         self._on_ready: Callable[[int], None] | None = None  # the async executor's waker
@@ -766,6 +767,21 @@ class Dispatcher:
             if d.part is not None:
                 self.partitions.done(d.part, d.offset)
             self.flow.forget(d.size)
+
+    def conflated_locked(self, msgs: list[Message]) -> None:
+        """The sequencer conflated ``msgs`` where it keeps them (a parked key's list in Redis; their
+        offsets counted done when they were parked): they are counted with the lanes' conflated
+        messages and handed to the consumer's ``on_conflated`` (:meth:`take_conflated`)."""
+        for m in msgs:
+            m.group_id = self.group
+        self.conflated += len(msgs)
+        self._conflated_out.extend(msgs)
+
+    def take_conflated(self) -> list[Message]:
+        """The messages the sequencer conflated since the last call (the poll thread reports them)."""
+        with self.lock:
+            out, self._conflated_out = self._conflated_out, []
+        return out
 
     def admit_external(self, batch: list[Delivery]) -> None:
         """Messages the sequencer brought (a parked key's list, in order): they count in flight;

@@ -11,6 +11,9 @@ name                                        what
 ``kc:<ns>:{<lease key>}:fence``             the fencing counter (INCR on each acquire)
 ``kc:<ns>:{<lease key>}:park``              LIST of the key's parked messages, in order
 ``kc:<ns>:{<lease key>}:pbytes``            bytes in that list (deleted with the list)
+``kc:<ns>:{<lease key>}:error``             HASH the parked key's last error: ``type``,
+                                            ``message``, ``at``, ``attempt``, ``time_ms``
+                                            (deleted with the list)
 ``kc:<ns>:{<lease key>}:seen``              HASH ``<topic hex>.<partition>`` -> highest offset
                                             parked, and ``s.<id>`` for scheduled messages
                                             moved in: appends are idempotent (PX retention)
@@ -33,7 +36,7 @@ for the null-key lane of a partition (and for ``ordering="partition"``).
 from __future__ import annotations
 
 __all__ = [
-    "lease_id", "lease", "fence", "park", "pbytes", "seen", "due", "sched_due", "sched_entries",
+    "lease_id", "lease", "fence", "park", "pbytes", "error", "seen", "due", "sched_due", "sched_entries",
     "totals", "scheduler", "instances", "quarantine", "lease_prefix", "key_of", "check_namespace",
 ]
 
@@ -74,6 +77,10 @@ def park(ns: str, lid: str) -> str:
 
 def pbytes(ns: str, lid: str) -> str:
     return f"kc:{ns}:{{{lid}}}:pbytes"
+
+
+def error(ns: str, lid: str) -> str:
+    return f"kc:{ns}:{{{lid}}}:error"
 
 
 def seen(ns: str, lid: str) -> str:

@@ -13,6 +13,17 @@ The ideas are the Redis scheduler seed's (``shared/seeds/002``) and go-distr-ep'
   and, holding each key's lease, runs the list's messages in order through the handler: a success
   removes the head; a retry rewrites its attempt and due time; a dead-lettered message is removed
   (or, with ``quarantine_on_dead_letter``, keeps its key parked until released).
+- **Conflate.** With ``conflate=True`` (only the newest waiting message of a key runs), a parked
+  key's list keeps its head (the message being retried) and its newest message: appending a newer
+  one removes those between, in the script that appends (``store.park``), and a drain first cuts a
+  longer list (one written before, or scheduled messages moved in) the same way (``store.fetch``).
+  Those removed are *conflated*: their offsets counted done when they were parked, and they are
+  counted and reported as the lanes' conflated messages are (``KeyedConsumer.conflated``,
+  ``on_conflated``).
+- **Last error.** The failure that parks a key, and each failure of a parked message run again, is
+  stored with the key (``keys.error``: class, message, which message, attempt, the Redis server's
+  time) by the same script that parks it or rewrites its head, and removed with the list
+  (``keyedconsumer inspect --redis``, the dashboard's keys view).
 - **Schedule.** ``schedule()`` stores a message with its due time; when due, the scheduler appends
   it to its key's list, so it runs in the key's order, under the key's lease.
 - **One clock.** Every due time is on the Redis server's clock: a delay is added to its ``TIME``
@@ -44,9 +55,9 @@ from .leases import LeaseTable
 
 if TYPE_CHECKING:
     from ..engine.dispatcher import Dispatcher
-    from .store import LeaseStore
+    from .store import LastError, LeaseStore
 
-__all__ = ["Parker", "DrainJob", "encode_entry", "decode_entry", "new_schedule_id"]
+__all__ = ["Parker", "DrainJob", "encode_entry", "decode_entry", "new_schedule_id", "last_error", "MAX_ERROR_BYTES"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -54,6 +65,29 @@ log = logging.getLogger("keyedconsumer.redis")
 CAPPED_RETRY_S = 0.5
 #: Parked messages fetched at once for one key; one worker runs them one after the other.
 DRAIN_BATCH = 64
+#: Bytes (UTF-8) kept of a parked key's last error: its exception class name and its message are
+#: each cut to this many bytes (at a character boundary) before they are stored in Redis.
+MAX_ERROR_BYTES = 1024
+
+
+def _cut(text: str, max_bytes: int = MAX_ERROR_BYTES) -> str:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes, never inside a character."""
+    raw = text.encode("utf-8", "replace")
+    return text if len(raw) <= max_bytes else raw[:max_bytes].decode("utf-8", "ignore")
+
+
+def last_error(msg: Message, where: str | None = None) -> LastError | None:
+    """The failure of ``msg``'s attempt that just ended (``msg.last_error``, set when a handler asks
+    to retry; ``None`` if none), as stored with its parked key: the exception's class
+    (``module.QualName``) and ``str()``, each cut to :data:`MAX_ERROR_BYTES`; ``where``: the message
+    (default ``topic[partition]@offset``); its attempt (``msg.attempt``, the one that failed)."""
+    from .store import LastError
+
+    exc = msg.last_error
+    if exc is None:
+        return None
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return LastError(_cut(name), _cut(str(exc)), where or f"{msg.topic}[{msg.partition}]@{msg.offset}", msg.attempt)
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -91,6 +125,10 @@ def decode_entry(raw: bytes) -> tuple[Message, dict[str, Any]]:
     )
     msg.attempt = int(doc["a"])
     return msg, doc
+
+
+#: Heads to park in one round trip: (lease id, owner, the lane's messages, delay s, failure).
+_Batch = tuple[str, str, list[Delivery], float, "LastError | None"]
 
 
 class DrainJob:
@@ -168,7 +206,7 @@ class Parker:
         self.seen_ttl_ms = redis_ms(seen_retention_s)
         self.quarantine = quarantine_on_dead_letter
         self.max_drains = max_drains
-        self._to_park: list[tuple[Delivery, float]] = []  # heads whose key goes to Redis, with their delay
+        self._to_park: list[tuple[Delivery, float, LastError | None]] = []  # heads whose key goes to Redis: delay, failure
         self._drains: list[DrainJob] = []  # drain jobs that got their key's lease
         self._results: list[tuple[Delivery, Outcome, bool]] = []  # (run from a list, outcome, last of its batch)
         self._batches: dict[str, deque[Delivery]] = {}  # lease id -> the drained batch's messages not started
@@ -193,9 +231,10 @@ class Parker:
 
     # -- the engine's side (lock held) ------------------------------------------------------------
 
-    def park(self, head: Delivery, delay_s: float) -> None:
-        """``head`` (and its lane's queued messages) go to its key's list (lock held)."""
-        self._to_park.append((head, delay_s))
+    def park(self, head: Delivery, delay_s: float, error: LastError | None = None) -> None:
+        """``head`` (and its lane's queued messages) go to its key's list (lock held); ``error``:
+        the failure that parks it, stored as the key's last error."""
+        self._to_park.append((head, delay_s, error))
 
     def add_drain(self, job: DrainJob) -> None:
         """A drain job holds its key's lease now (lock held)."""
@@ -224,10 +263,10 @@ class Parker:
         """Drop the heads waiting to be parked that ``keep`` refuses, and (when ``keep`` refuses
         messages run from lists) the drained batches' messages not started (lock held)."""
         out: list[Delivery] = []
-        stay: list[tuple[Delivery, float]] = []
-        for head, delay_s in self._to_park:
+        stay: list[tuple[Delivery, float, LastError | None]] = []
+        for head, delay_s, error in self._to_park:
             if keep(head):
-                stay.append((head, delay_s))
+                stay.append((head, delay_s, error))
             else:
                 self.leases.drop(head, head.lease_id or "")
                 out.append(head)
@@ -269,8 +308,8 @@ class Parker:
             self._over_total = n >= self.max_total or nbytes >= self.max_total_bytes
         with engine.lock:
             work, self._to_park = self._to_park, []
-            batches: list[tuple[str, str, list[Delivery], float]] = []
-            for head, delay_s in work:
+            batches: list[_Batch] = []
+            for head, delay_s, error in work:
                 lid = head.lease_id or ""
                 owner = leases.owner(lid)
                 if owner is None:
@@ -278,7 +317,7 @@ class Parker:
                     # table only marks a lost lease wanted; its active head must be put back)
                     leases.requeue(head, lid)
                     continue
-                batches.append((lid, owner, [head, *engine.lane_rest_locked(head)], delay_s))
+                batches.append((lid, owner, [head, *engine.lane_rest_locked(head)], delay_s, error))
         if not batches:
             return
         if self._over_total and any(not leases.is_parked(lid) for lid, *_ in batches):
@@ -290,24 +329,26 @@ class Parker:
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
         calls = []
-        for lid, owner, ds, delay_s in batches:
+        for lid, owner, ds, delay_s, error in batches:
             entries = []
             for i, d in enumerate(ds):
                 due = due_ms(now_ms, delay_s) if i == 0 else 0
                 field = f"{d.msg.topic.encode().hex()}.{d.msg.partition}"
                 entries.append((field, d.offset, encode_entry(d.msg, due)))
-            calls.append((lid, owner, entries))
+            calls.append((lid, owner, entries, error))
         try:
-            for lid, _owner, _ds, delay_s in batches:
+            for lid, _owner, _ds, delay_s, _error in batches:
                 if not leases.is_parked(lid):  # the list may be empty: the due set first (invariant)
                     store.set_due(lid, self.score(due_ms(now_ms, delay_s)))
-            results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes)
+            results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes, engine.conflate)
         except Exception as exc:  # StoreUnavailable: keep them, try again
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
         with engine.lock:
-            for (lid, _owner, ds, _delay), (status, _before, taken, _bytes) in zip(batches, results, strict=True):
+            for (lid, _owner, ds, _delay, _error), (status, _before, taken, _bytes, gone) in zip(batches, results, strict=True):
                 head = ds[0]
+                if gone:  # replaced by a newer message of the key: conflated (their offsets count done)
+                    self._conflated_locked(gone, ds)
                 if status == 0:  # Redis refused: the lease is not ours; they wait for it again
                     engine.lane_put_back_locked(head, ds[1:])
                     leases.requeue(head, lid)
@@ -326,7 +367,17 @@ class Parker:
                 nxt = engine.lane_advance_locked(head)  # arrived meanwhile: parked next, under the lease
                 if nxt is not None:
                     leases.handover(head, nxt, lid)
-                    self._to_park.append((nxt, 0.0))
+                    self._to_park.append((nxt, 0.0, None))
+
+    def _conflated_locked(self, entries: list[bytes], ds: list[Delivery] | None = None) -> None:
+        """Parked entries removed by a newer one of their key (lock held): counted and reported as
+        conflated; ``ds``: the messages just parked, whose own :class:`Message` is reported."""
+        mine = {(d.msg.topic, d.msg.partition, d.msg.offset): d.msg for d in ds or [] if d.msg.offset >= 0}
+        msgs = []
+        for raw in entries:
+            msg, doc = decode_entry(raw)
+            msgs.append(mine.get((msg.topic, msg.partition, msg.offset), msg) if "sid" not in doc else msg)
+        self.engine.conflated_locked(msgs)
 
     def retry_capped(self) -> None:
         """Lanes that waited for room in their key's list try again when their lease is free."""
@@ -344,11 +395,11 @@ class Parker:
                     del self.capped[lid]
                     self._make_ready(head)
 
-    def _put_back(self, batches: list[tuple[str, str, list[Delivery], float]], why: str) -> None:
+    def _put_back(self, batches: list[_Batch], why: str) -> None:
         with self.engine.lock:
-            for _lid, _owner, ds, delay_s in batches:
+            for _lid, _owner, ds, delay_s, error in batches:
                 self.engine.lane_put_back_locked(ds[0], ds[1:])
-                self._to_park.append((ds[0], delay_s))
+                self._to_park.append((ds[0], delay_s, error))
         self._blocked_until = time.monotonic() + 1.0
         log.warning("parking waits 1 s: %s", why)
 
@@ -448,7 +499,10 @@ class Parker:
         if engine.halted or engine.stopping:  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
-        ok, entries, _depth = store.fetch(lid, owner, DRAIN_BATCH)
+        ok, entries, _depth, gone = store.fetch(lid, owner, DRAIN_BATCH, engine.conflate)
+        if gone:  # conflated: the list keeps its head and its newest message
+            with engine.lock:
+                self._conflated_locked(gone)
         if not ok:
             self._end(current, lid)
             return
@@ -518,7 +572,8 @@ class Parker:
                 doc["a"] = d.msg.attempt + 1
                 doc["due"] = due_ms(store.time_ms(), delay_s)  # on the Redis server's clock
                 new = json.dumps(doc, separators=(",", ":")).encode()
-                if store.replace_head(lid, owner, raw, new):
+                error = last_error(d.msg, f"scheduled {doc['sid']}" if "sid" in doc else None)
+                if store.replace_head(lid, owner, raw, new, error):
                     self.engine.count_retry()
                     self._reschedule_end(d, lid, doc["due"])
                 else:

@@ -24,7 +24,7 @@ from .config import RedisSequencerConfig
 from .durations import at_ms, due_ms, redis_ms
 from .keys import lease_id
 from .leases import LeaseTable
-from .parking import DrainJob, Parker
+from .parking import DrainJob, Parker, last_error
 
 if TYPE_CHECKING:
     from ..engine.dispatcher import Dispatcher
@@ -39,9 +39,11 @@ def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> di
     messages, live instances, the scheduler and quarantined keys.
 
     Returns ``{"leases": [{"key", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key", "depth",
-    "next_due_s"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler": str | None,
-    "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis server's
-    clock; ``now_s`` is its time now).
+    "next_due_s", "last_error"}], "scheduled": int, "instances": [{"id", "last_seen_s"}], "scheduler":
+    str | None, "quarantined": [str], "now_s": float}`` (times in seconds since the epoch on the Redis
+    server's clock; ``now_s`` is its time now); every field, and ``last_error``'s (the failure that
+    parked the key, cut to :data:`~keyedconsumer.sequencing.parking.MAX_ERROR_BYTES`), in
+    :func:`~keyedconsumer.sequencing.store.inspect_namespace`.
 
     Raises
     ------
@@ -253,8 +255,10 @@ class RedisSequencer:
         return self._route(self._leases.lane_dry(d, d.lease_id or ""))
 
     def park(self, d: Delivery, delay_s: float) -> bool:
+        """``d``'s key goes to Redis, due again after ``delay_s``; the failure that parks it (the
+        handler's, ``Message.last_error``) is stored with the key, in the script that parks it."""
         assert self.parker is not None
-        self.parker.park(d, delay_s)
+        self.parker.park(d, delay_s, last_error(d.msg))
         return True
 
     def on_drop(self, d: Delivery) -> None:

@@ -20,16 +20,37 @@ import base64
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from . import keys
 from .connection import ERRORS, StoreUnavailable, check_replicas, connect, is_cluster, send_to_masters
 
-__all__ = ["LeaseStore", "StoreUnavailable", "connect", "inspect_namespace"]
+__all__ = ["LeaseStore", "LastError", "StoreUnavailable", "connect", "inspect_namespace"]
 
 log = logging.getLogger("keyedconsumer.redis")
+
+
+class LastError(NamedTuple):
+    """The failure that parked a key (or that a parked message ran into again), as stored with it.
+
+    ``type``: the exception's class, ``module.QualName``; ``message``: ``str(exception)``; both are
+    cut by :func:`keyedconsumer.sequencing.parking.last_error` to
+    :data:`~keyedconsumer.sequencing.parking.MAX_ERROR_BYTES` UTF-8 bytes. ``at``: the message,
+    ``topic[partition]@offset`` (``scheduled <id>`` for a scheduled one); ``attempt``: the attempt
+    that failed (1 = the first).
+    """
+
+    type: str
+    message: str
+    at: str
+    attempt: int
+
+
+def _error_args(error: LastError | None) -> list[Any]:
+    """The four script arguments of an optional error (an empty class: none)."""
+    return ["", "", "", 0] if error is None else [error.type, error.message, error.at, error.attempt]
 
 # KEYS[1] lease, KEYS[2] fence, KEYS[3] park; ARGV[1] owner, ARGV[2] ttl ms -> {fencing token, or
 # -(pttl ms) when another owner holds it (at most -1); length of the key's parked list}.
@@ -65,21 +86,35 @@ return 0
 
 
 # Parking (seed 002): every write checks that the caller still holds the key's lease.
-# KEYS[1] lease, [2] park, [3] pbytes, [4] seen; ARGV[1] owner, [2] seen retention ms, [3] max
-# messages, [4] max bytes, then (field, offset, entry) triples in order. Entries whose offset is not
-# above the field's highest parked offset are already parked (a re-delivery): skipped. Entries are
-# taken in order while the list has room (an empty list takes at least one).
-# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added, appended}
+# KEYS[1] lease, [2] park, [3] pbytes, [4] seen, [5] error; ARGV[1] owner, [2] seen retention ms,
+# [3] max messages, [4] max bytes, [5] conflate (1 | 0), [6] error class ('' = no error), [7] error
+# message, [8] the failed message (topic[partition]@offset), [9] its attempt, then (field, offset,
+# entry) triples in order. Entries whose offset is not above the field's highest parked offset are
+# already parked (a re-delivery): skipped. Entries are taken in order while the list has room (an
+# empty list takes at least one). With conflate, an entry appended to a list of two or more first
+# removes the entries behind the list's head (returned: conflated, replaced by a newer one). The
+# error, if any, is stored with the time of the park on the Redis server's clock (TIME).
+# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added (may be
+#     negative), appended, {entries conflated, in list order}}
 _PARK = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0, 0} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0, 0, {}} end
 local before = redis.call('LLEN', KEYS[2])
 local n, nbytes = before, tonumber(redis.call('GET', KEYS[3]) or '0')
-local maxn, maxb = tonumber(ARGV[3]), tonumber(ARGV[4])
-local last, taken, add, appended = {}, 0, 0, 0
-for i = 5, #ARGV, 3 do
+local maxn, maxb, conflate = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
+local last, taken, add, appended, gone = {}, 0, 0, 0, {}
+for i = 10, #ARGV, 3 do
   local f, off, e = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   if last[f] == nil then last[f] = tonumber(redis.call('HGET', KEYS[4], f) or '-1') end
   if off > last[f] then
+    if conflate and n >= 2 then
+      for _, old in ipairs(redis.call('LRANGE', KEYS[2], 1, -1)) do
+        gone[#gone + 1] = old
+        add = add - #old
+        nbytes = nbytes - #old
+      end
+      redis.call('LTRIM', KEYS[2], 0, 0)
+      n = 1
+    end
     if n > 0 and (n + 1 > maxn or nbytes + #e > maxb) then break end
     redis.call('RPUSH', KEYS[2], e)
     redis.call('HSET', KEYS[4], f, off)
@@ -92,16 +127,34 @@ for i = 5, #ARGV, 3 do
   taken = taken + 1
 end
 if taken > 0 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
-if add > 0 then redis.call('INCRBY', KEYS[3], add) end
-return {1, before, taken, add, appended}
+if add ~= 0 then redis.call('INCRBY', KEYS[3], add) end
+if taken > 0 and ARGV[6] ~= '' then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[5], 'type', ARGV[6], 'message', ARGV[7], 'at', ARGV[8], 'attempt', ARGV[9],
+             'time_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+end
+return {1, before, taken, add, appended, gone}
 """
-# KEYS[1] lease, [2] park; ARGV[1] owner, [2] n -> {1, the first n entries, length} | {0, {}, 0}
+# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] n, [3] conflate (1 | 0) -> {1, the first
+# n entries, length, {entries conflated}} | {0, {}, 0, {}}. With conflate, a list of three or more
+# keeps its head and its newest entry: those between are removed and returned (conflated).
 _FETCH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, {}, 0} end
-return {1, redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1), redis.call('LLEN', KEYS[2])}
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, {}, 0, {}} end
+local gone = {}
+if ARGV[3] == '1' and redis.call('LLEN', KEYS[2]) > 2 then
+  gone = redis.call('LRANGE', KEYS[2], 1, -2)
+  local newest = redis.call('RPOP', KEYS[2])
+  redis.call('LTRIM', KEYS[2], 0, 0)
+  redis.call('RPUSH', KEYS[2], newest)
+  local b = 0
+  for _, old in ipairs(gone) do b = b + #old end
+  redis.call('DECRBY', KEYS[3], b)
+end
+return {1, redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1), redis.call('LLEN', KEYS[2]), gone}
 """
-# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, ARGV[2..] the entries expected at the head,
-# in order -> entries removed (they are removed while they match the head), or -1: not the owner
+# KEYS[1] lease, [2] park, [3] pbytes, [4] error; ARGV[1] owner, ARGV[2..] the entries expected at
+# the head, in order -> entries removed (they are removed while they match the head), or -1: not the
+# owner. An emptied list takes its byte count and its last error along.
 _POP_MANY = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local n, b = 0, 0
@@ -111,17 +164,23 @@ for i = 2, #ARGV do
   n = n + 1
   b = b + #ARGV[i]
 end
-if redis.call('LLEN', KEYS[2]) == 0 then redis.call('DEL', KEYS[3]) elseif b > 0 then redis.call('DECRBY', KEYS[3], b) end
+if redis.call('LLEN', KEYS[2]) == 0 then redis.call('DEL', KEYS[3], KEYS[4]) elseif b > 0 then redis.call('DECRBY', KEYS[3], b) end
 return n
 """
-# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] head entry expected, [3] its replacement
-# -> {1, bytes added (may be negative)} | {0, 0}
+# KEYS[1] lease, [2] park, [3] pbytes, [4] error; ARGV[1] owner, [2] head entry expected, [3] its
+# replacement, [4] error class ('' = none), [5] message, [6] the failed message, [7] its attempt
+# -> {1, bytes added (may be negative)} | {0, 0}; the error is stored with the Redis server's time.
 _REPLACE_HEAD = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0} end
 if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return {0, 0} end
 redis.call('LSET', KEYS[2], 0, ARGV[3])
 local delta = #ARGV[3] - #ARGV[2]
 if delta ~= 0 then redis.call('INCRBY', KEYS[3], delta) end
+if ARGV[4] ~= '' then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[4], 'type', ARGV[4], 'message', ARGV[5], 'at', ARGV[6], 'attempt', ARGV[7],
+             'time_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+end
 return {1, delta}
 """
 # KEYS[1] due; ARGV[1] member, [2] the score it was seen with -> 1 removed | 0 changed meanwhile
@@ -382,45 +441,60 @@ class LeaseStore:
     # -- parking and scheduled messages (seed 002) ---------------------------------------------
 
     def park(
-        self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]]]], seen_ttl_ms: int,
-        max_messages: int, max_bytes: int,
-    ) -> list[tuple[int, int, int, int]]:
-        """Append ``[(lease id, owner, [(seen field, offset, entry)])]`` to the keys' parked lists,
-        each batch atomically and only while ``owner`` holds the lease, in one round trip.
+        self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]], LastError | None]], seen_ttl_ms: int,
+        max_messages: int, max_bytes: int, conflate: bool = False,
+    ) -> list[tuple[int, int, int, int, list[bytes]]]:
+        """Append ``[(lease id, owner, [(seen field, offset, entry)], last error or None)]`` to the
+        keys' parked lists, each batch atomically and only while ``owner`` holds the lease, in one
+        round trip.
 
         Redis answers after the write is on disk (``appendfsync always``, checked at start).
 
         Entries are taken in order while the key's list stays within ``max_messages`` and
         ``max_bytes`` (an empty list takes at least one); an entry already parked (same
         topic/partition, offset not above the highest parked) is taken without being appended.
+        With ``conflate``, appending to a list of two or more entries first removes those behind
+        its head: the list keeps its head and the newest entry. A batch's error (the failure that
+        parks the key) is stored as the key's last error, with the Redis server's time, in the same
+        script.
 
-        Returns, per batch, ``(status, length before, entries taken, bytes added)``: status 1, or 0
-        when the lease is not ``owner``'s (nothing written).
+        Returns, per batch, ``(status, length before, entries taken, bytes added, [entries
+        conflated])``: status 1, or 0 when the lease is not ``owner``'s (nothing written).
         """
         ns = self.namespace
         calls = []
-        for lid, owner, entries in batches:
-            args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes]
+        for lid, owner, entries, error in batches:
+            args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes, 1 if conflate else 0, *_error_args(error)]
             for field, off, entry in entries:
                 args += [field, off, entry]
-            calls.append(([keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], args))
+            calls.append(([keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid),
+                           keys.error(ns, lid)], args))
         out = self._evalsha_many(self._park, calls, replicated=True)
-        n_added = sum(int(x[4]) for x in out if int(x[0]) == 1)
-        if n_added:  # appended entries only: a re-delivered one is taken, not appended
-            self._count(n_added, sum(int(x[3]) for x in out if int(x[0]) == 1))
-        return [(int(x[0]), int(x[1]), int(x[2]), int(x[3])) for x in out]
+        mine = [x for x in out if int(x[0]) == 1]
+        n_added = sum(int(x[4]) - len(x[5] or []) for x in mine)  # a re-delivered one is taken, not appended
+        n_bytes = sum(int(x[3]) for x in mine)
+        if n_added or n_bytes:
+            self._count(n_added, n_bytes)
+        return [(int(x[0]), int(x[1]), int(x[2]), int(x[3]), list(x[5] or [])) for x in out]
 
-    def fetch(self, lid: str, owner: str, n: int = 1) -> tuple[bool, list[bytes], int]:
-        """The first ``n`` entries of the key's parked list: ``(still the owner, entries, length)``."""
+    def fetch(self, lid: str, owner: str, n: int = 1, conflate: bool = False) -> tuple[bool, list[bytes], int, list[bytes]]:
+        """The first ``n`` entries of the key's parked list: ``(still the owner, entries, length,
+        entries conflated)``. With ``conflate`` a list of three or more is first cut, in the same
+        script and under the lease, to its head and its newest entry; those between are returned."""
         ns = self.namespace
-        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid)], [owner, n])
-        return bool(r[0]), list(r[1] or []), int(r[2])
+        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)],
+                       [owner, n, 1 if conflate else 0], replicated=conflate)
+        gone = list(r[3] or [])
+        if gone:
+            self._count(-len(gone), -sum(len(e) for e in gone))
+        return bool(r[0]), list(r[1] or []), int(r[2]), gone
 
     def pop_many(self, lid: str, owner: str, entries: Sequence[bytes]) -> int:
         """Remove ``entries`` from the head of the key's parked list, in order, while they are its
-        head and ``owner`` holds the lease. Returns how many were removed (-1: not the owner)."""
+        head and ``owner`` holds the lease (an emptied list takes its last error along). Returns how
+        many were removed (-1: not the owner)."""
         ns = self.namespace
-        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
+        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.error(ns, lid)]
         n = int(self._call(self._pop_many, k, [owner, *entries]))
         if n > 0:
             self._count(-n, -sum(len(e) for e in entries[:n]))
@@ -439,11 +513,13 @@ class LeaseStore:
         except ERRORS as exc:
             log.debug("parked totals not updated: %s", exc)
 
-    def replace_head(self, lid: str, owner: str, head: bytes, new: bytes) -> bool:
-        """Replace the head of the key's parked list (its attempt and due time) under the lease."""
+    def replace_head(self, lid: str, owner: str, head: bytes, new: bytes, error: LastError | None = None) -> bool:
+        """Replace the head of the key's parked list (its attempt and due time) under the lease;
+        ``error``: the failure of the attempt that ran, stored as the key's last error (with the
+        Redis server's time) in the same script."""
         ns = self.namespace
-        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)]
-        ok, delta = self._call(self._replace_head, k, [owner, head, new], replicated=True)
+        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.error(ns, lid)]
+        ok, delta = self._call(self._replace_head, k, [owner, head, new, *_error_args(error)], replicated=True)
         if int(delta):
             self._count(0, int(delta))
         return bool(int(ok))
@@ -591,14 +667,20 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
     """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
 
     Returns ``{"leases": [{"key", "lid", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key",
-    "lid", "depth", "next_due_s", "attempt", "quarantined", "head"}], "scheduled": int,
+    "lid", "depth", "next_due_s", "attempt", "quarantined", "head", "last_error"}], "scheduled": int,
     "scheduled_messages": [{"id", "key", "topic", "due_s"}], "instances": [{"id", "last_seen_s"}],
     "scheduler": owner or None, "quarantined": [key], "now_s": float}``; ``key`` is the Kafka key as
     text (``repr`` of the bytes when not UTF-8) or ``partition:<topic>/<n>`` for a partition's lease,
     ``lid`` its lease id (what :func:`unpark_now` takes); ``attempt`` and ``head`` (``topic[partition]@offset``,
     or ``scheduled <id>``) describe the parked list's first message; times are seconds since the epoch
     on the Redis server's clock (``now_s``: its ``TIME`` now), the clock every due time and check-in
-    is kept on.
+    is kept on. ``last_error`` is ``None`` or ``{"type", "message", "at", "attempt", "time_s"}``: the
+    failure that parked the key or that a parked message last ran into (class ``module.QualName``
+    and ``str()`` of the exception, each at most
+    :data:`~keyedconsumer.sequencing.parking.MAX_ERROR_BYTES` UTF-8 bytes; ``at`` the failed message,
+    ``topic[partition]@offset``; ``attempt`` the attempt that failed; ``time_s`` when, on the Redis
+    server's clock); it is removed with the key's list. The message is the exception's text, which
+    may hold what an attacker put in a record: escape it wherever it is shown.
     At most ``limit`` leases, parked keys and scheduled messages (the earliest due) are listed
     (``SCAN``, never ``KEYS``).
 
@@ -626,7 +708,7 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             elif n.endswith("}:park") and len(parked) < limit:
                 sc = due.get(lid)
                 parked.append({"key": _show(lid), "lid": lid, "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0,
-                               **_head(r.lindex(n, 0))})
+                               **_head(r.lindex(n, 0)), "last_error": _last_error(r.hgetall(keys.error(ns, lid)))})
         quarantined = {m.decode() for m in r.smembers(keys.quarantine(ns))}
         for pk in parked:
             pk["quarantined"] = pk["lid"] in quarantined
@@ -671,6 +753,20 @@ def _head(raw: bytes | None) -> dict[str, Any]:
         return {"attempt": None, "head": None}
     where = f"scheduled {doc['sid']}" if "sid" in doc else f"{doc.get('t')}[{doc.get('p')}]@{doc.get('o')}"
     return {"attempt": doc.get("a"), "head": where}
+
+
+def _last_error(h: dict[bytes, bytes]) -> dict[str, Any] | None:
+    """A parked key's stored last error (``None``: none stored)."""
+    if not h or b"type" not in h:
+        return None
+    text = {k.decode(): v.decode("utf-8", "replace") for k, v in h.items()}
+    try:
+        attempt: int | None = int(text.get("attempt", ""))
+        time_s: float | None = int(text.get("time_ms", "")) / 1000.0
+    except ValueError:
+        attempt = time_s = None
+    return {"type": text["type"], "message": text.get("message", ""), "at": text.get("at", ""), "attempt": attempt,
+            "time_s": time_s}
 
 
 def _scheduled(raw: bytes | None) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Consumer groups (members, offsets, lag, throughput, stalled partitions), the Red
 (leases, parked keys, scheduled messages, instances) and dead letters, refreshed live; with
 ``--enable-actions`` and an access token, replay dead letters, un-park a key, cancel a scheduled
 message. Modules: :mod:`.app` (routes), :mod:`.sampler` (what is shown, gathered in one thread),
-:mod:`.deadletters` (dead-letter records), :mod:`.auth` (token, sessions, CSRF), :mod:`.chart`.
+:mod:`.deadletters` (dead-letter records), :mod:`.auth` (token, sessions, CSRF), :mod:`.audit`
+(the actions in the audit topic), :mod:`.chart`.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ from ..cli.output import _age
 from ..cli.replay import parse_since, replay_selected
 from ..errors import KafkaClientError, PublishError
 from ..sequencing import cancel_scheduled, redact_url, unpark_now
+from ..sequencing.keys import key_of
+from .audit import ActionAudit, action_record
 from .auth import COOKIE, Guard
 from .chart import throughput_chart
 from .deadletters import DeadLetterReader, Filters
@@ -60,7 +62,10 @@ class WebOptions:
 
     ``conf``: librdkafka properties; ``groups``, ``namespaces``, ``dead_letter_topics``: as
     :class:`~keyedconsumer.web.sampler.Sampler` takes them; ``actions``: enable the actions (needs
-    ``token``); ``refresh_s``: seconds between a page's refreshes; ``interval_s``: between samples.
+    ``token``); ``audit_topic``: write each action to this audit topic (the ``Audit`` middleware's,
+    on the same brokers, :mod:`keyedconsumer.web.audit`), ``None``: to the log only;
+    ``refresh_s``: seconds between a page's refreshes; ``interval_s``: between samples;
+    ``timeout_s``: bound of one broker or Redis call, and of an audit record's write (seconds).
     """
 
     conf: dict[str, Any]
@@ -70,6 +75,7 @@ class WebOptions:
     dead_letter_topics: list[str] = dataclasses.field(default_factory=list)
     actions: bool = False
     token: str | None = None
+    audit_topic: str | None = None
     refresh_s: float = 5.0
     interval_s: float = 5.0
     stall_after_s: float = 60.0
@@ -99,8 +105,10 @@ def _int_arg(request: Request, name: str, default: int = 1) -> int:
 class _Dashboard:
     """The routes' shared state: options, sampler, dead-letter reader, guard, templates."""
 
-    def __init__(self, options: WebOptions, sampler: Sampler | None = None) -> None:
+    def __init__(self, options: WebOptions, sampler: Sampler | None = None, audit: ActionAudit | None = None) -> None:
         self.o = options
+        self.audit = audit or (ActionAudit(options.conf, options.audit_topic, timeout_s=options.timeout_s)
+                               if options.audit_topic else None)
         self.sampler = sampler or Sampler(
             options.conf,
             groups=options.groups,
@@ -250,36 +258,46 @@ class _Dashboard:
 
     # -- actions ------------------------------------------------------------------------------------
 
-    async def _action(
-        self, request: Request, name: str, run: Callable[[dict[str, Any]], tuple[bool, str]]
-    ) -> Response:
-        who = request.client.host if request.client else "?"
+    async def _action(self, request: Request, name: str, run: Callable[[dict[str, Any]], _Result]) -> Response:
+        client = request.client.host if request.client else "?"
         if not self.guard.enabled:
             return JSONResponse({"ok": False, "message": "actions are off (start with --enable-actions)"}, 403)
-        if not self.guard.allowed(
-            request.cookies.get(COOKIE), request.headers.get("x-csrf-token"), request.headers.get("authorization")
-        ):
-            actions_log.warning("action %s refused from %s: not signed in or no CSRF token", name, who)
+        sid, authorization = request.cookies.get(COOKIE), request.headers.get("authorization")
+        if not self.guard.allowed(sid, request.headers.get("x-csrf-token"), authorization):
+            actions_log.warning("action %s refused from %s: not signed in or no CSRF token", name, client)
             return JSONResponse({"ok": False, "message": "sign in with the access token first"}, 403)
+        who = self.guard.who(sid, authorization)
+        body: dict[str, Any] = {}
         try:
             body = json.loads((await request.body())[:1 << 20] or b"{}")
             if not isinstance(body, dict):
+                body = {}
                 raise ValueError("expected a JSON object")
-        except ValueError as exc:
-            return JSONResponse({"ok": False, "message": f"bad request: {exc}"}, 400)
-        try:
-            ok, message = await run_in_threadpool(run, body)
+            ok, message, fields, sent = await run_in_threadpool(run, body)
+            result, status = ("done", 200) if ok else ("failed", 409)
         except (KeyError, TypeError, ValueError) as exc:
-            return JSONResponse({"ok": False, "message": f"bad request: {exc}"}, 400)
+            ok, message, fields, sent = False, f"bad request: {exc}", _asked(body), []
+            result, status = "bad request", 400
         except (KafkaClientError, PublishError) as exc:
-            ok, message = False, str(exc)
+            ok, message, fields, sent = False, str(exc), _asked(body), []
+            result, status = "failed", 409
         except Exception as exc:  # StoreUnavailable: Redis did not answer
-            ok, message = False, f"{type(exc).__name__}: {exc}"
-        actions_log.info("action %s from %s: %s (%s)", name, who, message, "done" if ok else "failed")
-        self.sampler.refresh_soon()
-        return JSONResponse({"ok": ok, "message": message}, 200 if ok else 409)
+            ok, message, fields, sent = False, f"{type(exc).__name__}: {exc}", _asked(body), []
+            result, status = "failed", 409
+        actions_log.info("action %s by %s from %s: %s (%s)", name, who, client, message, result)
+        if self.audit is not None:
+            key = fields.pop("key", None)
+            records = [action_record(name, who, client, result, message, key, **fields)]
+            records += [action_record(name, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row)
+                        for k, row in sent]
+            problem = await run_in_threadpool(self.audit.write, records)
+            if problem is not None:
+                message += f" (NOT in the audit trail: {problem})"
+        if status != 400:
+            self.sampler.refresh_soon()
+        return JSONResponse({"ok": ok, "message": message}, status)
 
-    def _replay(self, body: dict[str, Any]) -> tuple[bool, str]:
+    def _replay(self, body: dict[str, Any]) -> _Result:
         topic = str(body["topic"])
         if topic not in self.sampler.snapshot().dead_letter_topics:
             raise ValueError(f"{topic!r} is not a dead-letter topic shown here")
@@ -296,7 +314,14 @@ class _Dashboard:
             + (f"; without a target {result['no_target']}" if result["no_target"] else "")
             + (f"; error: {result['error']}" if result["error"] else "")
         )
-        return result["error"] is None and result["sent"] > 0, message
+        fields = {"dlq_topic": topic, "selected": len(records), "records": [list(r) for r in sorted(records)[:1000]]}
+        sent = [
+            (None if r["key"] is None else str(r["key"]).encode(),
+             {"dlq_topic": topic, "dlq_partition": r["dlq_partition"], "dlq_offset": r["dlq_offset"],
+              "topic": r["topic"], "partition": r["partition"], "offset": r["offset"]})
+            for r in result["records"]
+        ]
+        return result["error"] is None and result["sent"] > 0, message, fields, sent
 
     def _redis_target(self, body: dict[str, Any]) -> tuple[str, str]:
         if not self.o.redis_url:
@@ -306,17 +331,24 @@ class _Dashboard:
             raise ValueError(f"namespace {ns!r} is not shown here")
         return self.o.redis_url, ns
 
-    def _unpark(self, body: dict[str, Any]) -> tuple[bool, str]:
+    def _unpark(self, body: dict[str, Any]) -> _Result:
         url, ns = self._redis_target(body)
         lid = str(body["lid"])
         ok = unpark_now(url, ns, lid)
-        return ok, f"{ns}: key {lid} due now" if ok else f"{ns}: key {lid} has no parked messages"
+        fields: dict[str, Any] = {"namespace": ns, "lid": lid, "key": key_of(lid)}
+        if lid.startswith("p."):  # a partition's lease: its topic and partition
+            _, topic_hex, part = lid.split(".", 2)
+            fields.update(topic=bytes.fromhex(topic_hex).decode(errors="replace"), partition=int(part))
+        return ok, f"{ns}: key {lid} due now" if ok else f"{ns}: key {lid} has no parked messages", fields, []
 
-    def _cancel(self, body: dict[str, Any]) -> tuple[bool, str]:
+    def _cancel(self, body: dict[str, Any]) -> _Result:
         url, ns = self._redis_target(body)
         sid = str(body["id"])
         ok = cancel_scheduled(url, ns, sid)
-        return ok, f"{ns}: scheduled message {sid} cancelled" if ok else f"{ns}: {sid} is not scheduled (any more)"
+        shown: dict[str, Any] = next((m for m in self.sampler.snapshot().redis[ns].get("scheduled_messages", []) if m.get("id") == sid), {})
+        fields = {"namespace": ns, "scheduled_id": sid, "topic": shown.get("topic"),
+                  "key": None if shown.get("key") is None else str(shown["key"]).encode()}
+        return ok, f"{ns}: scheduled message {sid} cancelled" if ok else f"{ns}: {sid} is not scheduled (any more)", fields, []
 
     async def replay(self, request: Request) -> Response:
         return await self._action(request, "replay", self._replay)
@@ -328,7 +360,20 @@ class _Dashboard:
         return await self._action(request, "cancel-scheduled", self._cancel)
 
 
-def create_app(options: WebOptions, *, sampler: Sampler | None = None, start_sampler: bool = True) -> Starlette:
+#: What an action's run returns: ``(ok, message for the page, the audit record's fields (``key``: the
+#: message key as bytes), [(key, fields)] of one more record each (the dead letters a replay sent))``.
+_Result = tuple[bool, str, dict[str, Any], list[tuple[bytes | None, dict[str, Any]]]]
+
+
+def _asked(body: dict[str, Any]) -> dict[str, Any]:
+    """What a request that could not run asked for, for its audit record (each value cut to 200 characters)."""
+    names = {"namespace": "namespace", "lid": "lid", "id": "scheduled_id", "topic": "dlq_topic"}
+    return {field: str(body[k])[:200] for k, field in names.items() if k in body}
+
+
+def create_app(
+    options: WebOptions, *, sampler: Sampler | None = None, start_sampler: bool = True, audit: ActionAudit | None = None
+) -> Starlette:
     """The dashboard's ASGI app.
 
     Parameters
@@ -337,6 +382,9 @@ def create_app(options: WebOptions, *, sampler: Sampler | None = None, start_sam
         What to show and allow.
     sampler:
         A sampler to read from (tests); by default one is built from ``options``.
+    audit:
+        Where the actions are written (tests); by default an :class:`~keyedconsumer.web.audit.ActionAudit`
+        on ``options.audit_topic``, if given.
     start_sampler:
         Start the sampler's thread with the app (and stop it at shutdown).
 
@@ -347,7 +395,7 @@ def create_app(options: WebOptions, *, sampler: Sampler | None = None, start_sam
     """
     if options.actions and not options.token:
         raise ValueError("actions need an access token")
-    d = _Dashboard(options, sampler)
+    d = _Dashboard(options, sampler, audit)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -358,6 +406,8 @@ def create_app(options: WebOptions, *, sampler: Sampler | None = None, start_sam
         finally:
             if start_sampler:
                 d.sampler.stop()
+            if d.audit is not None:
+                await run_in_threadpool(d.audit.close)
 
     async def home(request: Request) -> Response:
         return RedirectResponse("/groups", status_code=302)

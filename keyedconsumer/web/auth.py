@@ -35,7 +35,7 @@ class Guard:
     def __init__(self, token: str | None, session_s: float = 8 * 3600.0) -> None:
         self._token = token.encode() if token else None
         self.session_s = session_s
-        self._sessions: dict[str, tuple[str, float]] = {}  # id -> (CSRF token, monotonic expiry)
+        self._sessions: dict[str, tuple[str, float, str]] = {}  # id -> (CSRF token, monotonic expiry, label)
         self._lock = threading.Lock()
 
     @property
@@ -56,7 +56,7 @@ class Guard:
         with self._lock:
             now = time.monotonic()
             self._sessions = {k: v for k, v in self._sessions.items() if v[1] > now}
-            self._sessions[sid] = (secrets.token_urlsafe(32), now + self.session_s)
+            self._sessions[sid] = (secrets.token_urlsafe(32), now + self.session_s, f"session-{secrets.token_hex(4)}")
         return sid
 
     def close(self, sid: str | None) -> None:
@@ -73,6 +73,15 @@ class Guard:
         if found is None or found[1] <= time.monotonic():
             return None
         return found[0]
+
+    def who(self, sid: str | None, authorization: str | None) -> str:
+        """Who acts, for the log and the audit trail: the session's label (``session-<8 hex>``, random,
+        made at sign-in; it reveals nothing of the session id), ``bearer token``, or ``unknown``."""
+        if authorization and authorization.startswith("Bearer "):
+            return "bearer token"
+        with self._lock:
+            found = self._sessions.get(sid or "")
+        return found[2] if found is not None else "unknown"
 
     def allowed(self, sid: str | None, csrf_header: str | None, authorization: str | None) -> bool:
         """May this request act: a live session with its CSRF token in the header, or the token as

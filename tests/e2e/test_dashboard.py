@@ -43,8 +43,9 @@ class Scene:
         tag = uuid.uuid4().hex[:8]
         self.topic, self.group = f"web-orders-{tag}", f"web-{tag}"
         self.dlq = f"{self.topic}.dlq"
+        self.audit_topic = f"web-audit-{tag}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = admin.create_topics([NewTopic(self.topic, 2, 1), NewTopic(self.dlq, 1, 1)])
+        futures = admin.create_topics([NewTopic(self.topic, 2, 1), NewTopic(self.dlq, 1, 1), NewTopic(self.audit_topic, 2, 1)])
         for f in futures.values():
             f.result(timeout=30)
         self.fail_poison = True
@@ -99,7 +100,7 @@ def scene(kafka_bootstrap: str, redis_url: str) -> Iterator[Scene]:
 def dashboard(scene: Scene, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     d = Dashboard(
         ["--brokers", scene.bootstrap, "--group", scene.group, "--redis", redis_url, "--dead-letter-topic", scene.dlq,
-         "--enable-actions", "--refresh", "1", "--stall-after", "30"],
+         "--enable-actions", "--refresh", "1", "--stall-after", "30", "--audit-topic", scene.audit_topic],
         {"KEYEDCONSUMER_WEB_TOKEN": TOKEN},
         tmp_path_factory.mktemp("web") / "dashboard.log",
     )
@@ -179,6 +180,8 @@ def test_the_keys_page_shows_the_parked_key_its_lease_and_the_instance(scene: Sc
     _wait(browser, lambda d: d.find_elements("css selector", 'table.parked tr[data-key="stuck"]'), what="the parked key")
     cells = _wait(browser, lambda d: [c.text for c in d.find_element("css selector", 'table.parked tr[data-key="stuck"]').find_elements("tag name", "td")])
     assert cells[1] == "1" and cells[2].startswith("in ") and cells[4] == "2", cells  # depth 1, due later, attempt 2 next
+    # and the error that parked it, stored with the key in Redis
+    assert cells[5].startswith("builtins.ConnectionError: the payments service is down") and "attempt 1" in cells[5], cells
     assert "Instances (1)" in _text(browser) and "Scheduled messages (1)" in _text(browser)
     _wait(browser, lambda d: scene.scheduled_id in d.find_element("css selector", 'table.scheduled tr[data-key="later"]').text)
     assert scene.seq.instance_id in _text(browser)
@@ -274,6 +277,19 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene
     log = dashboard.log()
     assert "action replay" in log and "action unpark" in log and "action cancel-scheduled" in log and "sign-in refused" in log
     assert TOKEN not in log
+    # and written to the audit topic: by the one session, what, which key and offsets, the result
+    from keyedconsumer.cli.audit import find
+
+    records = list(find({"bootstrap.servers": scene.bootstrap}, scene.audit_topic, outcome="ACTION", timeout_s=30))
+    got = sorted((r["action"], r["key"] or "", r["result"]) for r in records)
+    assert got == [("cancel-scheduled", "later", "done"), ("replay", "", "done"), ("replay", "poison-1", "done"),
+                   ("unpark", "stuck", "done")], records
+    assert len({r["session"] for r in records}) == 1 and records[0]["session"].startswith("session-")
+    assert f"by {records[0]['session']} from" in log
+    summary = next(r for r in records if r["action"] == "replay" and r["key"] is None)
+    sent = next(r for r in records if r["key"] == "poison-1")
+    assert summary["dlq_topic"] == scene.dlq and summary["selected"] == 1 and summary["records"] == [[0, sent["dlq_offset"]]]
+    assert sent["topic"] == scene.topic and sent["offset"] is not None
 
 
 @pytest.mark.timeout(60)

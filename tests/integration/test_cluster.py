@@ -228,7 +228,7 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
     # and a lease (token 1) and a parked message that R acknowledged
     issued = [store.acquire([(lid, "owner-1")], 30_000)[0][0]]
     assert issued == [1]
-    assert store.park([(lid, "owner-1", [("t/0", 0, b"parked-before")])], 60_000, 10, 10_000)[0][0] == 1
+    assert store.park([(lid, "owner-1", [("t/0", 0, b"parked-before")], None)], 60_000, 10, 10_000)[0][0] == 1
     assert store.release([(lid, "owner-1")]) == [True]
     # when R stops, and M writes more than the kernel can buffer on the way to R
     kernel = sum(int(Path(f"/proc/sys/net/ipv4/{f}").read_text().split()[2]) for f in ("tcp_rmem", "tcp_wmem"))
@@ -242,7 +242,7 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
         with pytest.raises(StoreUnavailable, match="no replica"):
             store.acquire([(lid, "owner-2")], 30_000)
         with pytest.raises(StoreUnavailable, match="no replica"):
-            store.park([(lid, "owner-2", [("t/0", 1, b"parked-during-the-lag")])], 60_000, 10, 10_000)
+            store.park([(lid, "owner-2", [("t/0", 1, b"parked-during-the-lag")], None)], 60_000, 10, 10_000)
         # and M dies with them (SIGKILL), so R takes its slots over without them
         cluster.redis_kill(m_node)
     finally:
@@ -279,6 +279,6 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
     # and no fencing token was issued twice: the refused acquire's token was never handed out
     assert len(issued) == 2 and issued[1] > issued[0], issued
     # and the parked message that counted is there, the refused one is not
-    ok, entries, depth = store.fetch(lid, "owner-3", 10)
+    ok, entries, depth, _ = store.fetch(lid, "owner-3", 10)
     assert ok and entries == [b"parked-before"] and depth == 1
     store.close()

@@ -208,6 +208,51 @@ def test_namespaces_never_see_each_others_keys(kafka_bootstrap, redis_url, new_t
 
 
 @pytest.mark.timeout(60)
+def test_the_parking_scripts_store_the_last_error_and_conflate_under_the_lease(redis_url) -> None:  # type: ignore[no-untyped-def]
+    # given a key's lease and a park that carries the failure that parked the key
+    from keyedconsumer.sequencing.store import LastError, LeaseStore
+
+    ns = f"lasterr-{uuid.uuid4().hex[:8]}"
+    store = LeaseStore(redis_url, ns)
+    lid = "k.6b"
+    assert store.acquire([(lid, "me")], 5000)[0][0] > 0
+    field = "74.0"
+    before_ms = store.time_ms()
+    failure = LastError("builtins.ValueError", "<b>boom</b>", "t[0]@5", 1)
+    assert store.park([(lid, "me", [(field, 5, b"e5")], failure)], 60_000, 100, 1 << 20, conflate=True) == [(1, 0, 1, 2, [])]
+    # then the error is stored with the key, on the Redis server's clock
+    [pk] = inspect_redis(redis_url, ns)["parked"]
+    err = pk["last_error"]
+    assert {k: err[k] for k in ("type", "message", "at", "attempt")} == {
+        "type": "builtins.ValueError", "message": "<b>boom</b>", "at": "t[0]@5", "attempt": 1}
+    assert before_ms / 1000 - 0.001 <= err["time_s"] <= store.time_ms() / 1000 + 0.001
+    # when newer messages of the key are parked behind it with conflate, the list keeps its head
+    # and the newest only: each append returns what it replaced (a park without an error keeps the error)
+    assert store.park([(lid, "me", [(field, 6, b"e6")], None)], 60_000, 100, 1 << 20, conflate=True) == [(1, 1, 1, 2, [])]
+    assert store.park([(lid, "me", [(field, 7, b"e7"), (field, 8, b"e8")], None)], 60_000, 100, 1 << 20, conflate=True) == [
+        (1, 2, 2, 0, [b"e6", b"e7"])]  # 0 bytes added: each replaced an entry of its size
+    assert store.fetch(lid, "me", 10) == (True, [b"e5", b"e8"], 2, [])
+    from keyedconsumer.sequencing import keys
+
+    assert int(store._r.get(keys.pbytes(ns, lid))) == 4
+    assert inspect_redis(redis_url, ns)["parked"][0]["last_error"]["message"] == "<b>boom</b>"
+    # and a list written without conflation is cut at the drain's fetch, under the lease only
+    store.park([(lid, "me", [(field, o, f"e{o}".encode()) for o in (9, 10, 11)], None)], 60_000, 100, 1 << 20)
+    assert store.fetch(lid, "other", 10, conflate=True) == (False, [], 0, [])
+    assert store.fetch(lid, "me", 10, conflate=True) == (True, [b"e5", b"e11"], 2, [b"e8", b"e9", b"e10"])
+    # and a failure of the head run again replaces the error, in the script that rewrites the head
+    again = LastError("builtins.KeyError", "'x'", "t[0]@5", 2)
+    assert store.replace_head(lid, "me", b"e5", b"e5'", again)
+    assert inspect_redis(redis_url, ns)["parked"][0]["last_error"]["attempt"] == 2
+    # and the error goes with the list once it is empty
+    assert store.pop_many(lid, "me", [b"e5'", b"e11"]) == 2
+    assert inspect_redis(redis_url, ns)["parked"] == []
+    assert not store._r.exists(keys.error(ns, lid), keys.pbytes(ns, lid))
+    store.release([(lid, "me")])
+    store.close()
+
+
+@pytest.mark.timeout(60)
 def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  # type: ignore[no-untyped-def]
     # given a key's lease and three parked entries (offsets 5, 6, 7 of partition 0)
     from keyedconsumer.sequencing.store import LeaseStore
@@ -218,16 +263,16 @@ def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  #
     assert token > 0 and depth == 0
     field = "74.0"
     batch = [(field, o, f"e{o}".encode()) for o in (5, 6, 7)]
-    assert store.park([(lid, "me", batch)], 60_000, 100, 1 << 20) == [(1, 0, 3, 6)]
+    assert store.park([(lid, "me", batch, None)], 60_000, 100, 1 << 20) == [(1, 0, 3, 6, [])]
     # when the same offsets come again (a re-delivery after a crash), plus offset 8
-    again = store.park([(lid, "me", [*batch, (field, 8, b"e8")])], 60_000, 100, 1 << 20)
+    again = store.park([(lid, "me", [*batch, (field, 8, b"e8")], None)], 60_000, 100, 1 << 20)
     # then all four are taken but only offset 8 is appended; another owner may not append at all
-    assert again == [(1, 3, 4, 2)]
-    assert store.park([(lid, "other", [(field, 9, b"e9")])], 60_000, 100, 1 << 20)[0][0] == 0
-    ok, head, n = store.fetch(lid, "me")
+    assert again == [(1, 3, 4, 2, [])]
+    assert store.park([(lid, "other", [(field, 9, b"e9")], None)], 60_000, 100, 1 << 20)[0][0] == 0
+    ok, head, n, _ = store.fetch(lid, "me")
     assert ok and head == [b"e5"] and n == 4
     # and at the cap (5 messages) only what fits is taken, in order
-    assert store.park([(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")])], 60_000, 5, 1 << 20) == [(1, 4, 1, 3)]
+    assert store.park([(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")], None)], 60_000, 5, 1 << 20) == [(1, 4, 1, 3, [])]
     assert store.fetch(lid, "me")[2] == 5
     assert store.pop_many(lid, "me", [b"e5", b"e6", b"x", b"e7"]) == 2  # stops at the first mismatch
     assert store.pop_many(lid, "other", [b"e7"]) == -1

@@ -54,7 +54,8 @@ def test_every_shown_value_is_escaped_and_no_inline_script_may_run() -> None:
     g = GroupSnapshot(XSS, state="stable", members=(GroupMember("m1", XSS, "/10.0.0.1", ((XSS, 0),)),),
                       rows=[_row(XSS, 0, 5, 9)], total_lag=4, sampled_s=1.0)
     redis = {"ns": {"leases": [{"key": XSS, "lid": "k.00", "owner": XSS, "ttl_ms": 1, "fencing_token": 3}],
-                    "parked": [{"key": XSS, "lid": "k.00", "depth": 1, "next_due_s": None, "attempt": 2, "head": XSS, "quarantined": True}],
+                    "parked": [{"key": XSS, "lid": "k.00", "depth": 1, "next_due_s": None, "attempt": 2, "head": XSS, "quarantined": True,
+                                "last_error": {"type": XSS, "message": XSS, "at": XSS, "attempt": 1, "time_s": 1.0}}],
                     "scheduled": 1, "scheduled_messages": [{"id": "a" * 32, "key": XSS, "topic": XSS, "due_s": 5.0}],
                     "instances": [{"id": XSS, "last_seen_s": 1.0}], "scheduler": XSS, "quarantined": [XSS], "now_s": 2.0}}
     client = _client(_snap(groups={XSS: g}, redis=redis, topics={XSS: 1}), redis_url="redis://:pw@h:1/0")
@@ -199,3 +200,87 @@ def test_a_partition_with_lag_whose_commit_does_not_move_is_stalled_and_ages_gro
 def test_only_dead_letter_topics_are_read() -> None:
     text = _client(_snap(dead_letter_topics=["t.dlq"])).get("/dead-letters/payments").text
     assert "payments is not a dead-letter topic shown here" in text
+
+
+def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
+    from keyedconsumer.web.audit import ActionAudit
+
+    audit = ActionAudit({}, "web.audit", publisher=broker.publisher)
+    app = create_app(WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options), sampler=FixedSampler(snap),
+                     start_sampler=False, audit=audit)
+    return TestClient(app)
+
+
+@pytest.mark.timeout(30)
+def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from keyedconsumer.testing import InMemoryBroker
+    from keyedconsumer.web import app as web_app
+
+    # given a dashboard whose actions go to an audit topic (Redis stubbed here: tests/e2e use the real one)
+    broker = InMemoryBroker()
+    broker.create_topic("web.audit", partitions=3)
+    monkeypatch.setattr(web_app, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
+    monkeypatch.setattr(web_app, "cancel_scheduled", lambda url, ns, sid: True)
+    snap = _snap(redis={"ns": {"scheduled_messages": [{"id": "a" * 32, "key": "later", "topic": "orders", "due_s": 5.0}]}})
+    client = _audited(snap, broker, actions=True, token=TOKEN, redis_url="redis://h:1/0")
+    client.post("/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"})
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', client.get("/groups").text)
+    assert csrf is not None
+    signed_in = {"X-CSRF-Token": csrf.group(1)}
+    # when a signed-in person un-parks a key, a script cancels a scheduled message, one request is
+    # bad, and a request without a session is refused
+    assert client.post("/actions/unpark", json={"namespace": "ns", "lid": "k.6b6579"}, headers=signed_in).status_code == 200
+    assert client.post("/actions/cancel-scheduled", json={"namespace": "ns", "id": "a" * 32},
+                       headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert client.post("/actions/unpark", json={"namespace": "other", "lid": XSS}, headers=signed_in).status_code == 400
+    assert client.post("/actions/unpark", json={"namespace": "ns", "lid": "k.6b6579"}).status_code == 403
+    # then each action that ran or was asked by a signed-in party has one record, keyed by its message key
+    recs = [(r.key, json.loads(r.value or b"")) for r in broker.records("web.audit")]
+    by_action = {(d["action"], d["result"]): (k, d) for k, d in recs}
+    assert len(recs) == 3 and set(by_action) == {("unpark", "done"), ("cancel-scheduled", "done"), ("unpark", "bad request")}
+    key, unpark = by_action[("unpark", "done")]
+    session = unpark["session"]
+    assert key == b"key" and unpark["key"] == "key" and unpark["outcome"] == "ACTION" and unpark["lid"] == "k.6b6579"
+    assert re.fullmatch(r"session-[0-9a-f]{8}", session) and unpark["client"] == "testclient" and "due now" in unpark["message"]
+    assert client.cookies.get(COOKIE) not in json.dumps(unpark)  # who, never the session id
+    key, cancel = by_action[("cancel-scheduled", "done")]
+    assert (key, cancel["scheduled_id"], cancel["topic"], cancel["session"]) == (b"later", "a" * 32, "orders", "bearer token")
+    _, bad = by_action[("unpark", "bad request")]
+    assert bad["session"] == session and bad["namespace"] == "other" and bad["lid"] == XSS[:200] and "not shown here" in bad["message"]
+
+
+@pytest.mark.timeout(30)
+def test_an_action_whose_audit_record_is_refused_says_so() -> None:
+    from keyedconsumer import PublishError
+    from keyedconsumer.testing import InMemoryBroker
+
+    broker = InMemoryBroker()
+    broker.create_topic("web.audit")
+    publisher = broker.publisher()
+    publisher.error = PublishError("the audit topic refuses writes")
+    client = _audited(_snap(dead_letter_topics=["t.dlq"]), type("B", (), {"publisher": lambda self: publisher})(),
+                      actions=True, token=TOKEN)
+    r = client.post("/actions/replay", json={"topic": "orders", "records": [[0, 1]]}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400 and "NOT in the audit trail" in r.json()["message"] and "refuses writes" in r.json()["message"]
+    assert broker.records("web.audit") == []
+
+
+@pytest.mark.timeout(30)
+def test_the_audit_topic_comes_from_the_option_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from keyedconsumer.cli import app as cli_app
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    runner = CliRunner()
+    base = ["web", "--brokers", "127.0.0.1:1", "--enable-actions"]
+    env = {"KEYEDCONSUMER_WEB_TOKEN": TOKEN}
+    assert runner.invoke(cli_app, [*base, "--audit-topic", "ops.audit"], env=env).exit_code == 0
+    assert runner.invoke(cli_app, base, env={**env, "KEYEDCONSUMER_WEB_AUDIT_TOPIC": "env.audit"}).exit_code == 0
+    assert runner.invoke(cli_app, base, env=env).exit_code == 0
+    audits = [app.state.dashboard.audit for app in served]
+    assert [a.topic if a else None for a in audits] == ["ops.audit", "env.audit", None]
