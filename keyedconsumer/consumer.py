@@ -405,8 +405,8 @@ class KeyedConsumer:
         self._active = True
         cfg, d, seq = self.config, self._d, self._sequencer
         client = self._factory(cfg.librdkafka(), self._on_client_error)
-        commits = Committer(client, d, cfg, self._budget, self._on_client_error)
         rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget, lambda: self._stop_deadline)
+        commits = Committer(client, d, cfg, self._budget, self._on_client_error, rebalance.serving)
         started = False
         try:
             client.check_brokers(cfg.startup_timeout_s)

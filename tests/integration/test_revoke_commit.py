@@ -1,10 +1,17 @@
-"""A commit in the revoke callback that the group refuses because the rebalance moved on meanwhile
+"""Commits around a revoke, on the real broker.
+
+A commit in the revoke callback that the group refuses because the rebalance moved on meanwhile
 (``STALE_MEMBER_EPOCH`` under KIP-848: getsentry/arroyo PR #419, librdkafka PR #4672) is made again
 within the revoke budget, so the next owner does not run again what the revoked member finished.
-
 The broker is real (``group.protocol=consumer``); the refusal is planted by a wrapping client, the
 one seam that makes the broker's answer certain: the first commit made inside ``on_revoke`` is
 refused with ``STALE_MEMBER_EPOCH``, as the coordinator answers a member whose epoch it has moved.
+
+The ownership check a sequencer asks for during a revoke's catch-up (issue 15: a committed offset
+seen going back, 1303 -> 1301 -> 1303, in the Redis Cluster fault run) commits nothing inside the
+callback: a bounded commit is made from a helper thread that confluent-kafka lets into the client
+only once the poll serving the callback returned, so it landed after the revoke's own commit, with
+the offsets of before the catch-up.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import pytest
 
 from keyedconsumer import CommitError, KeyedConsumer, Message
 from keyedconsumer.kafka.client import connect
+from keyedconsumer.sequencing.base import InMemorySequencer
 
 from .kafkautil import committed, produce, wait_until
 
@@ -101,3 +109,145 @@ def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(kafka_b
     assert clients[0].refused == 1
     assert len(runs) == 402 and max(runs.values()) == 1, sorted(k for k, n in runs.items() if n > 1)[:20]
     assert committed(kafka_bootstrap, group, topic, 2) == {0: 201, 1: 201}
+
+
+class Recording:
+    """A real client that records each commit the engine makes: its offsets, whether it was made
+    while a rebalance callback was being served, its ``timeout_s`` (a bounded commit is sent from a
+    helper thread, see ``KafkaClient.commit``) and the error it raised."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.callback_thread: int | None = None  # the thread serving a rebalance callback now
+        self.revokes = 0
+        self.commits: list[dict[str, Any]] = []
+
+    def subscribe(self, topics: Any, listener: Any) -> None:
+        outer = self
+
+        class Listener:
+            def _serve(self, fn: Any, partitions: Any) -> None:
+                outer.callback_thread = threading.get_ident()
+                try:
+                    fn(partitions)
+                finally:
+                    outer.callback_thread = None
+
+            def on_assign(self, partitions: Any) -> None:
+                self._serve(listener.on_assign, partitions)
+
+            def on_lost(self, partitions: Any) -> None:
+                self._serve(listener.on_lost, partitions)
+
+            def on_revoke(self, partitions: Any) -> None:
+                self._serve(listener.on_revoke, partitions)
+                outer.revokes += bool(partitions)
+
+        self._inner.subscribe(topics, Listener())
+
+    def commit(self, offsets: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
+        record: dict[str, Any] = {"offsets": list(offsets), "in_callback": self.callback_thread is not None,
+                                  "timeout_s": kwargs.get("timeout_s"), "error": None}
+        self.commits.append(record)
+        try:
+            self._inner.commit(offsets, metadata, *args, **kwargs)
+        except CommitError as exc:
+            record["error"] = exc.code
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class AskingSequencer(InMemorySequencer):
+    """In-memory sequencing whose ``tick`` asks the consumer's ownership check at most every 0.5 s,
+    as the Redis sequencer does after a stall or a lost lease (its ``tick`` runs in the poll thread,
+    also during a revoke's catch-up, inside the rebalance callback). Answers are recorded as
+    ``(asked inside a rebalance callback, answer)``."""
+
+    def __init__(self) -> None:
+        self._confirm: Any = None
+        self._next_s = 0.0
+        self.in_callback: Any = lambda: False
+        self.answers: list[tuple[bool, bool]] = []
+
+    def attach(self, engine: Any, fatal: Any, confirm: Any, session_timeout_s: float) -> None:
+        self._confirm = confirm
+
+    def tick(self) -> float | None:
+        now = time.monotonic()
+        if self._confirm is not None and now >= self._next_s:
+            self._next_s = now + 0.5
+            inside = bool(self.in_callback())
+            self.answers.append((inside, self._confirm()))
+        return None
+
+
+@pytest.mark.timeout(150)
+def test_an_ownership_check_during_a_revoke_commits_nothing_that_lands_after_the_revoke_commit(  # type: ignore[no-untyped-def]
+    kafka_bootstrap, new_topic, start
+) -> None:
+    # given a member whose sequencer asks for the ownership check (as the Redis sequencer does after
+    # a stall or a lost lease, e.g. once a cut host is back), on two partitions each led by a slow
+    # message (6 s) with 199 quick ones behind it finished: the offset to commit is held at 0
+    topic = new_topic(2)
+    produce(kafka_bootstrap, topic, [(b"slow0", b"slow", 0), (b"slow1", b"slow", 1)]
+            + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(398)])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    done: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"slow":
+            time.sleep(6.0)
+        with lock:
+            done[msg.partition] += 1
+
+    clients: list[Recording] = []
+
+    seq = AskingSequencer()
+
+    def factory(conf: Any, on_error: Any) -> Any:
+        clients.append(Recording(connect(conf, on_error)))
+        seq.in_callback = lambda: clients[-1].callback_thread is not None
+        return clients[-1]
+
+    options: dict[str, Any] = {"name": group, "handler": handle, "brokers": [kafka_bootstrap], "topics": [topic],
+                               "concurrency": 8, "revoke_timeout_s": 16.0,
+                               "config": {"heartbeat.interval.ms": 100, "session.timeout.ms": 6000}}
+    a = KeyedConsumer(client_factory=factory, sequencer=seq, **options)
+    samples: list[dict[int, int | None]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            samples.append(committed(kafka_bootstrap, group, topic, 2))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    ra = start(a)
+    assert wait_until(lambda: done[0] + done[1] >= 300, 60), done
+    # when a second member joins while the slow messages still run: the first member's revoke
+    # catches up (its catch-up ticks the sequencer, which asks for the ownership check) and commits
+    sampler.start()
+    rb = start(KeyedConsumer(**options))
+    assert wait_until(lambda: clients[0].revokes >= 1, 60)
+    assert wait_until(lambda: samples and samples[-1] == {0: 200, 1: 200}, 60), samples[-1:]
+    time.sleep(6.0)  # a commit the engine made but librdkafka sent late has landed by now
+    sampling.set()
+    sampler.join(10)
+    assert rb.stop(30) and ra.stop(30)
+    assert ra.error is None and rb.error is None
+    # then the ownership check was asked during the revoke, and no commit made inside the callback
+    # was a bounded one: that one is sent from a helper thread, which confluent-kafka lets into the
+    # client only once the poll serving the callback returned, so it lands after the revoke's own
+    # commit (with the offsets of before the catch-up), under whatever generation is current then
+    assert any(inside for inside, _ in seq.answers), seq.answers
+    late = [c for c in clients[0].commits if c["in_callback"] and c["timeout_s"] is not None]
+    # and the group's committed offsets never went back
+    back = []
+    for p in (0, 1):
+        seen = [s[p] for s in samples if s[p] is not None]
+        back += [(p, x, y) for x, y in zip(seen, seen[1:], strict=False) if y < x]
+    assert late == [] and back == [], (late, back)
+    assert committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}
