@@ -171,10 +171,10 @@ class Rebalance:
         """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
         that moved on, until ``deadline`` (monotonic seconds).
 
-        The commit is made from this thread, the one serving the callback: librdkafka does not
-        serve a commit sent from another thread while a rebalance callback runs (measured here: it
-        waits until the callback returns), so a commit in a callback cannot be bounded by a helper
-        thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
+        The commit is made from this thread, the one serving the callback: a commit sent from
+        another thread while a rebalance callback runs waits until the poll serving the callback
+        returns (confluent-kafka serializes the calls on one consumer; measured here), so a commit
+        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
         """
         pause = COMMIT_RETRY_S[0]
         while True:
