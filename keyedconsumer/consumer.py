@@ -458,14 +458,22 @@ class KeyedConsumer:
         cfg, d, seq = self.config, self._d, self._sequencer
         client = self._factory(cfg.librdkafka(), self._on_client_error)
         self._results.attach(client.publisher)
-        if cfg.transactional:
-            txn = TransactionalCommitter(client, d, cfg, self._budget, self._on_client_error, self._results, self._fail)
-            commits: Committer = txn
-            revoked: Callable[[list[Partition], float], None] | None = txn.commit_revoked
-        else:
-            commits, revoked = Committer(client, d, cfg, self._budget, self._on_client_error), None
+        txn: TransactionalCommitter | None = None
+
+        def commit_revoked(parts: list[Partition], deadline: float) -> None:
+            assert txn is not None
+            txn.commit_revoked(parts, deadline)
+
         rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget,
-                                                lambda: self._stop_deadline, revoked)
+                                                lambda: self._stop_deadline,
+                                                commit_revoked if cfg.transactional else None)
+        commits: Committer
+        if cfg.transactional:
+            txn = TransactionalCommitter(client, d, cfg, self._budget, self._on_client_error, self._results, self._fail,
+                                         rebalance.serving)
+            commits = txn
+        else:
+            commits = Committer(client, d, cfg, self._budget, self._on_client_error, rebalance.serving)
         started = False
         try:
             client.check_brokers(cfg.startup_timeout_s)

@@ -15,6 +15,11 @@ own assignment from the deltas (:class:`~.partitions.Partitions`).
 - **Pause set**: above the back-pressure bounds the assigned partitions are paused, resumed below
   half of them; a revoked partition that was paused is resumed (librdkafka keeps an application's
   pause across a revoke and a re-assignment, so it would never be fetched again).
+- **Serving**: whether a callback runs now (:meth:`Rebalance.serving`). A bounded call that the
+  client makes from a helper thread must not be made meanwhile: confluent-kafka lets it into the
+  client only once the poll serving the callback returned (measured here), so a commit would land
+  after the revoke's own commit, with the offsets of before the catch-up, under whatever
+  generation is current then (the ownership check asks, see :mod:`.commits`).
 """
 
 from __future__ import annotations
@@ -84,14 +89,44 @@ class Rebalance:
         self._stop_deadline = stop_deadline
         self._closing = False
         self._paused: set[TP] = set()
+        self._serving = 0  # rebalance callbacks running now (in the poll thread, or in close())
 
     def closing(self) -> None:
         """The client is being closed: its revoke commits at once, without a catch-up."""
         self._closing = True
 
+    def serving(self) -> bool:
+        """Whether a rebalance callback (assign, revoke, lost) is running now."""
+        return self._serving > 0
+
     # -- the listener (librdkafka's rebalance callbacks) ------------------------------------------
 
     def on_assign(self, partitions: list[TP]) -> None:
+        self._serving += 1
+        try:
+            self._assign(partitions)
+        finally:
+            self._serving -= 1
+
+    def on_revoke(self, partitions: list[TP]) -> None:
+        """Finish what lies below the highest finished offset, wait for the revoked partitions'
+        running handlers, and commit, all within ``revoke_timeout_s`` (see the module docstring)."""
+        self._serving += 1
+        try:
+            self._revoke(partitions)
+        finally:
+            self._serving -= 1
+
+    def on_lost(self, partitions: list[TP]) -> None:
+        self._serving += 1
+        try:
+            log.warning("lost %s: dropping their messages without committing", partitions)
+            self._d.begin_revoke(partitions, lost=True)
+            self._unpause(partitions)
+        finally:
+            self._serving -= 1
+
+    def _assign(self, partitions: list[TP]) -> None:
         log.info("assigned %s", partitions)
         finished: dict[TP, FinishedOffsets] = {}
         if self._config.commit_metadata_max_bytes and partitions:
@@ -107,9 +142,7 @@ class Rebalance:
                 log.warning("committed offsets of %s unavailable: finished offsets run again (%s)", partitions, exc)
         self._d.assign(partitions, finished)
 
-    def on_revoke(self, partitions: list[TP]) -> None:
-        """Finish what lies below the highest finished offset, wait for the revoked partitions'
-        running handlers, and commit, all within ``revoke_timeout_s`` (see the module docstring)."""
+    def _revoke(self, partitions: list[TP]) -> None:
         d = self._d
         timeout_s = 0.0 if self._closing else self._config.revoke_timeout_s
         deadline = time.monotonic() + timeout_s
@@ -148,10 +181,10 @@ class Rebalance:
         """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
         that moved on, until ``deadline`` (monotonic seconds).
 
-        The commit is made from this thread, the one serving the callback: librdkafka does not
-        serve a commit sent from another thread while a rebalance callback runs (measured here: it
-        waits until the callback returns), so a commit in a callback cannot be bounded by a helper
-        thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
+        The commit is made from this thread, the one serving the callback: a commit sent from
+        another thread while a rebalance callback runs waits until the poll serving the callback
+        returns (confluent-kafka serializes the calls on one consumer; measured here), so a commit
+        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
         """
         pause = COMMIT_RETRY_S[0]
         while True:
@@ -168,11 +201,6 @@ class Rebalance:
                 return
             time.sleep(pause)
             pause = min(COMMIT_RETRY_S[1], pause * 2)
-
-    def on_lost(self, partitions: list[TP]) -> None:
-        log.warning("lost %s: dropping their messages without committing", partitions)
-        self._d.begin_revoke(partitions, lost=True)
-        self._unpause(partitions)
 
     # -- the pause set --------------------------------------------------------------------------
 

@@ -85,8 +85,9 @@ class TransactionalCommitter(Committer):
         on_error: Callable[[KafkaClientError], None],
         results: Results,
         fail: Callable[[BaseException], None],
+        in_rebalance: Callable[[], bool] = lambda: False,
     ) -> None:
-        super().__init__(client, dispatcher, config, budget, on_error)
+        super().__init__(client, dispatcher, config, budget, on_error, in_rebalance)
         self._config = config
         self._results = results
         self._fail = fail

@@ -170,9 +170,13 @@ class _ConfluentClient:
         """Commit ``(topic, partition, offset)`` synchronously, each with ``metadata[(topic, partition)]``.
 
         ``timeout_s`` bounds the wait for the group coordinator's answer (``None``: librdkafka's own
-        request timeouts). Never pass it from inside a rebalance callback: the commit is then sent
-        from a helper thread, and librdkafka serves it only after the callback returned. A commit with nothing new is not an error (case C8). A broker refusing the
-        metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the offsets again without it.
+        request timeouts). Never pass it from inside a rebalance callback: the commit is then made
+        from a helper thread, which confluent-kafka lets into the consumer only once the poll
+        serving the callback returned (it serializes the calls on one consumer, and ``consume()``
+        holds it while it serves callbacks): the commit lands after the callback's own commits,
+        under whatever generation is current by then. A commit with nothing new is not an error
+        (case C8). A broker refusing the metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the
+        offsets again without it.
 
         Raises
         ------
