@@ -63,7 +63,7 @@ CLI_SETTINGS = ("handler", "group", "redis", "namespace", "dead_letter_topic", "
 Ordering = Literal["key", "partition", "none"]
 
 #: librdkafka properties the engine owns. ``enable.auto.offset.store`` is always false: offsets are
-#: stored only for finished messages (xkafka proposal, seed 003).
+#: stored only for finished messages (the xkafka proposal, gojekfarm/xtools issue #25).
 _OWNED = {
     "bootstrap.servers": "brokers",
     "group.id": "group_id",

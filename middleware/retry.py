@@ -62,7 +62,7 @@ def _check(name: str, value: float, low: float, high: float = math.inf) -> float
 class Retry:
     """Retry a failing handler with exponential back-off.
 
-    Defaults follow BigBen (seed 004): 3 attempts, 1 s initial delay, multiplier 2.
+    Defaults follow BigBen's (github.com/walmartlabs/bigben): 3 attempts, 1 s initial delay, multiplier 2.
 
     Parameters
     ----------

@@ -22,7 +22,8 @@ __all__ = ["connect", "check_config"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
-# Errors librdkafka reports on commit that mean "nothing to do", not a failure (case C8).
+# Errors librdkafka reports on commit that mean "nothing to do", not a failure: a commit with no new
+# offset fails with ``RD_KAFKA_RESP_ERR__NO_OFFSET`` ("Local: No offset stored").
 _BENIGN_COMMIT = {KafkaError._NO_OFFSET}
 
 
@@ -100,7 +101,9 @@ class _ConfluentClient:
             return [(p.topic, p.partition) for p in parts]
 
         # The callbacks never call assign()/unassign(): confluent-kafka applies the (incremental)
-        # assignment itself after the callback returns, which incremental protocols require (C10).
+        # assignment itself after the callback returns. Under an incremental protocol
+        # (cooperative-sticky, KIP-848) librdkafka refuses assign() in the callback ("Changes to the
+        # current assignment must be made using incremental_assign()": rd_kafka_incremental_assign).
         try:
             self._consumer.subscribe(
                 list(topics),
@@ -150,8 +153,10 @@ class _ConfluentClient:
         return out
 
     def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
-        # One partition per call: librdkafka fails a multi-partition store only when every
-        # partition fails, so a mixed call could silently drop one (case C9).
+        # One partition per call: librdkafka's rd_kafka_offsets_store() (rdkafka.h) fails the call
+        # only when none of its offsets could be stored and reports the others in each partition's
+        # error, which confluent-kafka's store_offsets() does not raise: a mixed call could
+        # silently drop one.
         try:
             self._consumer.store_offsets(offsets=[_tp(topic, partition, offset, metadata)])
         except KafkaException as exc:
@@ -167,7 +172,7 @@ class _ConfluentClient:
 
         ``timeout_s`` bounds the wait for the group coordinator's answer (``None``: librdkafka's own
         request timeouts). Never pass it from inside a rebalance callback: the commit is then sent
-        from a helper thread, and librdkafka serves it only after the callback returned. A commit with nothing new is not an error (case C8). A broker refusing the
+        from a helper thread, and librdkafka serves it only after the callback returned. A commit with nothing new (``_NO_OFFSET``) is not an error. A broker refusing the
         metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the offsets again without it.
 
         Raises

@@ -64,7 +64,7 @@ return 0
 """
 
 
-# Parking (seed 002): every write checks that the caller still holds the key's lease.
+# Parking: every write checks that the caller still holds the key's lease.
 # KEYS[1] lease, [2] park, [3] pbytes, [4] seen; ARGV[1] owner, [2] seen retention ms, [3] max
 # messages, [4] max bytes, then (field, offset, entry) triples in order. Entries whose offset is not
 # above the field's highest parked offset are already parked (a re-delivery): skipped. Entries are
@@ -379,7 +379,7 @@ class LeaseStore:
         except ERRORS as exc:
             raise StoreUnavailable(str(exc)) from None
 
-    # -- parking and scheduled messages (seed 002) ---------------------------------------------
+    # -- parking and scheduled messages ----------------------------------------------------------
 
     def park(
         self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]]]], seen_ttl_ms: int,
