@@ -73,7 +73,7 @@ SEQUENCER_ENV_PREFIX = ENV_PREFIX + "SEQUENCER__"
 Ordering = Literal["key", "partition", "none"]
 
 #: librdkafka properties the engine owns. ``enable.auto.offset.store`` is always false: offsets are
-#: stored only for finished messages (xkafka proposal, seed 003).
+#: stored only for finished messages (the xkafka proposal, gojekfarm/xtools issue #25).
 _OWNED = {
     "bootstrap.servers": "brokers",
     "group.id": "group_id",

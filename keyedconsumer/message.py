@@ -1,6 +1,6 @@
 """A consumed Kafka record and its outcome.
 
-The outcome vocabulary follows the xkafka proposal (``shared/seeds/003``): a message ends as
+The outcome vocabulary follows the xkafka proposal (gojekfarm/xtools issue #25): a message ends as
 ``SUCCESS``, ``SKIP`` or ``FAIL``. A message is *done* (its offset may be stored) when it ends
 ``SUCCESS`` or ``SKIP``, or when its ``FAIL`` was handled by the ``error_handler``.
 """

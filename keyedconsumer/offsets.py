@@ -1,6 +1,6 @@
 """Per-partition offset tracking: the first offset not yet done.
 
-Rule (xkafka proposal, seed 003): the offset stored for a partition is the first offset that was
+Rule (the xkafka proposal, gojekfarm/xtools issue #25): the offset stored for a partition is the first offset that was
 received and is not done, or ``last received + 1`` when all are done. It is computed from the offsets
 actually received, never from ``previous + 1``, so offsets that never arrive (transaction markers,
 compacted records) cannot hold the watermark back (KIP-98's transaction markers take offsets).

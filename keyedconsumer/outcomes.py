@@ -31,7 +31,8 @@ class RetryLater(Exception):
 
     With ``park=True`` and a :class:`~keyedconsumer.RedisSequencer` the message's key is *parked*:
     the message and every later message of its key go to the key's list in Redis, their offsets
-    count done once Redis acknowledged the write, and the partition moves on (the Redis scheduler seed, 002).
+    count done once Redis acknowledged the write, and the partition moves on (per-key event lists in
+    Redis, as in go-distr-ep: github.com/pgujjeti/go-distr-ep).
     Without a Redis sequencer ``park`` is ignored and the message waits in memory.
 
     Raises

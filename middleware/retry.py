@@ -54,11 +54,11 @@ def _check(name: str, value: float, low: float, high: float = math.inf) -> float
 class Retry:
     """Retry a failing handler with exponential back-off and jitter.
 
-    Defaults follow BigBen (seed 004): 3 attempts, 1 s initial delay, multiplier 2. The delays are
-    tenacity's ``wait_exponential_jitter`` (Google Cloud's retry strategy,
-    https://cloud.google.com/storage/docs/retry-strategy): after failed attempt ``n`` (>= 1),
-    ``min(max_delay_s, initial_delay_s * multiplier ** (n - 1) + uniform(0, jitter))`` seconds
-    (``max_delay_s`` when the power overflows).
+    Defaults follow BigBen's (github.com/walmartlabs/bigben): 3 attempts, 1 s initial delay,
+    multiplier 2. The delays are tenacity's ``wait_exponential_jitter`` (Google Cloud's retry
+    strategy, https://cloud.google.com/storage/docs/retry-strategy): after failed attempt ``n``
+    (>= 1), ``min(max_delay_s, initial_delay_s * multiplier ** (n - 1) + uniform(0, jitter))``
+    seconds (``max_delay_s`` when the power overflows).
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Store vs commit: getting the finished offsets to the group, from the poll thread.
 
-The xkafka proposal (``shared/seeds/003``): an offset is stored only for a finished message, in
+The xkafka proposal (gojekfarm/xtools issue #25): an offset is stored only for a finished message, in
 order, and only for a partition still assigned. ``enable.auto.offset.store`` is always false: after
 each poll the first unfinished offset of every partition whose offset moved is *stored*
 (librdkafka ``offsets_store``, one partition per call: librdkafka fails a call only when every

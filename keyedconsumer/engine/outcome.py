@@ -1,6 +1,6 @@
 """The outcome of one run of a message, as the engine acts on it: a small closed set of types.
 
-The xkafka proposal (``shared/seeds/003``) names a message's end (success, skip, fail); the engine
+The xkafka proposal (gojekfarm/xtools issue #25) names a message's end (success, skip, fail); the engine
 needs a little more, because a run may not count yet:
 
 ==================  ================================================================================

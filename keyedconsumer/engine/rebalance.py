@@ -11,6 +11,9 @@ own assignment from the deltas (:class:`~.partitions.Partitions`).
   queued messages are dropped, their running handlers waited for, and their offsets committed with
   the metadata, again while the group refuses it because the rebalance moved on meanwhile
   (``STALE_MEMBER_EPOCH`` under KIP-848; KAFKA-16033 retries the commit before revocation too).
+  While a stop is under way the commit is sent without waiting for its answer: a commit made in a
+  rebalance callback cannot be bounded, and a stopped broker leaves it waiting for minutes
+  (confluent-kafka-python #1667), past the stop's bound.
 - **Lost**: everything of those partitions is dropped without committing.
 - **Pause set**: above the back-pressure bounds the assigned partitions are paused, resumed below
   half of them; a revoked partition that was paused is resumed (librdkafka keeps an application's
@@ -184,8 +187,20 @@ class Rebalance:
         The commit is made from this thread, the one serving the callback: a commit sent from
         another thread while a rebalance callback runs waits until the poll serving the callback
         returns (confluent-kafka serializes the calls on one consumer; measured here), so a commit
-        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's own request timeout (``socket.timeout.ms``).
+        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's
+        own request timeout (``socket.timeout.ms``).
+
+        While a stop is under way (``stop()`` came before this commit), the commit is sent without
+        waiting for the group coordinator's answer (``commit_async``), so the stop keeps its bound
+        when the broker does not answer (SIGSTOP, a network cut: measured here, a synchronous commit
+        in the callback was still waiting 100 s later). Its fate is then unknown: at worst what
+        finished since the last commit runs again (at-least-once). A stop that comes while a
+        synchronous commit already waits is not bounded by this.
         """
+        if self._stop_deadline() is not None:
+            self._client.commit_async(offsets, meta)
+            log.info("stopping: revoke commit of %s sent without waiting for the answer", offsets)
+            return
         pause = COMMIT_RETRY_S[0]
         while True:
             try:

@@ -23,7 +23,8 @@ __all__ = ["connect", "check_config"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
-# Errors librdkafka reports on commit that mean "nothing to do", not a failure (case C8).
+# Errors librdkafka reports on commit that mean "nothing to do", not a failure: a commit with no new
+# offset fails with ``RD_KAFKA_RESP_ERR__NO_OFFSET`` ("Local: No offset stored").
 _BENIGN_COMMIT = {KafkaError._NO_OFFSET}
 
 
@@ -104,7 +105,9 @@ class _ConfluentClient:
             return [(p.topic, p.partition) for p in parts]
 
         # The callbacks never call assign()/unassign(): confluent-kafka applies the (incremental)
-        # assignment itself after the callback returns, which incremental protocols require (C10).
+        # assignment itself after the callback returns. Under an incremental protocol
+        # (cooperative-sticky, KIP-848) librdkafka refuses assign() in the callback ("Changes to the
+        # current assignment must be made using incremental_assign()": rd_kafka_incremental_assign).
         try:
             self._consumer.subscribe(
                 list(topics),
@@ -154,8 +157,10 @@ class _ConfluentClient:
         return out
 
     def store(self, topic: str, partition: int, offset: int, metadata: str = "") -> None:
-        # One partition per call: librdkafka fails a multi-partition store only when every
-        # partition fails, so a mixed call could silently drop one (case C9).
+        # One partition per call: librdkafka's rd_kafka_offsets_store() (rdkafka.h) fails the call
+        # only when none of its offsets could be stored and reports the others in each partition's
+        # error, which confluent-kafka's store_offsets() does not raise: a mixed call could
+        # silently drop one.
         try:
             self._consumer.store_offsets(offsets=[_tp(topic, partition, offset, metadata)])
         except KafkaException as exc:
@@ -174,8 +179,8 @@ class _ConfluentClient:
         from a helper thread, which confluent-kafka lets into the consumer only once the poll
         serving the callback returned (it serializes the calls on one consumer, and ``consume()``
         holds it while it serves callbacks): the commit lands after the callback's own commits,
-        under whatever generation is current by then. A commit with nothing new is not an error
-        (case C8). A broker refusing the metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the
+        under whatever generation is current by then. A commit with nothing new (``_NO_OFFSET``) is
+        not an error. A broker refusing the metadata's size (``OFFSET_METADATA_TOO_LARGE``) gets the
         offsets again without it.
 
         Raises

@@ -1,7 +1,8 @@
 """Parking and scheduled messages: the poll thread's side of ordered non-blocking retries in Redis.
 
-The ideas are the Redis scheduler seed's (``shared/seeds/002``) and go-distr-ep's ScheduleEvent
-(``000``), on top of the per-key leases:
+The ideas are those of Redis job schedulers (delayed jobs in a sorted set scored by their due
+time, moved when due) and of go-distr-ep's per-key event lists and ScheduleEvent
+(github.com/pgujjeti/go-distr-ep), on top of the per-key leases:
 
 - **Park.** A message whose handler asks to retry later with ``park=True`` is appended to its key's
   list in Redis (``keys.park``) with its due time, and the key goes into the due set. Every later

@@ -85,7 +85,8 @@ return 0
 """
 
 
-# Parking (seed 002): every write checks that the caller still holds the key's lease.
+# Parking (the Redis-parked retries of pgujjeti/go-distr-ep): every write checks that the caller
+# still holds the key's lease.
 # KEYS[1] lease, [2] park, [3] pbytes, [4] seen, [5] error; ARGV[1] owner, [2] seen retention ms,
 # [3] max messages, [4] max bytes, [5] conflate (1 | 0), [6] error class ('' = no error), [7] error
 # message, [8] the failed message (topic[partition]@offset), [9] its attempt, then (field, offset,
@@ -438,7 +439,7 @@ class LeaseStore:
         except ERRORS as exc:
             raise StoreUnavailable(str(exc)) from None
 
-    # -- parking and scheduled messages (seed 002) ---------------------------------------------
+    # -- parking and scheduled messages ----------------------------------------------------------
 
     def park(
         self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]], LastError | None]], seen_ttl_ms: int,

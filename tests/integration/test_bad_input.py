@@ -65,6 +65,7 @@ from keyedconsumer.middleware import DeadLetter, DeadLetterError, DecodeError, L
 from pydantic import BaseModel, ValidationError
 
 from keyedconsumer import (
+    ConsumerConfig,
     KafkaClientError,
     KeyedConsumer,
     KeyedConsumerError,
@@ -873,3 +874,30 @@ def test_redis_down_at_start_waits_then_processes_everything(kafka_bootstrap: st
     # and the Redis password is in no log line, and not in the sequencer's repr
     assert SECRET not in caplog.text and SECRET not in repr([rec.args for rec in caplog.records])
     assert SECRET not in repr(seq) and SECRET not in repr(c.config)
+
+
+@pytest.mark.timeout(60)
+def test_an_option_given_next_to_settings_is_used_not_dropped(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+    # given settings of concurrency 1, and four messages of four keys whose handlers each wait until
+    # all four run at once
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"v", 0) for i in range(4)])
+    group = gid("settings-and-option")
+    together = threading.Barrier(4, timeout=20)
+    broken: list[int] = []
+
+    def handle(msg: Message) -> None:
+        try:
+            together.wait()
+        except threading.BrokenBarrierError:
+            broken.append(msg.offset)
+
+    cfg = ConsumerConfig(name=group, brokers=[kafka_bootstrap], topics=[topic], concurrency=1)
+    # when the consumer is given the settings and concurrency=4 next to them
+    c = KeyedConsumer(settings=cfg, handler=handle, concurrency=4)
+    r = start(c)
+    # then its four workers run the four messages at once (with concurrency 1 the first would wait
+    # for the other three until the barrier broke)
+    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 4}, 40)
+    assert r.stop() and r.error is None, r.error
+    assert broken == [] and c.config.concurrency == 4

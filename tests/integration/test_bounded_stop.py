@@ -223,3 +223,46 @@ def test_finished_work_never_runs_again_under_kip848_membership_churn(kafka_boot
     runs = [(int(x[2]), int(x[3])) for x in (ln.split() for ln in log.read_text().splitlines()) if x and x[0] == "E"]
     twice = len(runs) - len(set(runs))
     assert len(set(runs)) == n and twice == 0, (twice, len(set(runs)), _stderr(log)[-3000:])
+
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_within_the_bound(own_kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # given a member running all four messages of a 2-partition topic at once: each partition's
+    # second message runs long (a revoke waits revoke_timeout_s for it, then commits) and its first
+    # one ends just after the revoke started (so the revoke has a new offset to commit)
+    bootstrap = own_kafka.bootstrap
+    topic, group, log = _topic(bootstrap, 2), f"g-{uuid.uuid4().hex[:8]}", tmp_path / "revoke.log"
+    produce(bootstrap, topic, [(f"k{i}".encode(), b"x", i // 2) for i in range(4)])
+    err = open(tmp_path / "revoke.err", "wb")
+    member = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.procs.revoke_consumer", bootstrap, topic, group, str(log),
+         "--shutdown-s", str(SHUTDOWN_S)],
+        cwd=ROOT, stdout=err, stderr=err,
+    )
+
+    def lines(kind: str) -> list[str]:
+        return [ln for ln in (log.read_text().splitlines() if log.exists() else []) if ln.startswith(kind)]
+
+    pid = _kafka_pid(own_kafka)
+    assert pid is not None
+    joiner = None
+    try:
+        assert wait_until(lambda: len(lines("S ")) == 4, 60), (tmp_path / "revoke.err").read_text()[-3000:]
+        # when a second member joins: the first member's revoke starts (and waits for its handler)
+        joiner = _start(bootstrap, topic, group, tmp_path / "joiner.log")
+        assert wait_until(lambda: lines("V "), 60), (tmp_path / "revoke.err").read_text()[-3000:]
+        # and the broker is stopped (SIGSTOP) while it waits, and the member is SIGTERMed
+        os.kill(pid, signal.SIGSTOP)
+        elapsed = _term_and_time(member)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if joiner is not None:
+            joiner.kill()
+            joiner.wait(10)
+        if member.poll() is None:
+            member.kill()
+            member.wait(10)
+    # then it exited cleanly within the documented bound, though the revoke's commit got no answer
+    assert member.returncode == 0 and elapsed <= BOUND_S, (elapsed, member.returncode,
+                                                           (tmp_path / "revoke.err").read_text()[-3000:])

@@ -81,3 +81,20 @@ def test_every_relative_link_and_anchor_resolves() -> None:
                 headings = [slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)]
                 assert anchor in headings, f"{doc.name} links to {target}: no such heading"
 
+
+
+#: Internal tracker ids that mean nothing to a user: a case number ("case C8", "(C10)"), a source
+#: document of the project ("seed 003", "shared/seeds/..."), an issue of this project's tracker
+#: ("issue 6"; a public one is cited with its repository: "gojekfarm/xtools issue #25").
+TRACKER_IDS = re.compile(r"\bcase C\d+\b|\(C\d+\)|\bseeds?,? \d{3}\b|shared/seeds|\bissue \d+\b", re.IGNORECASE)
+
+
+def test_the_package_cites_public_sources_not_tracker_ids() -> None:
+    # given every module of the package and of the middleware
+    found = []
+    for path in sorted([*(ROOT / "keyedconsumer").rglob("*.py"), *(ROOT / "middleware").rglob("*.py")]):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if TRACKER_IDS.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    # then none cites an internal tracker id (cite the KIP, librdkafka property or issue, peer project)
+    assert found == []

@@ -2,6 +2,10 @@
 
     python -m tests.integration.procs.stop_consumer BOOTSTRAP TOPIC GROUP LOGFILE
         [--redis URL --namespace NS] [--shutdown-s S] [--sleep S] [--concurrency N] [--protocol P]
+        [--hold-key KEY]
+
+``--hold-key``: the handler of a message with that key never returns (it holds its partition's
+first unfinished offset, as a hot key's slow message does).
 
 Logs, unbuffered (O_APPEND), one line per event: ``R pid`` once ``run()`` started, ``E pid partition
 offset`` for each handler end, ``X pid monotonic_ns exit-detail`` when ``run()`` returned (what it
@@ -29,12 +33,17 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.005)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--protocol", default="classic")
+    ap.add_argument("--hold-key", default=None)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
 
+    hold = a.hold_key.encode() if a.hold_key is not None else None
+
     def handle(msg: Message) -> None:
+        if hold is not None and msg.key == hold:
+            time.sleep(3600)
         time.sleep(a.sleep)
         os.write(fd, f"E {pid} {msg.partition} {msg.offset}\n".encode())
 
