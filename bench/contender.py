@@ -65,7 +65,9 @@ class Block:
                 self.info = {
                     "released_after_s": round(now - rec.t_first, 2),
                     "handled_at_release": h,
-                    "reason": "all other keys handled" if h >= self.others else f"no progress for {self.stall_s:g} s",
+                    "reason": "all other keys handled"
+                    if h >= self.others
+                    else f"no progress for {self.stall_s:g} s",
                     "rss_mb_at_release": sampler.samples[-1][1],
                 }
                 self.released.set()
@@ -207,12 +209,18 @@ def run_raw(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str, Any]
     finally:
         c.close()
     unset = [k for k in FETCH_SETTINGS if k not in fetch]
-    return {"settings": {"client": "confluent-kafka Consumer", "consume(num_messages)": batch,
-                         "enable.auto.offset.store": False, "store_offsets": "per message",
-                         "enable.auto.commit": True,
-                         "fetch settings from keyedconsumer's config": fetch,
-                         **({"librdkafka defaults (keyedconsumer sets none)": unset} if unset else {}),
-                         "keyedconsumer's other fetch settings (not copied)": not_copied}}
+    return {
+        "settings": {
+            "client": "confluent-kafka Consumer",
+            "consume(num_messages)": batch,
+            "enable.auto.offset.store": False,
+            "store_offsets": "per message",
+            "enable.auto.commit": True,
+            "fetch settings from keyedconsumer's config": fetch,
+            **({"librdkafka defaults (keyedconsumer sets none)": unset} if unset else {}),
+            "keyedconsumer's other fetch settings (not copied)": not_copied,
+        }
+    }
 
 
 def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block, sampler: Sampler) -> dict[str, Any]:
@@ -274,8 +282,11 @@ def run_pyrallel(spec: dict[str, Any], rec: Recorder, block: Block) -> dict[str,
         dlq_enabled=False,
     )
     pc = cfg.parallel_consumer
-    pc.ordering_mode = {"key": OrderingMode.KEY_HASH, "partition": OrderingMode.PARTITION,
-                        "none": OrderingMode.UNORDERED}[spec["ordering"]]
+    pc.ordering_mode = {
+        "key": OrderingMode.KEY_HASH,
+        "partition": OrderingMode.PARTITION,
+        "none": OrderingMode.UNORDERED,
+    }[spec["ordering"]]
     pc.execution.mode = ExecutionMode.ASYNC
     pc.execution.max_in_flight = spec["concurrency"]
     pc.execution.max_retries = 1
@@ -362,9 +373,17 @@ def run_faststream(spec: dict[str, Any], rec: Recorder, block: Block, unordered:
             await broker.stop()
 
     asyncio.run(main())
-    return {"settings": {"subscriber": desc, "max_workers": workers, "ack_policy": ack,
-                         "client": "aiokafka", "auto_offset_reset": "earliest",
-                         "apply_types": False, "record": "broker.context.get_local('message').raw_message"}}
+    return {
+        "settings": {
+            "subscriber": desc,
+            "max_workers": workers,
+            "ack_policy": ack,
+            "client": "aiokafka",
+            "auto_offset_reset": "earliest",
+            "apply_types": False,
+            "record": "broker.context.get_local('message').raw_message",
+        }
+    }
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -373,6 +392,7 @@ def run_faststream(spec: dict[str, Any], rec: Recorder, block: Block, unordered:
 def progress_writer(path: str, rec: Recorder):  # type: ignore[no-untyped-def]
     """A Sampler callback that rewrites ``path`` with ``<handled> <perf_counter>`` (atomically), so the
     orchestrator of several instances sees each one's progress while it runs."""
+
     def write(_samples: list[tuple[float, float, int, int]]) -> None:
         tmp = f"{path}.{threading.get_ident()}.tmp"  # the sampler thread and its stop() may write at once
         try:
@@ -391,8 +411,11 @@ def main() -> None:
     if spec.get("chdir"):
         os.chdir(spec["chdir"])  # pydantic-settings of the peers read ./.env: keep it empty
     rec = Recorder(spec["target"], spec.get("lat_every", 1))
-    block = Block(spec["block_key"].encode() if spec.get("block_key") else None,
-                  spec["target"] - spec.get("block_count", 0), spec.get("stall_s", 3.0))
+    block = Block(
+        spec["block_key"].encode() if spec.get("block_key") else None,
+        spec["target"] - spec.get("block_count", 0),
+        spec.get("stall_s", 3.0),
+    )
     sampler = Sampler(rec, spec.get("sample_s", 1.0))
     if spec.get("progress_file"):
         sampler.on_sample = progress_writer(spec["progress_file"], rec)

@@ -40,8 +40,10 @@ def run(n: int) -> float:
 
     cpu = 0.0
     for base in range(0, n, ROUND):
-        msgs = [Message("t", i % PARTITIONS, i // PARTITIONS, b"k%d" % (i % KEYS), b"x" * 90)
-                for i in range(base, min(n, base + ROUND))]
+        msgs = [
+            Message("t", i % PARTITIONS, i // PARTITIONS, b"k%d" % (i % KEYS), b"x" * 90)
+            for i in range(base, min(n, base + ROUND))
+        ]
         t0 = time.process_time()
         for i in range(0, len(msgs), BATCH):
             d.admit(msgs[i : i + BATCH])
@@ -71,7 +73,9 @@ def main() -> None:
     ap.add_argument("--calls", action="store_true", help="also count Python calls per message (cProfile)")
     args = ap.parse_args()
     runs = [run(args.messages) * 1e6 for _ in range(5)]
-    print(f"engine CPU per message: median {statistics.median(runs):.2f} us (min {min(runs):.2f}, max {max(runs):.2f}; 5 runs)")
+    print(
+        f"engine CPU per message: median {statistics.median(runs):.2f} us (min {min(runs):.2f}, max {max(runs):.2f}; 5 runs)"
+    )
     if args.calls:
         import cProfile
         import pstats

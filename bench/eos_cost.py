@@ -65,8 +65,14 @@ class _Reader:
         self.reached_at = 0.0
         self._expect = expect
         self._stop = threading.Event()
-        self._c = Consumer({"bootstrap.servers": brokers, "group.id": f"eos-bench-reader-{uuid.uuid4().hex[:8]}",
-                            "isolation.level": "read_committed", "enable.auto.commit": False})
+        self._c = Consumer(
+            {
+                "bootstrap.servers": brokers,
+                "group.id": f"eos-bench-reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         self._c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
@@ -103,21 +109,34 @@ def _run(brokers: str, src: str, out: str, n: int, name: str) -> dict[str, Any]:
             if handled[0] == n:
                 last[0] = time.perf_counter()
 
-    consumer = KeyedConsumer(name=f"eos-bench-{name}-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[brokers],
-                             topics=[src], concurrency=16, **CONTENDERS[name])
+    consumer = KeyedConsumer(
+        name=f"eos-bench-{name}-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[brokers],
+        topics=[src],
+        concurrency=16,
+        **CONTENDERS[name],
+    )
     t = threading.Thread(target=consumer.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and t.is_alive() and (
-            handled[0] < n if reader is None else not reader.reached_at):
+    while (
+        time.monotonic() < deadline
+        and t.is_alive()
+        and (handled[0] < n if reader is None else not reader.reached_at)
+    ):
         time.sleep(0.005)
     end = last[0] if reader is None else reader.reached_at
     consumer.stop()
     t.join(60)
     seconds = (end or time.perf_counter()) - first[0]
-    return {"contender": name, "handled": handled[0], "seconds": round(seconds, 3),
-            "msg_per_s": round(n / seconds, 1) if seconds > 0 and end else 0.0,
-            "records_read_committed": reader.close() if reader is not None else 0}
+    return {
+        "contender": name,
+        "handled": handled[0],
+        "seconds": round(seconds, 3),
+        "msg_per_s": round(n / seconds, 1) if seconds > 0 and end else 0.0,
+        "records_read_committed": reader.close() if reader is not None else 0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,36 +178,58 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(a: str, b: str) -> list[float]:
         return [round(by[(i, a)] / by[(i, b)], 3) for i in range(repeats) if by.get((i, b))]
 
-    ratios = {"plain/none": ratio("plain", "none"), "tx-0.1s/plain": ratio("tx-0.1s", "plain"),
-              "tx-1s/plain": ratio("tx-1s", "plain"), "tx-0.1s/none": ratio("tx-0.1s", "none")}
+    ratios = {
+        "plain/none": ratio("plain", "none"),
+        "tx-0.1s/plain": ratio("tx-0.1s", "plain"),
+        "tx-1s/plain": ratio("tx-1s", "plain"),
+        "tx-0.1s/none": ratio("tx-0.1s", "none"),
+    }
     result = {
-        "size": args.size, "messages": n, "repeats": repeats, "started": started, "nproc": os.cpu_count(),
-        "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
-        "runs": runs, "ratios": ratios, "median_ratios": {k: statistics.median(v) for k, v in ratios.items() if v},
-        "median_msg_per_s": {c: statistics.median([r["msg_per_s"] for r in runs if r["contender"] == c])
-                             for c in CONTENDERS},
+        "size": args.size,
+        "messages": n,
+        "repeats": repeats,
+        "started": started,
+        "nproc": os.cpu_count(),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+        "runs": runs,
+        "ratios": ratios,
+        "median_ratios": {k: statistics.median(v) for k, v in ratios.items() if v},
+        "median_msg_per_s": {
+            c: statistics.median([r["msg_per_s"] for r in runs if r["contender"] == c]) for c in CONTENDERS
+        },
     }
     ok = all(r["handled"] >= n for r in runs) and all(
-        r["records_read_committed"] >= n for r in runs if r["contender"] != "none")
+        r["records_read_committed"] >= n for r in runs if r["contender"] != "none"
+    )
     result["ok"] = ok
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eos_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "# Producing results: at-least-once vs exactly-once (`bench/eos_cost.py`)", "",
+        "# Producing results: at-least-once vs exactly-once (`bench/eos_cost.py`)",
+        "",
         f"{started}, {n} messages over 1,000 keys, 8 partitions, concurrency 16, one 100-byte record produced "
         f"per message, {repeats} repeat(s) interleaved; {os.cpu_count()} cores, load average "
-        f"{result['load_before']} before, {result['load_after']} after.", "",
-        "| contender | median msg/s |", "| --- | --- |",
-        *[f"| {c} | {v:,.0f} |" for c, v in result["median_msg_per_s"].items()], "",
-        "| ratio (same repeat) | median | each repeat |", "| --- | --- | --- |",
-        *[f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
-          for k, v in ratios.items()], "",
+        f"{result['load_before']} before, {result['load_after']} after.",
+        "",
+        "| contender | median msg/s |",
+        "| --- | --- |",
+        *[f"| {c} | {v:,.0f} |" for c, v in result["median_msg_per_s"].items()],
+        "",
+        "| ratio (same repeat) | median | each repeat |",
+        "| --- | --- | --- |",
+        *[
+            f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
+            for k, v in ratios.items()
+        ],
+        "",
         "msg/s: from the first handler start to the N-th result readable by a `read_committed` reader "
         "(`none`: to the N-th message handled). "
         "`none`: the handler produces nothing. `plain`: `msg.produce`, the message counts done once its "
         "record is acknowledged (acks=all, idempotent, `linger.ms` 5). `tx-*`: `transactional=True` with "
-        "`transaction_interval_s` 0.1 / 1.0: records and offsets committed in one transaction per interval.", "",
+        "`transaction_interval_s` 0.1 / 1.0: records and offsets committed in one transaction per interval.",
+        "",
     ]
     (out_dir / "eos_cost.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -83,15 +83,26 @@ class _Clock:
 
     def result(self) -> dict[str, Any]:
         seconds = (self.last or time.perf_counter()) - self.first
-        return {"done": self.done, "handler_calls": self.calls, "seconds": round(seconds, 3),
-                "msg_per_s": round(self.n / seconds, 1) if self.last and seconds > 0 else 0.0}
+        return {
+            "done": self.done,
+            "handler_calls": self.calls,
+            "seconds": round(seconds, 3),
+            "msg_per_s": round(self.n / seconds, 1) if self.last and seconds > 0 else 0.0,
+        }
 
 
 def _run_raw(brokers: str, topic: str, n: int) -> dict[str, Any]:
     clock = _Clock(n)
-    c = Consumer({"bootstrap.servers": brokers, "group.id": f"feat-raw-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest", "enable.auto.offset.store": False, "enable.auto.commit": True,
-                  "fetch.wait.max.ms": 50})
+    c = Consumer(
+        {
+            "bootstrap.servers": brokers,
+            "group.id": f"feat-raw-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": True,
+            "fetch.wait.max.ms": 50,
+        }
+    )
     c.subscribe([topic])
     deadline = time.monotonic() + 600
     while clock.done < n and time.monotonic() < deadline:
@@ -119,9 +130,16 @@ def _run_kc(brokers: str, topic: str, n: int, name: str, audit_topic: str | None
     def conflated(msg: Message) -> None:
         clock.add(call=False)
 
-    consumer = KeyedConsumer(name=f"feat-{name}-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[brokers],
-                             topics=[topic], concurrency=16, middlewares=[audit] if audit else [],
-                             conflate=conflate, on_conflated=conflated if conflate else None)
+    consumer = KeyedConsumer(
+        name=f"feat-{name}-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[brokers],
+        topics=[topic],
+        concurrency=16,
+        middlewares=[audit] if audit else [],
+        conflate=conflate,
+        on_conflated=conflated if conflate else None,
+    )
     t = threading.Thread(target=consumer.run, daemon=True)
     t.start()
     deadline = time.monotonic() + 600
@@ -167,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "kc+audit":
                     admin.create_topics([NewTopic(audit_topic, 4, 1)])[audit_topic].result(30)
                     topics.append(audit_topic)
-                r = _run_raw(args.brokers, src, n) if name == "raw" else _run_kc(args.brokers, src, n, name, audit_topic)
+                r = (
+                    _run_raw(args.brokers, src, n)
+                    if name == "raw"
+                    else _run_kc(args.brokers, src, n, name, audit_topic)
+                )
                 r.update(workload="audit", contender=name, repeat=rep)
                 runs.append(r)
                 print(json.dumps(r), flush=True)
@@ -188,39 +210,73 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(w: str, a: str, b: str) -> list[float]:
         return [round(by[(w, i, a)] / by[(w, i, b)], 3) for i in range(repeats) if by.get((w, i, b))]
 
-    ratios = {"audit: kc/raw": ratio("audit", "kc", "raw"), "audit: kc+audit/raw": ratio("audit", "kc+audit", "raw"),
-              "audit: kc+audit/kc": ratio("audit", "kc+audit", "kc"),
-              "conflation: kc+conflate/kc": ratio("conflation", "kc+conflate", "kc")}
-    med = {f"{w}: {c}": statistics.median([r["msg_per_s"] for r in runs if r["workload"] == w and r["contender"] == c])
-           for w, cs in (("audit", AUDIT_CONTENDERS), ("conflation", CONFLATION_CONTENDERS)) for c in cs}
-    calls = {c: statistics.median([r["handler_calls"] for r in runs if r["workload"] == "conflation" and r["contender"] == c])
-             for c in CONFLATION_CONTENDERS}
+    ratios = {
+        "audit: kc/raw": ratio("audit", "kc", "raw"),
+        "audit: kc+audit/raw": ratio("audit", "kc+audit", "raw"),
+        "audit: kc+audit/kc": ratio("audit", "kc+audit", "kc"),
+        "conflation: kc+conflate/kc": ratio("conflation", "kc+conflate", "kc"),
+    }
+    med = {
+        f"{w}: {c}": statistics.median(
+            [r["msg_per_s"] for r in runs if r["workload"] == w and r["contender"] == c]
+        )
+        for w, cs in (("audit", AUDIT_CONTENDERS), ("conflation", CONFLATION_CONTENDERS))
+        for c in cs
+    }
+    calls = {
+        c: statistics.median(
+            [r["handler_calls"] for r in runs if r["workload"] == "conflation" and r["contender"] == c]
+        )
+        for c in CONFLATION_CONTENDERS
+    }
     ok = all(r["done"] >= (n if r["workload"] == "audit" else nc) for r in runs) and all(
-        r.get("audit_failed", 0) == 0 for r in runs)
-    result = {"size": args.size, "messages": n, "conflation_messages": nc, "repeats": repeats, "started": started,
-              "nproc": os.cpu_count(), "load_before": [round(x, 2) for x in load_before],
-              "load_after": [round(x, 2) for x in load_after], "runs": runs, "ratios": ratios,
-              "median_ratios": {k: statistics.median(v) for k, v in ratios.items() if v},
-              "median_msg_per_s": med, "conflation_handler_calls": calls, "ok": ok}
+        r.get("audit_failed", 0) == 0 for r in runs
+    )
+    result = {
+        "size": args.size,
+        "messages": n,
+        "conflation_messages": nc,
+        "repeats": repeats,
+        "started": started,
+        "nproc": os.cpu_count(),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+        "runs": runs,
+        "ratios": ratios,
+        "median_ratios": {k: statistics.median(v) for k, v in ratios.items() if v},
+        "median_msg_per_s": med,
+        "conflation_handler_calls": calls,
+        "ok": ok,
+    }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "features_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "# The audit trail and conflation: their cost (`bench/features_cost.py`)", "",
+        "# The audit trail and conflation: their cost (`bench/features_cost.py`)",
+        "",
         f"{started}; audit workload {n:,} messages over 1,000 keys, handler does nothing; conflation workload "
         f"{nc:,} messages over 20 keys, handler 1 ms; 8 partitions, concurrency 16, {repeats} repeat(s) "
         f"interleaved; {os.cpu_count()} cores, load average {result['load_before']} before, "
-        f"{result['load_after']} after.", "",
-        "| workload: contender | median msg/s |", "| --- | --- |",
-        *[f"| {k} | {v:,.0f} |" for k, v in med.items()], "",
-        "| ratio (same repeat) | median | each repeat |", "| --- | --- | --- |",
-        *[f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
-          for k, v in ratios.items()], "",
+        f"{result['load_after']} after.",
+        "",
+        "| workload: contender | median msg/s |",
+        "| --- | --- |",
+        *[f"| {k} | {v:,.0f} |" for k, v in med.items()],
+        "",
+        "| ratio (same repeat) | median | each repeat |",
+        "| --- | --- | --- |",
+        *[
+            f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
+            for k, v in ratios.items()
+        ],
+        "",
         f"Handler calls on the conflation workload (median): kc {calls['kc']:,.0f}, kc+conflate "
-        f"{calls['kc+conflate']:,.0f} of {nc:,} messages.", "",
+        f"{calls['kc+conflate']:,.0f} of {nc:,} messages.",
+        "",
         "msg/s: from the first handler start to the N-th message done (handled or conflated); kc+audit "
         "until every audit record was acknowledged too. raw: one confluent-kafka Consumer, consume(500), "
-        "offsets stored and auto-committed, no ordering or concurrency.", "",
+        "offsets stored and auto-committed, no ordering or concurrency.",
+        "",
     ]
     (out_dir / "features_cost.md").write_text("\n".join(lines))
     print("\n".join(lines))

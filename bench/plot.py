@@ -46,15 +46,24 @@ def main(src: str, dst: str) -> None:
                 continue
             label = f"{r['contender']} {r['ordering']} {r['mode']}"
             v = r["msg_per_s"]  # the median over the repeats; the error bar spans min-max
-            series[label].append((r["concurrency"], v, v - r.get("msg_per_s_min", v), r.get("msg_per_s_max", v) - v))
+            series[label].append(
+                (r["concurrency"], v, v - r.get("msg_per_s_min", v), r.get("msg_per_s_max", v) - v)
+            )
             if r["contender"] == "keyedconsumer" and r["ordering"] == "key" and r.get("ideal"):
                 ideal[r["concurrency"]] = r["ideal"]["ideal_msg_per_s"]
         for label, pts in sorted(series.items()):
             pts.sort()
             name = label.split()[0]
             ls = "-" if label.endswith("sync") and not label.endswith("async") else "--"
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
-                        fmt=ls, capsize=2, label=label, **STYLE.get(name, {}))
+            ax.errorbar(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+                fmt=ls,
+                capsize=2,
+                label=label,
+                **STYLE.get(name, {}),
+            )
         if raw:
             ax.axhline(raw, color="black", ls="-.", lw=1, label=f"raw confluent-kafka ({raw:,.0f}/s)")
         if ideal:
@@ -71,9 +80,12 @@ def main(src: str, dst: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     m = res["machine"]
-    fig.suptitle(f"keyedconsumer benchmark {res['started']} UTC, {m['nproc']} CPUs {m['cpu']}, "
-                 f"python {m['python']}, librdkafka {m['librdkafka']} ({res['size']} size; median of "
-                 f"{res.get('repeats', 1)} repeat(s), bars: min-max)", fontsize=9)
+    fig.suptitle(
+        f"keyedconsumer benchmark {res['started']} UTC, {m['nproc']} CPUs {m['cpu']}, "
+        f"python {m['python']}, librdkafka {m['librdkafka']} ({res['size']} size; median of "
+        f"{res.get('repeats', 1)} repeat(s), bars: min-max)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 

@@ -122,7 +122,9 @@ def run_protocol(args: argparse.Namespace, proto: str, partitions: int) -> dict[
     suite.create_topic(args.brokers, topic, partitions)
     if proto in GROUP_CONFIGS:
         set_group_config(args.brokers, group, GROUP_CONFIGS[proto])
-    base = ConsumerConfig(name=group, topics=[topic], brokers=[args.brokers], config=PROTOCOLS[proto]).librdkafka()
+    base = ConsumerConfig(
+        name=group, topics=[topic], brokers=[args.brokers], config=PROTOCOLS[proto]
+    ).librdkafka()
     base.update({"enable.auto.commit": False, "log_level": 3})
     members: list[Member] = []
     steps: list[dict[str, Any]] = []
@@ -159,10 +161,17 @@ def run_protocol(args: argparse.Namespace, proto: str, partitions: int) -> dict[
             else:
                 stable_since = None
         after = owners(members)
-        moved = sum(1 for p in range(partitions) if before.get(p) is not None and after.get(p) != before.get(p))
-        step = {"members": target, "from": prev, "settle_s": None if t_settle is None else round(t_settle, 3),
-                "moved": moved, "unowned_partition_s": round(unowned_ps, 1),
-                "callbacks": sum(m.events for m in members)}
+        moved = sum(
+            1 for p in range(partitions) if before.get(p) is not None and after.get(p) != before.get(p)
+        )
+        step = {
+            "members": target,
+            "from": prev,
+            "settle_s": None if t_settle is None else round(t_settle, 3),
+            "moved": moved,
+            "unowned_partition_s": round(unowned_ps, 1),
+            "callbacks": sum(m.events for m in members),
+        }
         steps.append(step)
         suite.log(f"{proto} P={partitions}: -> {target} members: {step}")
         if t_settle is None:
@@ -173,9 +182,14 @@ def run_protocol(args: argparse.Namespace, proto: str, partitions: int) -> dict[
     for m in members:
         m.closed.wait(30)
     suite.delete_topics(args.brokers, [topic])
-    return {"protocol": proto, "partitions": partitions, "topic": topic, "steps": steps,
-            "config": {k: v for k, v in base.items() if k not in ("bootstrap.servers", "group.id")},
-            "group_config": GROUP_CONFIGS.get(proto, {})}
+    return {
+        "protocol": proto,
+        "partitions": partitions,
+        "topic": topic,
+        "steps": steps,
+        "config": {k: v for k, v in base.items() if k not in ("bootstrap.servers", "group.id")},
+        "group_config": GROUP_CONFIGS.get(proto, {}),
+    }
 
 
 def set_group_config(brokers: str, group: str, conf: dict[str, str]) -> None:
@@ -188,8 +202,13 @@ def set_group_config(brokers: str, group: str, conf: dict[str, str]) -> None:
     )
 
     admin = AdminClient({"bootstrap.servers": brokers})
-    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in conf.items()])
+    res = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in conf.items()
+        ],
+    )
     for fut in admin.incremental_alter_configs([res]).values():
         fut.result(timeout=30)
 
@@ -205,8 +224,12 @@ def prefetch(args: argparse.Namespace, partitions: int, messages: int) -> dict[s
     suite.create_topic(args.brokers, topic, partitions)
     import random as _random
 
-    suite.produce(args.brokers, topic, {"size": 100}, suite.keys_for({"messages": messages, "keys": 100_000},
-                                                                       _random.Random(3)))
+    suite.produce(
+        args.brokers,
+        topic,
+        {"size": 100},
+        suite.keys_for({"messages": messages, "keys": 100_000}, _random.Random(3)),
+    )
     code = f"""
 import json, os, sys, time
 sys.path.insert(0, {KC_SRC!r}); sys.path.insert(0, {str(HERE)!r})
@@ -257,16 +280,24 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for r in results["runs"]:
         prev = 0
         for s in r["steps"]:
-            lines.append(f"| {r['protocol']} | {r['partitions']} | {prev} -> {s['members']} | {s['settle_s']} "
-                         f"| {s['moved']} | {s['unowned_partition_s']} |")
+            lines.append(
+                f"| {r['protocol']} | {r['partitions']} | {prev} -> {s['members']} | {s['settle_s']} "
+                f"| {s['moved']} | {s['unowned_partition_s']} |"
+            )
             prev = s["members"]
     if results.get("prefetch"):
-        lines += ["", "## librdkafka prefetch: RSS of a consumer that polls nothing for 15 s", "",
-                  "| partitions | messages in the topic | RSS before the client MB | peak RSS MB | properties |",
-                  "| ---: | ---: | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "## librdkafka prefetch: RSS of a consumer that polls nothing for 15 s",
+            "",
+            "| partitions | messages in the topic | RSS before the client MB | peak RSS MB | properties |",
+            "| ---: | ---: | ---: | ---: | --- |",
+        ]
         for x in results["prefetch"]:
-            lines.append(f"| {x['partitions']:,} | {x['messages']:,} | {x['rss_before_mb']:.0f} | {x['rss_peak_mb']:.0f} "
-                         f"| {x['props']} |")
+            lines.append(
+                f"| {x['partitions']:,} | {x['messages']:,} | {x['rss_before_mb']:.0f} | {x['rss_peak_mb']:.0f} "
+                f"| {x['props']} |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -279,10 +310,16 @@ def main() -> int:
     ap.add_argument("--steps", default="1,2,4,8,4,2,1")
     ap.add_argument("--protocols", default="classic,consumer,consumer-hb5000")
     ap.add_argument("--timeout-s", type=float, default=120.0)
-    ap.add_argument("--smoke", action="store_true", help="16 partitions, 1 -> 2 -> 1 members, both protocols (< 1 min)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="16 partitions, 1 -> 2 -> 1 members, both protocols (< 1 min)"
+    )
     ap.add_argument("--quiet-lock", action="store_true")
-    ap.add_argument("--prefetch", default="", metavar="P,P",
-                    help="only: RSS of a consumer that polls nothing, librdkafka prefetching from P partitions")
+    ap.add_argument(
+        "--prefetch",
+        default="",
+        metavar="P,P",
+        help="only: RSS of a consumer that polls nothing, librdkafka prefetching from P partitions",
+    )
     ap.add_argument("--name", default="rebalance", help="the results' file names: <out>/<name>.json and .md")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
@@ -290,10 +327,14 @@ def main() -> int:
         args.partitions, args.steps, args.protocols, args.timeout_s = "16", "1,2,1", "classic,consumer", 30.0
     args.steps = [int(x) for x in args.steps.split(",")]
     results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_before": suite.loadavg(),
-        "machine": suite.machine_info(None), "confluent_kafka": confluent_kafka.version()[0],
-        "librdkafka": confluent_kafka.libversion()[0], "quiet_lock": args.quiet_lock,
-        "command": " ".join(["bench/rebalance.py", *sys.argv[1:]]), "runs": [],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_before": suite.loadavg(),
+        "machine": suite.machine_info(None),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "quiet_lock": args.quiet_lock,
+        "command": " ".join(["bench/rebalance.py", *sys.argv[1:]]),
+        "runs": [],
     }
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
     if args.prefetch:

@@ -100,9 +100,16 @@ class Group:
         for m in after.values():
             loads[m] = loads.get(m, 0) + 1
         moved = sum(1 for p, m in before.items() if after.get(p) != m)
-        return {"moved": moved, "minimum": min_moves(before, set(loads), self.parts[TOPIC]), "revoke_callbacks": self.revokes - r0, "assign_callbacks": self.assigns - a0,
-                "rounds": self.rounds - n0, "members": len(loads), "max_load": max(loads.values()),
-                "min_load": min(loads.values())}
+        return {
+            "moved": moved,
+            "minimum": min_moves(before, set(loads), self.parts[TOPIC]),
+            "revoke_callbacks": self.revokes - r0,
+            "assign_callbacks": self.assigns - a0,
+            "rounds": self.rounds - n0,
+            "members": len(loads),
+            "max_load": max(loads.values()),
+            "min_load": min(loads.values()),
+        }
 
 
 def min_moves(before: dict[int, str], members_after: set[str], partitions: int) -> int:
@@ -133,10 +140,13 @@ def moves(partitions: int, members: int) -> dict[str, Any]:
     for m in sorted(g.g.assignments(), key=lambda x: int(x[1:])):
         roll.append(g.step(lambda m=m: g.leave(m)))
         roll.append(g.step(lambda: g.join(1)))
-    out["rolling_restart"] = {"steps": len(roll), "moved_total": sum(s["moved"] for s in roll),
-                              "minimum_total": sum(s["minimum"] for s in roll),
-                              "moved_per_step_max": max(s["moved"] for s in roll),
-                              "revoke_callbacks_total": sum(s["revoke_callbacks"] for s in roll)}
+    out["rolling_restart"] = {
+        "steps": len(roll),
+        "moved_total": sum(s["moved"] for s in roll),
+        "minimum_total": sum(s["minimum"] for s in roll),
+        "moved_per_step_max": max(s["moved"] for s in roll),
+        "revoke_callbacks_total": sum(s["revoke_callbacks"] for s in roll),
+    }
     half = Group(partitions)
     half.join(members // 2)
     out["double"] = half.step(lambda: half.join(members - members // 2))
@@ -150,13 +160,17 @@ def series(partitions: int, steps: list[int]) -> list[dict[str, Any]]:
     out = []
     for target in steps:
         if target > len(live):
+
             def grow(n: int = target - len(live)) -> None:
                 live.extend(g.join(n))
+
             out.append({"to": target, **g.step(grow)})
         else:
+
             def shrink(n: int = target) -> None:
                 while len(live) > n:
                     g.leave(live.pop())
+
             out.append({"to": target, **g.step(shrink)})
     return out
 
@@ -206,8 +220,11 @@ def engine_run(partitions: int, members: int, messages: int, keys: int = 100_000
         t1, c1 = time.perf_counter(), time.process_time()
         extra = member(members)
         run.add(extra)  # one joins while the second half flows
-        run.wait_for(lambda: any(kind == "assign" for _, kind, _ in broker.callbacks("sim")[n_cb:]), timeout_s=300,
-                     what="the newcomer's assignment")
+        run.wait_for(
+            lambda: any(kind == "assign" for _, kind, _ in broker.callbacks("sim")[n_cb:]),
+            timeout_s=300,
+            what="the newcomer's assignment",
+        )
         run.stop(cons[0])  # one leaves, gracefully
         run.until_idle(timeout_s=600)
         out["second_pass_s"] = round(time.perf_counter() - t1, 1)
@@ -226,8 +243,17 @@ def engine_run(partitions: int, members: int, messages: int, keys: int = 100_000
 # ------------------------------------------------------------------------------- lease churn
 
 
-def lease_churn(rate: float, keys: int, dist: str = "uniform", zipf_s: float = 1.0, seconds: float = 60.0,
-                service_s: float = 0.001, linger_s: float = 1.0, ttl_s: float = 10.0, seed: int = 1) -> dict[str, Any]:
+def lease_churn(
+    rate: float,
+    keys: int,
+    dist: str = "uniform",
+    zipf_s: float = 1.0,
+    seconds: float = 60.0,
+    service_s: float = 0.001,
+    linger_s: float = 1.0,
+    ttl_s: float = 10.0,
+    seed: int = 1,
+) -> dict[str, Any]:
     """One instance's lease operations per second (see the module's docstring)."""
     import numpy as np
 
@@ -263,15 +289,24 @@ def lease_churn(rate: float, keys: int, dist: str = "uniform", zipf_s: float = 1
     renew_interval = ttl_s / 4
     avg_held = held_s / seconds
     return {
-        "rate": rate, "keys": keys, "dist": dist if dist == "uniform" else f"zipf s={zipf_s}", "messages": n,
-        "seconds": seconds, "service_s": service_s, "linger_s": linger_s, "lease_ttl_s": ttl_s,
+        "rate": rate,
+        "keys": keys,
+        "dist": dist if dist == "uniform" else f"zipf s={zipf_s}",
+        "messages": n,
+        "seconds": seconds,
+        "service_s": service_s,
+        "linger_s": linger_s,
+        "lease_ttl_s": ttl_s,
         "distinct_keys_seen": len(free_at),
-        "acquires_per_s": round(acquires / seconds, 1), "releases_per_s": round(releases / seconds, 1),
+        "acquires_per_s": round(acquires / seconds, 1),
+        "releases_per_s": round(releases / seconds, 1),
         "acquires_per_msg": round(acquires / max(1, n), 4),
         "avg_leases_held": round(avg_held, 1),
         "renewals_per_s": round(avg_held / renew_interval, 1),
         "lease_evalsha_per_s": round((acquires + releases) / seconds + avg_held / renew_interval, 1),
-        "lease_evalsha_per_msg": round(((acquires + releases) / seconds + avg_held / renew_interval) / rate, 4),
+        "lease_evalsha_per_msg": round(
+            ((acquires + releases) / seconds + avg_held / renew_interval) / rate, 4
+        ),
     }
 
 
@@ -285,48 +320,79 @@ def expected_acquires_per_msg_uniform(rate: float, keys: int, linger_s: float) -
 
 
 def write_markdown(res: dict[str, Any], path: Path) -> None:
-    lines = ["# Simulations for docs/scaling.md", "",
-             f"`bench/rebalance_sim.py`, {res['date']}, commit `{res['commit']}`. Command: `{res['command']}`.", "",
-             "## Partitions moved (in-memory coordinator, cooperative-sticky model)", "",
-             "Each cell: moved by the model (the fewest any balanced assignor must move).", "",
-             "| partitions | members | start: callbacks | one joins: moved | one leaves: moved | rolling restart: moved in all (max a step) | half -> all at once: moved |",
-             "| ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        "# Simulations for docs/scaling.md",
+        "",
+        f"`bench/rebalance_sim.py`, {res['date']}, commit `{res['commit']}`. Command: `{res['command']}`.",
+        "",
+        "## Partitions moved (in-memory coordinator, cooperative-sticky model)",
+        "",
+        "Each cell: moved by the model (the fewest any balanced assignor must move).",
+        "",
+        "| partitions | members | start: callbacks | one joins: moved | one leaves: moved | rolling restart: moved in all (max a step) | half -> all at once: moved |",
+        "| ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     for m in res["moves"]:
         j, lv, r, d = m["one_joins"], m["one_leaves"], m["rolling_restart"], m["double"]
-        lines.append(f"| {m['partitions']:,} | {m['members']} | {m['start']['assign_callbacks']} | {j['moved']} ({j['minimum']}) "
-                     f"| {lv['moved']} ({lv['minimum']}) | {r['moved_total']:,} ({r['minimum_total']:,}; max a step {r['moved_per_step_max']}) "
-                     f"| {d['moved']} ({d['minimum']}) |")
+        lines.append(
+            f"| {m['partitions']:,} | {m['members']} | {m['start']['assign_callbacks']} | {j['moved']} ({j['minimum']}) "
+            f"| {lv['moved']} ({lv['minimum']}) | {r['moved_total']:,} ({r['minimum_total']:,}; max a step {r['moved_per_step_max']}) "
+            f"| {d['moved']} ({d['minimum']}) |"
+        )
     lines += ["", "Series as bench/rebalance.py runs them on the real broker (moved per step):", ""]
     for p, s in res["series"].items():
-        lines.append(f"- {p} partitions: " + ", ".join(f"-> {x['to']}: {x['moved']} ({x['minimum']})" for x in s))
-    lines += ["", "## Lease churn of one instance", "",
-              "| rate msg/s | keys | distribution | service ms | acquires/s | releases/s | acquires/msg | leases held (avg) | renewals/s | lease EVALSHA/s | per msg |",
-              "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"- {p} partitions: " + ", ".join(f"-> {x['to']}: {x['moved']} ({x['minimum']})" for x in s)
+        )
+    lines += [
+        "",
+        "## Lease churn of one instance",
+        "",
+        "| rate msg/s | keys | distribution | service ms | acquires/s | releases/s | acquires/msg | leases held (avg) | renewals/s | lease EVALSHA/s | per msg |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for c in res["churn"]:
-        lines.append(f"| {c['rate']:,} | {c['keys']:,} | {c['dist']} | {c['service_s'] * 1000:g} | {c['acquires_per_s']:,} "
-                     f"| {c['releases_per_s']:,} | {c['acquires_per_msg']} | {c['avg_leases_held']:,} | {c['renewals_per_s']:,} "
-                     f"| {c['lease_evalsha_per_s']:,} | {c['lease_evalsha_per_msg']} |")
-    lines += ["", "Closed form check (uniform keys, no service time): acquires/msg = exp(-rate/keys x linger): "
-              + ", ".join(f"{k}: {v:.4f}" for k, v in res["closed_form"].items()), ""]
+        lines.append(
+            f"| {c['rate']:,} | {c['keys']:,} | {c['dist']} | {c['service_s'] * 1000:g} | {c['acquires_per_s']:,} "
+            f"| {c['releases_per_s']:,} | {c['acquires_per_msg']} | {c['avg_leases_held']:,} | {c['renewals_per_s']:,} "
+            f"| {c['lease_evalsha_per_s']:,} | {c['lease_evalsha_per_msg']} |"
+        )
+    lines += [
+        "",
+        "Closed form check (uniform keys, no service time): acquires/msg = exp(-rate/keys x linger): "
+        + ", ".join(f"{k}: {v:.4f}" for k, v in res["closed_form"].items()),
+        "",
+    ]
     if "engine" in res:
         e = res["engine"]
-        lines += ["", "## The engine on the in-memory broker", "",
-                  f"{e['members']} KeyedConsumers (concurrency 4, a 1 ms handler, threads of one process) on {e['partitions']:,} partitions: "
-                  f"{e['messages'] // 2:,} messages handled ({e['first_pass_s']} s, {e['first_pass_cpu_s']} s CPU), then one "
-                  f"member joins and one leaves while {e['messages'] // 2:,} more are handled ({e['second_pass_s']} s, "
-                  f"{e['second_pass_cpu_s']} s CPU). Partitions revoked {e['revoked_partitions']}, assigned "
-                  f"{e['assigned_partitions']}, lost {e['lost_partitions']} ({e['callbacks']} callbacks); offsets handled "
-                  f"more than once: **{e['handled_twice']}**; never handled: **{e['never_handled']}**.", ""]
+        lines += [
+            "",
+            "## The engine on the in-memory broker",
+            "",
+            f"{e['members']} KeyedConsumers (concurrency 4, a 1 ms handler, threads of one process) on {e['partitions']:,} partitions: "
+            f"{e['messages'] // 2:,} messages handled ({e['first_pass_s']} s, {e['first_pass_cpu_s']} s CPU), then one "
+            f"member joins and one leaves while {e['messages'] // 2:,} more are handled ({e['second_pass_s']} s, "
+            f"{e['second_pass_cpu_s']} s CPU). Partitions revoked {e['revoked_partitions']}, assigned "
+            f"{e['assigned_partitions']}, lost {e['lost_partitions']} ({e['callbacks']} callbacks); offsets handled "
+            f"more than once: **{e['handled_twice']}**; never handled: **{e['never_handled']}**.",
+            "",
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true", help="100 partitions / 10 members, short churn runs (seconds)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="100 partitions / 10 members, short churn runs (seconds)"
+    )
     ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--engine", default="", metavar="P/N/M",
-                    help="also run the engine on the in-memory broker: P partitions, N members, M messages a pass "
-                         "(e.g. 1000/100/50000)")
+    ap.add_argument(
+        "--engine",
+        default="",
+        metavar="P/N/M",
+        help="also run the engine on the in-memory broker: P partitions, N members, M messages a pass "
+        "(e.g. 1000/100/50000)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.smoke:
@@ -336,22 +402,36 @@ def main() -> int:
         shapes, seconds = [(1_000, 100), (1_000, 50), (256, 8), (64, 8)], 60.0
         # per instance: 1,000 partitions over 100 instances; 100k and 1M msg/s in all -> 1k and 10k per instance;
         # 10M keys in all -> 100k per instance (each key on one partition, so one instance)
-        churn_cases = [(r, k, d, s) for r in (1_000, 10_000) for k in (100_000, 10_000) for d in ("uniform", "zipf")
-                       for s in (0.005,)]
-    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "command": " ".join(["bench/rebalance_sim.py", *sys.argv[1:]])}
+        churn_cases = [
+            (r, k, d, s)
+            for r in (1_000, 10_000)
+            for k in (100_000, 10_000)
+            for d in ("uniform", "zipf")
+            for s in (0.005,)
+        ]
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["bench/rebalance_sim.py", *sys.argv[1:]]),
+    }
     try:
         import subprocess
 
-        res["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True, check=True).stdout.strip()
+        res["commit"] = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         res["commit"] = "?"
     res["moves"] = [moves(p, m) for p, m in shapes]
     res["series"] = {str(p): series(p, [1, 2, 4, 8, 4, 2, 1]) for p in ((16,) if args.smoke else (64, 256))}
     res["churn"] = [lease_churn(r, k, d, seconds=seconds, service_s=s) for r, k, d, s in churn_cases]
-    res["closed_form"] = {f"{r}/s over {k:,} keys": expected_acquires_per_msg_uniform(r, k, 1.0)
-                          for r, k, d, s in churn_cases if d == "uniform"}
+    res["closed_form"] = {
+        f"{r}/s over {k:,} keys": expected_acquires_per_msg_uniform(r, k, 1.0)
+        for r, k, d, s in churn_cases
+        if d == "uniform"
+    }
     if args.engine or args.smoke:
         p_, n_, m_ = (int(x) for x in (args.engine or "100/10/5000").split("/"))
         res["engine"] = engine_run(p_, n_, m_)

@@ -83,8 +83,11 @@ class ClientCounter:
         def owner(name: str) -> Any:
             return next(c for c in Connection.__mro__ if name in c.__dict__)
 
-        send_one, pack_many, send = (owner("send_command").send_command, owner("pack_commands").pack_commands,
-                                     owner("send_packed_command").send_packed_command)
+        send_one, pack_many, send = (
+            owner("send_command").send_command,
+            owner("pack_commands").pack_commands,
+            owner("send_packed_command").send_packed_command,
+        )
 
         def send_command(conn: Any, *args: Any, **kwargs: Any) -> Any:
             if counter.on:
@@ -143,10 +146,12 @@ def route_scripts_client_side(on: bool) -> None:
     core = STATIC_POLICIES.setdefault("core", {})
     for name in ("eval", "evalsha"):
         if on:
-            core[name] = CommandPolicies(request_policy=RequestPolicy.DEFAULT_KEYED,
-                                         response_policy=ResponsePolicy.DEFAULT_KEYED)
+            core[name] = CommandPolicies(
+                request_policy=RequestPolicy.DEFAULT_KEYED, response_policy=ResponsePolicy.DEFAULT_KEYED
+            )
         else:
             core.pop(name, None)
+
 
 # ------------------------------------------------------------------------ server-side counting
 
@@ -231,8 +236,16 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_consumer(brokers: str, url: str, topic: str, target: int, park_share: float, scheduled: int,
-                 cap_s: float, idle_s: float | None = None) -> dict[str, Any]:
+def run_consumer(
+    brokers: str,
+    url: str,
+    topic: str,
+    target: int,
+    park_share: float,
+    scheduled: int,
+    cap_s: float,
+    idle_s: float | None = None,
+) -> dict[str, Any]:
     """One KeyedConsumer with a RedisSequencer until ``target`` messages are handled (or, with
     ``idle_s``, for that long after its partitions are assigned); the Redis counters around it."""
     group = f"rc-{uuid.uuid4().hex[:8]}"
@@ -243,7 +256,12 @@ def run_consumer(brokers: str, url: str, topic: str, target: int, park_share: fl
     every = round(1 / park_share) if park_share else 0  # which messages fail once: by (offset, partition)
 
     def handle(msg: Message) -> None:
-        if every and msg.partition >= 0 and msg.attempt == 1 and (msg.offset * 31 + msg.partition) % every == 0:
+        if (
+            every
+            and msg.partition >= 0
+            and msg.attempt == 1
+            and (msg.offset * 31 + msg.partition) % every == 0
+        ):
             raise RetryLater(0.2, park=True)
         with lock:
             handled[0] += 1
@@ -254,8 +272,15 @@ def run_consumer(brokers: str, url: str, topic: str, target: int, park_share: fl
     if scheduled:
         for i in range(scheduled):
             seq.schedule(topic, b"s%05d" % i, b"x" * 100, delay_s=1.0)
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[brokers], topics=[topic], concurrency=64,
-                             sequencer=seq, config={"group.protocol": "classic"})
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[brokers],
+        topics=[topic],
+        concurrency=64,
+        sequencer=seq,
+        config={"group.protocol": "classic"},
+    )
     th = threading.Thread(target=consumer.run, name="rc-consumer", daemon=True)
     if idle_s is not None:  # the steady background: counted from 1 s after the assignment
         th.start()
@@ -289,8 +314,15 @@ def run_consumer(brokers: str, url: str, topic: str, target: int, park_share: fl
     for r in d.values():
         r["calls"] = without_probe(r["calls"], r["nodes"])
     nodes.close()
-    return {"group": group, "handled": handled[0], "seconds": round(seconds, 2), "handled_s": round(t_handled, 2),
-            "acquire_calls": seq.acquire_calls, "client": client, "server": d}
+    return {
+        "group": group,
+        "handled": handled[0],
+        "seconds": round(seconds, 2),
+        "handled_s": round(t_handled, 2),
+        "acquire_calls": seq.acquire_calls,
+        "client": client,
+        "server": d,
+    }
 
 
 def per_message(res: dict[str, Any], n: int) -> dict[str, Any]:
@@ -300,7 +332,9 @@ def per_message(res: dict[str, Any], n: int) -> dict[str, Any]:
     rep = srv.get("slave", {"calls": {}, "cpu_s": 0.0})
     cli = res["client"]
     return {
-        "client_commands_per_msg": {k: round(v / n, 3) for k, v in sorted(cli["commands"].items(), key=lambda kv: -kv[1])},
+        "client_commands_per_msg": {
+            k: round(v / n, 3) for k, v in sorted(cli["commands"].items(), key=lambda kv: -kv[1])
+        },
         "client_commands_total_per_msg": round(sum(cli["commands"].values()) / n, 3),
         "round_trips_per_msg": round(cli["sends"] / n, 3),
         "server_calls_per_msg": {k: round(v / n, 3) for k, v in m["calls"].items()},
@@ -334,13 +368,13 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
     owner = uuid.uuid4().hex
     m0 = used()
     for i in range(0, n_leases, 500):
-        store.acquire([(lid, owner) for lid in lids[i:i + 500]], 10_000)
+        store.acquire([(lid, owner) for lid in lids[i : i + 500]], 10_000)
     m1 = used()
     out["lease_held_bytes_per_key"] = round((m1 - m0) / n_leases, 1)
     out["memory_usage_lease_key"] = sample([kkeys.lease(ns, lid) for lid in lids[:200]])
     out["memory_usage_fence_key"] = sample([kkeys.fence(ns, lid) for lid in lids[:200]])
     for i in range(0, n_leases, 500):
-        store.release([(lid, owner) for lid in lids[i:i + 500]])
+        store.release([(lid, owner) for lid in lids[i : i + 500]])
     m2 = used()
     out["after_release_bytes_per_key"] = round((m2 - m0) / n_leases, 1)  # the fencing counters stay
 
@@ -352,11 +386,16 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
     field = f"{b'bench'.hex()}.0"
     for j in range(0, parked_keys, 100):
         batches = []
-        for k, lid in enumerate(plids[j:j + 100]):
+        for k, lid in enumerate(plids[j : j + 100]):
             key = b"p%05d" % (j + k)
-            entries = [(field, (j + k) * per_key + o,
-                        encode_entry(Message("bench", 0, (j + k) * per_key + o, key, b"x" * 100, None, 0), 0))
-                       for o in range(per_key)]
+            entries = [
+                (
+                    field,
+                    (j + k) * per_key + o,
+                    encode_entry(Message("bench", 0, (j + k) * per_key + o, key, b"x" * 100, None, 0), 0),
+                )
+                for o in range(per_key)
+            ]
             batches.append((lid, owner, entries))
         store.park(batches, 7 * 24 * 3600 * 1000, 10_000, 64 << 20)
     m4 = used()
@@ -371,8 +410,11 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
     m5 = used()
     for i in range(n_scheduled):
         sid = new_schedule_id()
-        store.schedule(sid, int(time.time() * 1000) + 3_600_000,
-                       encode_entry(Message("bench", -1, -1, b"s%05d" % i, b"x" * 100, None, 0), 0, sid))
+        store.schedule(
+            sid,
+            int(time.time() * 1000) + 3_600_000,
+            encode_entry(Message("bench", -1, -1, b"s%05d" % i, b"x" * 100, None, 0), 0, sid),
+        )
     m6 = used()
     out["scheduled_bytes_per_message"] = round((m6 - m5) / n_scheduled, 1)
 
@@ -382,7 +424,7 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
             continue
         names = list(c.scan_iter(match=f"kc:{ns}:*", count=1000))
         for i in range(0, len(names), 500):
-            for name in names[i:i + 500]:
+            for name in names[i : i + 500]:
                 c.delete(name)  # one by one: a cluster node refuses a multi-key DEL across slots
     store.close()
     nodes.close()
@@ -403,7 +445,6 @@ def load_scripts(url: str) -> None:
     store.close()
 
 
-
 def fsync_probe(directory: str, n: int = 300) -> dict[str, float]:
     """Latency of ``fsync`` after a 100 B append in ``directory`` (what ``appendfsync always`` waits
     for once per event-loop iteration), in ms."""
@@ -420,8 +461,12 @@ def fsync_probe(directory: str, n: int = 300) -> dict[str, float]:
         os.close(fd)
         os.unlink(path)
     ts.sort()
-    return {"p50_ms": round(ts[n // 2], 3), "p90_ms": round(ts[n * 9 // 10], 3), "p99_ms": round(ts[n * 99 // 100], 3),
-            "mean_ms": round(sum(ts) / n, 3)}
+    return {
+        "p50_ms": round(ts[n // 2], 3),
+        "p90_ms": round(ts[n * 9 // 10], 3),
+        "p99_ms": round(ts[n * 99 // 100], 3),
+        "mean_ms": round(sum(ts) / n, 3),
+    }
 
 
 def capacity(url: str, requests: int) -> list[dict[str, Any]]:
@@ -432,7 +477,7 @@ def capacity(url: str, requests: int) -> list[dict[str, Any]]:
     from keyedconsumer.sequencing import store as kstore
 
     nodes = Nodes(url)
-    (name, c), = nodes.clients.items()
+    ((name, c),) = nodes.clients.items()
     host, port = name.rsplit(":", 1)
     out = []
     for label, script in (("acquire (fresh key)", kstore._ACQUIRE), ("release (not ours)", kstore._RELEASE)):
@@ -441,24 +486,58 @@ def capacity(url: str, requests: int) -> list[dict[str, Any]]:
             before = nodes.snapshot()[name]
             t0 = time.perf_counter()
             proc = subprocess.run(
-                ["redis-benchmark", "-h", host, "-p", port, "-n", str(requests), "-c", str(clients), "-P", str(pipeline),
-                 "-r", "100000000", "--csv", "EVALSHA", sha, "3", "kc:cap:{k.__rand_int__}:lease",
-                 "kc:cap:{k.__rand_int__}:fence", "kc:cap:{k.__rand_int__}:park", "owner", "10000"],
-                capture_output=True, text=True, check=True)
+                [
+                    "redis-benchmark",
+                    "-h",
+                    host,
+                    "-p",
+                    port,
+                    "-n",
+                    str(requests),
+                    "-c",
+                    str(clients),
+                    "-P",
+                    str(pipeline),
+                    "-r",
+                    "100000000",
+                    "--csv",
+                    "EVALSHA",
+                    sha,
+                    "3",
+                    "kc:cap:{k.__rand_int__}:lease",
+                    "kc:cap:{k.__rand_int__}:fence",
+                    "kc:cap:{k.__rand_int__}:park",
+                    "owner",
+                    "10000",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             wall = time.perf_counter() - t0
             after = nodes.snapshot()[name]
             row = proc.stdout.strip().splitlines()[-1].split('","')
             calls = after["calls"].get("evalsha", 0) - before["calls"].get("evalsha", 0)
             cpu = after["cpu_s"] - before["cpu_s"]
-            out.append({"script": label, "clients": clients, "pipeline": pipeline, "requests": requests,
-                        "rps": float(row[1]), "p50_ms": float(row[4]), "p99_ms": float(row[6]),
-                        "wall_s": round(wall, 2), "evalsha_calls": calls,
-                        "cpu_us_per_call": round(cpu * 1e6 / max(1, calls), 2),
-                        "cpu_busy_share": round(cpu / wall, 2)})
+            out.append(
+                {
+                    "script": label,
+                    "clients": clients,
+                    "pipeline": pipeline,
+                    "requests": requests,
+                    "rps": float(row[1]),
+                    "p50_ms": float(row[4]),
+                    "p99_ms": float(row[6]),
+                    "wall_s": round(wall, 2),
+                    "evalsha_calls": calls,
+                    "cpu_us_per_call": round(cpu * 1e6 / max(1, calls), 2),
+                    "cpu_busy_share": round(cpu / wall, 2),
+                }
+            )
             suite.log(f"capacity: {out[-1]}")
     names = list(c.scan_iter(match="kc:cap:*", count=5000))
     for i in range(0, len(names), 1000):
-        c.unlink(*names[i:i + 1000])  # one Redis: any keys in one call
+        c.unlink(*names[i : i + 1000])  # one Redis: any keys in one call
     nodes.close()
     return out
 
@@ -478,10 +557,17 @@ def measure_target(args: argparse.Namespace, label: str, url: str) -> dict[str, 
         key_ids = suite.keys_for({"messages": n, "keys": w["keys"]}, random.Random(11))
         suite.produce(args.brokers, topic, {"size": 100}, key_ids)
         scheduled = int(n * w["scheduled_share"])
-        suite.log(f"{label}/{wl}: {n:,} messages over {len(set(key_ids)):,} keys, {args.partitions} partitions, "
-                  f"{scheduled} scheduled")
+        suite.log(
+            f"{label}/{wl}: {n:,} messages over {len(set(key_ids)):,} keys, {args.partitions} partitions, "
+            f"{scheduled} scheduled"
+        )
         res = run_consumer(args.brokers, url, topic, n + scheduled, w["park_share"], scheduled, args.cap_s)
-        res.update(messages=n, distinct_keys=len(set(key_ids)), scheduled=scheduled, per=per_message(res, n + scheduled))
+        res.update(
+            messages=n,
+            distinct_keys=len(set(key_ids)),
+            scheduled=scheduled,
+            per=per_message(res, n + scheduled),
+        )
         out["workloads"][wl] = res
         suite.log(f"{label}/{wl}: {json.dumps(res['per'])}")
         suite.delete_topics(args.brokers, [topic])
@@ -491,7 +577,9 @@ def measure_target(args: argparse.Namespace, label: str, url: str) -> dict[str, 
         res = run_consumer(args.brokers, url, topic, 1, 0.0, 0, args.cap_s, idle_s=args.idle_s)
         m = res["server"].get("master", {"calls": {}, "cpu_s": 0.0})
         res["per_s"] = {
-            "client_commands_per_s": {k: round(v / res["seconds"], 2) for k, v in res["client"]["commands"].items()},
+            "client_commands_per_s": {
+                k: round(v / res["seconds"], 2) for k, v in res["client"]["commands"].items()
+            },
             "round_trips_per_s": round(res["client"]["sends"] / res["seconds"], 2),
             "server_calls_per_s": round(sum(m["calls"].values()) / res["seconds"], 2),
             "cpu_ms_per_s_masters": round(m["cpu_s"] * 1000 / res["seconds"], 3),
@@ -537,10 +625,16 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 f"| {fmt_calls(p['client_commands_per_msg'])} | {p['server_calls_total_per_msg']} "
                 f"| {p['cpu_ms_per_1000_msgs_masters']} | {p['cpu_ms_per_1000_msgs_replicas'] if p['cpu_ms_per_1000_msgs_replicas'] is not None else '-'} |"
             )
-    lines += ["", "Runs: " + "; ".join(
-        f"{label}: commit `{t['commit']}`, {t['date']}, load average {t['loadavg']['before']} -> {t['loadavg']['after']}"
-        f"{', exclusive quiet lock held' if t.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}"
-        for label, t in results["targets"].items()), ""]
+    lines += [
+        "",
+        "Runs: "
+        + "; ".join(
+            f"{label}: commit `{t['commit']}`, {t['date']}, load average {t['loadavg']['before']} -> {t['loadavg']['after']}"
+            f"{', exclusive quiet lock held' if t.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}"
+            for label, t in results["targets"].items()
+        ),
+        "",
+    ]
     lines += ["", "Server calls per message by command (masters):", ""]
     for label, t in results["targets"].items():
         for wl, r in t["workloads"].items():
@@ -549,14 +643,20 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     for label, t in results["targets"].items():
         if "idle" in t:
             i = t["idle"]
-            lines.append(f"- {label}: {i['per_s']['round_trips_per_s']} round trips/s, client commands/s "
-                         f"{fmt_calls(i['per_s']['client_commands_per_s'])}; server calls/s "
-                         f"{i['per_s']['server_calls_per_s']}; Redis CPU {i['per_s']['cpu_ms_per_s_masters']} ms/s "
-                         f"({i['seconds']} s window; this instance is the scheduler)")
-    lines += ["", "## Memory (used_memory deltas over masters; MEMORY USAGE of sample keys)", "",
-              "| target | lease held, B/key | left after release (fencing counter), B/key | MEMORY USAGE lease / fence "
-              "| parked, B/message | parked entry, B | MEMORY USAGE list / seen / pbytes (per key) | scheduled, B/message |",
-              "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: |"]
+            lines.append(
+                f"- {label}: {i['per_s']['round_trips_per_s']} round trips/s, client commands/s "
+                f"{fmt_calls(i['per_s']['client_commands_per_s'])}; server calls/s "
+                f"{i['per_s']['server_calls_per_s']}; Redis CPU {i['per_s']['cpu_ms_per_s_masters']} ms/s "
+                f"({i['seconds']} s window; this instance is the scheduler)"
+            )
+    lines += [
+        "",
+        "## Memory (used_memory deltas over masters; MEMORY USAGE of sample keys)",
+        "",
+        "| target | lease held, B/key | left after release (fencing counter), B/key | MEMORY USAGE lease / fence "
+        "| parked, B/message | parked entry, B | MEMORY USAGE list / seen / pbytes (per key) | scheduled, B/message |",
+        "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: |",
+    ]
     for label, t in results["targets"].items():
         m = t["memory"]
         lines.append(
@@ -568,19 +668,28 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines += ["", f"({results['memory_note']})", ""]
     if "capacity" in results:
         cap = results["capacity"]
-        lines += ["## Capacity of one Redis (redis-benchmark, AOF appendfsync always)", "",
-                  f"Commit `{cap['commit']}`, {cap['date']}, load average {cap['loadavg_before']} -> {cap['loadavg_after']}"
-                  f"{', exclusive quiet lock held' if cap.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}.", "",
-                  "| script | connections | pipeline | calls/s | p50 ms | p99 ms | Redis CPU us/call | Redis CPU busy |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Capacity of one Redis (redis-benchmark, AOF appendfsync always)",
+            "",
+            f"Commit `{cap['commit']}`, {cap['date']}, load average {cap['loadavg_before']} -> {cap['loadavg_after']}"
+            f"{', exclusive quiet lock held' if cap.get('quiet_lock') else ', quiet lock NOT held (busy machine)'}.",
+            "",
+            "| script | connections | pipeline | calls/s | p50 ms | p99 ms | Redis CPU us/call | Redis CPU busy |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in cap["runs"]:
-            lines.append(f"| {r['script']} | {r['clients']} | {r['pipeline']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} "
-                         f"| {r['cpu_us_per_call']} | {r['cpu_busy_share']:.0%} |")
+            lines.append(
+                f"| {r['script']} | {r['clients']} | {r['pipeline']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} "
+                f"| {r['cpu_us_per_call']} | {r['cpu_busy_share']:.0%} |"
+            )
         if "fsync" in cap:
             f = cap["fsync"]
-            lines += ["", f"`fsync` after a 100 B append in the Redis's directory ({f['dir']}), 300 times: p50 {f['p50_ms']} ms, "
-                          f"p90 {f['p90_ms']} ms, p99 {f['p99_ms']} ms, mean {f['mean_ms']} ms (what `appendfsync always` waits "
-                          "for once per event-loop iteration; Redis's CPU is not charged while it waits)."]
+            lines += [
+                "",
+                f"`fsync` after a 100 B append in the Redis's directory ({f['dir']}), 300 times: p50 {f['p50_ms']} ms, "
+                f"p90 {f['p90_ms']} ms, p99 {f['p99_ms']} ms, mean {f['mean_ms']} ms (what `appendfsync always` waits "
+                "for once per event-loop iteration; Redis's CPU is not charged while it waits).",
+            ]
         lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
@@ -595,15 +704,33 @@ def main() -> int:
     ap.add_argument("--workloads", default="reuse,distinct,park")
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--cap-s", type=float, default=120.0)
-    ap.add_argument("--smoke", action="store_true", help="2,000 messages, 2 s idle, small memory samples (< 1 min)")
-    ap.add_argument("--cluster-fix", action="store_true",
-                    help="also measure the cluster with EVALSHA routed client-side in pipelines (route_scripts_client_side)")
-    ap.add_argument("--label-commit", action="store_true", help="name each target <target>@<commit> (with --merge: several commits side by side)")
-    ap.add_argument("--capacity", type=int, default=0, metavar="N",
-                    help="only: N calls of the acquire and release scripts by redis-benchmark against --redis (capacity of one Redis)")
-    ap.add_argument("--quiet-lock", action="store_true", help="say in the report that it ran under the exclusive lock")
+    ap.add_argument(
+        "--smoke", action="store_true", help="2,000 messages, 2 s idle, small memory samples (< 1 min)"
+    )
+    ap.add_argument(
+        "--cluster-fix",
+        action="store_true",
+        help="also measure the cluster with EVALSHA routed client-side in pipelines (route_scripts_client_side)",
+    )
+    ap.add_argument(
+        "--label-commit",
+        action="store_true",
+        help="name each target <target>@<commit> (with --merge: several commits side by side)",
+    )
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only: N calls of the acquire and release scripts by redis-benchmark against --redis (capacity of one Redis)",
+    )
+    ap.add_argument(
+        "--quiet-lock", action="store_true", help="say in the report that it ran under the exclusive lock"
+    )
     ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--merge", action="store_true", help="add the targets measured to an existing redis_cost.json")
+    ap.add_argument(
+        "--merge", action="store_true", help="add the targets measured to an existing redis_cost.json"
+    )
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.mem_leases, args.mem_parked, args.mem_parked_keys, args.mem_scheduled = 10_000, 10_000, 1_000, 2_000
@@ -625,20 +752,31 @@ def main() -> int:
     if args.merge and json_path.exists():
         results = json.loads(json_path.read_text())
     results.update(
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=suite.machine_info(None), messages=args.messages,
-        partitions=args.partitions, loadavg_before=suite.loadavg(), quiet_lock=args.quiet_lock,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine=suite.machine_info(None),
+        messages=args.messages,
+        partitions=args.partitions,
+        loadavg_before=suite.loadavg(),
+        quiet_lock=args.quiet_lock,
         command=" ".join(["bench/redis_cost.py", *sys.argv[1:]]),
-        memory_note=(f"{args.mem_leases:,} leases acquired with the sequencer's acquire script and released; "
-                     f"{args.mem_parked:,} parked messages over {args.mem_parked_keys:,} keys with its park script; "
-                     f"{args.mem_scheduled:,} scheduled messages with its schedule script"),
+        memory_note=(
+            f"{args.mem_leases:,} leases acquired with the sequencer's acquire script and released; "
+            f"{args.mem_parked:,} parked messages over {args.mem_parked_keys:,} keys with its park script; "
+            f"{args.mem_scheduled:,} scheduled messages with its schedule script"
+        ),
     )
     results["commit"] = os.environ.get("KC_COMMIT") or results["machine"]["keyedconsumer_commit"]
     results["kc_src"] = KC_SRC
     if args.capacity:
         rdir = str(redis.Redis.from_url(args.redis).config_get("dir")["dir"])
-        results["capacity"] = {"commit": results["commit"], "date": results["date"], "loadavg_before": suite.loadavg(),
-                               "quiet_lock": args.quiet_lock, "fsync": {"dir": rdir, **fsync_probe(rdir)},
-                               "runs": capacity(args.redis, args.capacity)}
+        results["capacity"] = {
+            "commit": results["commit"],
+            "date": results["date"],
+            "loadavg_before": suite.loadavg(),
+            "quiet_lock": args.quiet_lock,
+            "fsync": {"dir": rdir, **fsync_probe(rdir)},
+            "runs": capacity(args.redis, args.capacity),
+        }
         results["capacity"]["loadavg_after"] = suite.loadavg()
     for label, url in targets:
         route_scripts_client_side(label == "cluster-fix")

@@ -71,31 +71,100 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         # W1: raw handles ~120k msg/s here, so 1.5M messages last >= 10 s for every contender; a run
         # ends when the topic is consumed or 15 s after its first message (what it handled by then)
-        "w1": dict(title="overhead", messages=1_500_000, size=100, partitions=8, keys=10_000, sleep_ms=0,
-                   lat_every=4, max_seconds=15.0),
+        "w1": dict(
+            title="overhead",
+            messages=1_500_000,
+            size=100,
+            partitions=8,
+            keys=10_000,
+            sleep_ms=0,
+            lat_every=4,
+            max_seconds=15.0,
+        ),
         # W2: each run handles the prefix whose ideal time is io_budget_s (10 s): c256 at 5 ms is
         # 51,200 msg/s ideal, so 512,000 messages; runs far below the ideal stop at 15 s
-        "w2": dict(title="I/O-bound", messages=600_000, size=100, partitions=1, keys=10_000, sleep_ms=5,
-                   max_seconds=15.0),
+        "w2": dict(
+            title="I/O-bound",
+            messages=600_000,
+            size=100,
+            partitions=1,
+            keys=10_000,
+            sleep_ms=5,
+            max_seconds=15.0,
+        ),
         # W3: the 5 hot keys make the ideal time of 50,000 messages 10 s (longest key chain)
-        "w3": dict(title="skewed keys", messages=50_000, size=100, partitions=1, keys=10_000, sleep_ms=5,
-                   hot_keys=5, hot_share=0.20, max_seconds=30.0),
-        "w4": dict(title="memory", messages=1_000_000, size=1024, partitions=1, keys=10_000, sleep_ms=0,
-                   block_share=0.01, max_in_flight=10_000, stall_s=3.0, lat_every=4, max_seconds=120.0,
-                   peer_max_seconds=30.0),
+        "w3": dict(
+            title="skewed keys",
+            messages=50_000,
+            size=100,
+            partitions=1,
+            keys=10_000,
+            sleep_ms=5,
+            hot_keys=5,
+            hot_share=0.20,
+            max_seconds=30.0,
+        ),
+        "w4": dict(
+            title="memory",
+            messages=1_000_000,
+            size=1024,
+            partitions=1,
+            keys=10_000,
+            sleep_ms=0,
+            block_share=0.01,
+            max_in_flight=10_000,
+            stall_s=3.0,
+            lat_every=4,
+            max_seconds=120.0,
+            peer_max_seconds=30.0,
+        ),
         # W5: examples/flights.py (its own topic); the c1 sample of 5,000 takes ~10.5 s at ~470 msg/s
-        "w5": dict(title="flights demo", demo=True, messages=30_000, sample=5_000, size=0, partitions=8,
-                   keys=0, sleep_ms=2),
+        "w5": dict(
+            title="flights demo",
+            demo=True,
+            messages=30_000,
+            sample=5_000,
+            size=0,
+            partitions=8,
+            keys=0,
+            sleep_ms=2,
+        ),
     },
     "ci": {
         "w1": dict(title="overhead", messages=20_000, size=100, partitions=8, keys=1_000, sleep_ms=0),
         "w2": dict(title="I/O-bound", messages=2_000, size=100, partitions=1, keys=1_000, sleep_ms=5),
-        "w3": dict(title="skewed keys", messages=2_000, size=100, partitions=1, keys=1_000, sleep_ms=5,
-                   hot_keys=5, hot_share=0.20),
-        "w4": dict(title="memory", messages=20_000, size=1024, partitions=1, keys=1_000, sleep_ms=0,
-                   block_share=0.01, max_in_flight=1_000, stall_s=1.0, max_seconds=8.0),
-        "w5": dict(title="flights demo", demo=True, messages=2_000, sample=300, size=0, partitions=8,
-                   keys=0, sleep_ms=2),
+        "w3": dict(
+            title="skewed keys",
+            messages=2_000,
+            size=100,
+            partitions=1,
+            keys=1_000,
+            sleep_ms=5,
+            hot_keys=5,
+            hot_share=0.20,
+        ),
+        "w4": dict(
+            title="memory",
+            messages=20_000,
+            size=1024,
+            partitions=1,
+            keys=1_000,
+            sleep_ms=0,
+            block_share=0.01,
+            max_in_flight=1_000,
+            stall_s=1.0,
+            max_seconds=8.0,
+        ),
+        "w5": dict(
+            title="flights demo",
+            demo=True,
+            messages=2_000,
+            sample=300,
+            size=0,
+            partitions=8,
+            keys=0,
+            sleep_ms=2,
+        ),
     },
 }
 REPEATS = {"full": 3, "ci": 1}
@@ -119,7 +188,9 @@ def kcr(c: int, mode: str) -> dict[str, Any]:
 def pc(ordering: str, c: int, mode: str = "sync") -> dict[str, Any]:
     """Confluent Parallel Consumer (Java): handlers on its maxConcurrency worker threads; the mode is
     its commit mode (sync: PERIODIC_CONSUMER_SYNC, async: PERIODIC_CONSUMER_ASYNCHRONOUS)."""
-    return dict(contender="parallel-consumer", ordering=ordering, concurrency=c, mode=mode, peer=True, java=True)
+    return dict(
+        contender="parallel-consumer", ordering=ordering, concurrency=c, mode=mode, peer=True, java=True
+    )
 
 
 def peer(name: str, ordering: str, c: int, mode: str) -> dict[str, Any]:
@@ -145,42 +216,75 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
     if size == "ci":
         return {
             # every goal's runs, once, on tiny data (the goals table is exercised, no speed is asserted)
-            "w1": [RAW, kc("key", 1, "sync"), kc("key", 16, "sync"), kc("key", 16, "async"), kc("key", 64, "sync"),
-                   kc("key", 256, "async"), kc("partition", 16, "sync"), kc("none", 16, "async"),
-                   peer("pyrallel-consumer", "key", 16, "async"), peer("faststream", "partition", 1, "async")],
-            "w2": [RAW, kc("key", 64, "sync"), kc("key", 256, "async"), kcr(64, "sync"),
-                   pc("key", 64), peer("pyrallel-consumer", "key", 64, "async")],
+            "w1": [
+                RAW,
+                kc("key", 1, "sync"),
+                kc("key", 16, "sync"),
+                kc("key", 16, "async"),
+                kc("key", 64, "sync"),
+                kc("key", 256, "async"),
+                kc("partition", 16, "sync"),
+                kc("none", 16, "async"),
+                peer("pyrallel-consumer", "key", 16, "async"),
+                peer("faststream", "partition", 1, "async"),
+            ],
+            "w2": [
+                RAW,
+                kc("key", 64, "sync"),
+                kc("key", 256, "async"),
+                kcr(64, "sync"),
+                pc("key", 64),
+                peer("pyrallel-consumer", "key", 64, "async"),
+            ],
             "w3": [RAW, kc("key", 16, "sync")],
             "w4": [RAW, kc("key", 16, "sync")],
             "w5": [kc("key", 1, "sync"), kc("key", 64, "sync")],
         }[wl]
     if wl == "w1":
         w1_kc = all_kc if full_matrix else [*key_kc, kc("partition", 16, "sync"), kc("none", 16, "sync")]
-        return [RAW, *w1_kc,
-                *[pc("key", c) for c in (16, 64)],
-                peer("pyrallel-consumer", "key", 16, "async"),
-                peer("faststream", "partition", 1, "async"),
-                peer("faststream", "partition", 8, "async"),
-                peer("faststream-unordered", "none", 16, "async")]
+        return [
+            RAW,
+            *w1_kc,
+            *[pc("key", c) for c in (16, 64)],
+            peer("pyrallel-consumer", "key", 16, "async"),
+            peer("faststream", "partition", 1, "async"),
+            peer("faststream", "partition", 8, "async"),
+            peer("faststream-unordered", "none", 16, "async"),
+        ]
     if wl in ("w2", "w3"):
         if full_matrix:
-            return [RAW, *all_kc, *redis,
-                    *[pc("key", c) for c in CONCURRENCIES],
-                    *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES],
-                    peer("faststream", "partition", 1, "sync"),
-                    peer("faststream", "partition", 1, "async"),
-                    *[peer("faststream-unordered", "none", c, "async") for c in (16, 64, 256)]]
-        return [RAW, *key_kc, kc("partition", 16, "sync"), kc("none", 64, "sync"), kc("none", 256, "async"),
-                *(redis if wl == "w2" else [kcr(64, "sync"), kcr(256, "async")]),
+            return [
+                RAW,
+                *all_kc,
+                *redis,
                 *[pc("key", c) for c in CONCURRENCIES],
-                *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES[1:]],
+                *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES],
+                peer("faststream", "partition", 1, "sync"),
                 peer("faststream", "partition", 1, "async"),
-                *[peer("faststream-unordered", "none", c, "async") for c in (64, 256)]]
+                *[peer("faststream-unordered", "none", c, "async") for c in (16, 64, 256)],
+            ]
+        return [
+            RAW,
+            *key_kc,
+            kc("partition", 16, "sync"),
+            kc("none", 64, "sync"),
+            kc("none", 256, "async"),
+            *(redis if wl == "w2" else [kcr(64, "sync"), kcr(256, "async")]),
+            *[pc("key", c) for c in CONCURRENCIES],
+            *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES[1:]],
+            peer("faststream", "partition", 1, "async"),
+            *[peer("faststream-unordered", "none", c, "async") for c in (64, 256)],
+        ]
     if wl == "w5":
         return [kc("key", 1, "sync"), kc("key", 64, "sync")]
-    return [RAW, kc("key", 16, "sync"), kc("key", 16, "async"), kc("key", 256, "async"),
-            peer("pyrallel-consumer", "key", 16, "async"),
-            peer("faststream", "partition", 1, "async")]
+    return [
+        RAW,
+        kc("key", 16, "sync"),
+        kc("key", 16, "async"),
+        kc("key", 256, "async"),
+        peer("pyrallel-consumer", "key", 16, "async"),
+        peer("faststream", "partition", 1, "async"),
+    ]
 
 
 def parse_id(text: str) -> dict[str, Any] | None:
@@ -246,10 +350,18 @@ def machine_info(peers_py: Path | None) -> dict[str, Any]:
         pass
     commit = ""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyedconsumer"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "keyedconsumer"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         if dirty:
             commit += " (keyedconsumer/ modified)"
     except (OSError, subprocess.SubprocessError):
@@ -269,17 +381,21 @@ def machine_info(peers_py: Path | None) -> dict[str, Any]:
     if why is None:
         info["parallel_consumer"] = pcv
         try:
-            out = subprocess.run([java_bin() or "java", "-version"], capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [java_bin() or "java", "-version"], capture_output=True, text=True, timeout=60
+            )
             info["java"] = (out.stderr.strip().splitlines() or [""])[0]
         except (OSError, subprocess.SubprocessError):
             pass
     if peers_py is not None:
-        code = ("import json,platform,importlib.metadata as m\n"
-                "v={'python':platform.python_version()}\n"
-                "for p in ('pyrallel-consumer','faststream','aiokafka','confluent-kafka','matplotlib'):\n"
-                "    try: v[p]=m.version(p)\n"
-                "    except Exception: pass\n"
-                "print(json.dumps(v))")
+        code = (
+            "import json,platform,importlib.metadata as m\n"
+            "v={'python':platform.python_version()}\n"
+            "for p in ('pyrallel-consumer','faststream','aiokafka','confluent-kafka','matplotlib'):\n"
+            "    try: v[p]=m.version(p)\n"
+            "    except Exception: pass\n"
+            "print(json.dumps(v))"
+        )
         try:
             out = subprocess.run([str(peers_py), "-c", code], capture_output=True, text=True, timeout=60)
             info["peers_venv"] = json.loads(out.stdout)
@@ -290,8 +406,11 @@ def machine_info(peers_py: Path | None) -> dict[str, Any]:
 
 def peers_status(peers_py: Path) -> dict[str, str | None]:
     """{peer: None if usable else the reason}."""
-    names = {"pyrallel-consumer": "pyrallel_consumer", "faststream": "faststream.kafka",
-             "faststream-unordered": "faststream.kafka"}
+    names = {
+        "pyrallel-consumer": "pyrallel_consumer",
+        "faststream": "faststream.kafka",
+        "faststream-unordered": "faststream.kafka",
+    }
     out: dict[str, str | None] = {"parallel-consumer": pc_status()[0]}
     if not peers_py.exists():
         why = f"no peers venv at {peers_py.parent.parent} (scripts/bench creates it)"
@@ -301,8 +420,12 @@ def peers_status(peers_py: Path) -> dict[str, str | None]:
         if note.exists():
             out[name] = note.read_text().strip()
             continue
-        r = subprocess.run([str(peers_py), "-c", f"import {mod}"], capture_output=True, text=True, timeout=120)
-        out[name] = None if r.returncode == 0 else f"import {mod} failed: {r.stderr.strip().splitlines()[-1:]}"
+        r = subprocess.run(
+            [str(peers_py), "-c", f"import {mod}"], capture_output=True, text=True, timeout=120
+        )
+        out[name] = (
+            None if r.returncode == 0 else f"import {mod} failed: {r.stderr.strip().splitlines()[-1:]}"
+        )
     return out
 
 
@@ -375,16 +498,18 @@ def keys_for(w: dict[str, Any], rng: random.Random) -> list[int]:
 def produce(brokers: str, topic: str, w: dict[str, Any], key_ids: list[int]) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    p = Producer({
-        "bootstrap.servers": brokers,
-        "acks": "all",
-        "enable.idempotence": True,  # keeps each partition in produce order across retries
-        "linger.ms": 20,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 500_000,
-        "queue.buffering.max.kbytes": 512 * 1024,
-        "compression.type": "none",
-    })
+    p = Producer(
+        {
+            "bootstrap.servers": brokers,
+            "acks": "all",
+            "enable.idempotence": True,  # keeps each partition in produce order across retries
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "compression.type": "none",
+        }
+    )
     errors = []
 
     def cb(err, _msg):  # type: ignore[no-untyped-def]
@@ -415,8 +540,11 @@ def produce(brokers: str, topic: str, w: dict[str, Any], key_ids: list[int]) -> 
     left = p.flush(300)
     if left or errors:
         raise RuntimeError(f"produce to {topic}: {left} not delivered, errors: {errors[:3]}")
-    return {"produce_s": round(time.perf_counter() - t0, 1), "produce_t0_ms": ts0,
-            "per_key_max": max(seq.values()) + 1 if seq else 0}
+    return {
+        "produce_s": round(time.perf_counter() - t0, 1),
+        "produce_t0_ms": ts0,
+        "per_key_max": max(seq.values()) + 1 if seq else 0,
+    }
 
 
 def end_offsets(brokers: str, topic: str, partitions: int) -> int:
@@ -424,7 +552,9 @@ def end_offsets(brokers: str, topic: str, partitions: int) -> int:
 
     c = Consumer({"bootstrap.servers": brokers, "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}"})
     try:
-        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions))
+        return sum(
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)
+        )
     finally:
         c.close()
 
@@ -432,7 +562,9 @@ def end_offsets(brokers: str, topic: str, partitions: int) -> int:
 # ----------------------------------------------------------------------------------------- ideal
 
 
-def ideal(w: dict[str, Any], key_ids: list[int], r: dict[str, Any], target: int, max_in_flight: int) -> dict[str, Any] | None:
+def ideal(
+    w: dict[str, Any], key_ids: list[int], r: dict[str, Any], target: int, max_in_flight: int
+) -> dict[str, Any] | None:
     """Ideal msg/s of an I/O-bound run handling the first ``target`` messages of the partition.
 
     ``min(concurrency, active keys) / sleep`` where the usable concurrency depends on the ordering
@@ -460,15 +592,27 @@ def ideal(w: dict[str, Any], key_ids: list[int], r: dict[str, Any], target: int,
         counts[k] = counts.get(k, 0) + 1
     chain = max(counts.values()) * s if (ordering == "key" and r["contender"] != "raw") else 0.0
     t = max(t_par, chain)
-    return {"ideal_msg_per_s": round(target / t, 1), "usable_concurrency": usable, "active_keys": window,
-            "bound": "longest key chain" if chain > t_par else "concurrency"}
+    return {
+        "ideal_msg_per_s": round(target / t, 1),
+        "usable_concurrency": usable,
+        "active_keys": window,
+        "bound": "longest key chain" if chain > t_par else "concurrency",
+    }
 
 
 # ------------------------------------------------------------------------------------ running
 
 
-def run_one(args: argparse.Namespace, wl: str, w: dict[str, Any], meta: dict[str, Any], r: dict[str, Any],
-            key_ids: list[int], peers_py: Path, repeat: int = 0) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace,
+    wl: str,
+    w: dict[str, Any],
+    meta: dict[str, Any],
+    r: dict[str, Any],
+    key_ids: list[int],
+    peers_py: Path,
+    repeat: int = 0,
+) -> dict[str, Any]:
     limits = RUN_LIMITS[args.size]
     target = w["messages"]
     if w["sleep_ms"]:
@@ -503,20 +647,44 @@ def run_one(args: argparse.Namespace, wl: str, w: dict[str, Any], meta: dict[str
     if r.get("java"):
         target_dir = PC_DIR / "target"
         version = pc_status()[1] or ""
-        cmd = [java_bin() or "java", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", f"-Dpc.version={version}",
-               "-cp", f"{target_dir / 'pc-bench.jar'}:{target_dir / 'lib'}/*", "bench.PcContender", json.dumps(spec)]
+        cmd = [
+            java_bin() or "java",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            f"-Dpc.version={version}",
+            "-cp",
+            f"{target_dir / 'pc-bench.jar'}:{target_dir / 'lib'}/*",
+            "bench.PcContender",
+            json.dumps(spec),
+        ]
     else:
         py = peers_py if r.get("peer") else Path(sys.executable)
         cmd = [str(py), str(HERE / "contender.py"), json.dumps(spec)]
     prof_out = None
-    if (args.profile and not r.get("java") and any(fnmatch.fnmatchcase(run_id(r), p) for p in args.profile.split(","))
-            and wl in args.profile_workloads and repeat == 0):
+    if (
+        args.profile
+        and not r.get("java")
+        and any(fnmatch.fnmatchcase(run_id(r), p) for p in args.profile.split(","))
+        and wl in args.profile_workloads
+        and repeat == 0
+    ):
         pyspy = args.py_spy or str(PEERS_PY.parent / "py-spy")
         pyspy = str(Path(pyspy).resolve()) if "/" in pyspy else (shutil.which(pyspy) or pyspy)
         prof_out = args.out / f"profile-{wl}-{run_id(r).replace('/', '-')}.raw.txt"
         # --gil: only the thread holding the GIL is sampled, i.e. where the Python-side CPU goes
-        cmd = [pyspy, "record", "--format", "raw", "--rate", "250", "--gil", "--nonblocking", "-o", str(prof_out),
-               "--", *cmd]
+        cmd = [
+            pyspy,
+            "record",
+            "--format",
+            "raw",
+            "--rate",
+            "250",
+            "--gil",
+            "--nonblocking",
+            "-o",
+            str(prof_out),
+            "--",
+            *cmd,
+        ]
     cwd = args.out / "tmp"
     cwd.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -529,17 +697,24 @@ def run_one(args: argparse.Namespace, wl: str, w: dict[str, Any], meta: dict[str
         stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = (exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")) + f"\n(killed after {timeout:.0f} s)"
+        stderr = (
+            exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        ) + f"\n(killed after {timeout:.0f} s)"
         rc = -9
     wall = time.perf_counter() - t0
-    res: dict[str, Any] = {"id": run_id(r), **{k: r[k] for k in ("contender", "ordering", "concurrency", "mode")},
-                           "peer": bool(r.get("peer")), "repeat": repeat, "wall_s": round(wall, 1),
-                           "loadavg_before": load0}
+    res: dict[str, Any] = {
+        "id": run_id(r),
+        **{k: r[k] for k in ("contender", "ordering", "concurrency", "mode")},
+        "peer": bool(r.get("peer")),
+        "repeat": repeat,
+        "wall_s": round(wall, 1),
+        "loadavg_before": load0,
+    }
     line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("BENCH_RESULT ")), None)
     if line is None:
         res["error"] = f"exit {rc}, no result; stderr tail: {stderr.strip()[-1500:]}"
         return res
-    res.update(json.loads(line[len("BENCH_RESULT "):]))
+    res.update(json.loads(line[len("BENCH_RESULT ") :]))
     if res.get("error"):
         res["error"] += f"; stderr tail: {stderr.strip()[-800:]}"
     if rc != 0 and not res.get("error"):
@@ -581,7 +756,9 @@ def summarize_profile(raw: Path, top: int = 25) -> str | None:
     out = raw.with_name(raw.name.replace(".raw.txt", ".top.txt"))
 
     def block(title: str, d: dict[str, int]) -> list[str]:
-        return ["", title] + [f"{100 * c / n:6.1f}%  {f}" for f, c in sorted(d.items(), key=lambda x: -x[1])[:top]]
+        return ["", title] + [
+            f"{100 * c / n:6.1f}%  {f}" for f, c in sorted(d.items(), key=lambda x: -x[1])[:top]
+        ]
 
     lines = [f"py-spy --gil samples: {n} (the thread holding the GIL at each sample)"]
     lines += block("functions by self time:", self_f)
@@ -620,7 +797,9 @@ def finish_workload(wl: str, data: dict[str, Any]) -> None:
             if x.get("ideal"):
                 x["efficiency"] = round(v / x["ideal"]["ideal_msg_per_s"], 3)
             if x["contender"] == "keyedconsumer-redis":
-                base = (runs.get(x["id"].replace("keyedconsumer-redis/", "keyedconsumer/")) or {}).get("msg_per_s")
+                base = (runs.get(x["id"].replace("keyedconsumer-redis/", "keyedconsumer/")) or {}).get(
+                    "msg_per_s"
+                )
                 if base:
                     x["ratio_to_in_memory"] = round(v / base, 3)
             if w_is_demo(wl) and x["concurrency"] > 1 and c1:
@@ -664,8 +843,11 @@ def aggregate(xs: list[dict[str, Any]]) -> dict[str, Any]:
     growth = [x["rss_growth"]["mb_per_100k_messages"] for x in xs if x.get("rss_growth")]
     if growth:
         agg["rss_growth_max_mb_per_100k"] = max(growth)
-    net = [x["rss_growth"]["net_mb_per_100k_messages"] for x in xs
-           if x.get("rss_growth") and "net_mb_per_100k_messages" in x["rss_growth"]]
+    net = [
+        x["rss_growth"]["net_mb_per_100k_messages"]
+        for x in xs
+        if x.get("rss_growth") and "net_mb_per_100k_messages" in x["rss_growth"]
+    ]
     if net and len(net) == len(growth):
         agg["rss_net_growth_max_mb_per_100k"] = max(net)
     return agg
@@ -680,6 +862,7 @@ def rss_growth(samples: list[list[float]], n: int, value_bytes: int) -> dict[str
     off the held messages' values (``value_bytes`` each, a lower bound of what a held message
     costs: its ``Message`` and engine objects are left in, so the net slope over-counts growth).
     """
+
     def at(frac: float) -> list[float] | None:
         return next((s for s in samples if s[2] >= frac * n), None)
 
@@ -687,12 +870,20 @@ def rss_growth(samples: list[list[float]], n: int, value_bytes: int) -> dict[str
     if a is None or b is None or b[2] == a[2]:
         return None
     per_100k = (b[2] - a[2]) / 100_000
-    out: dict[str, Any] = {"rss_mb_at_25pct": a[1], "rss_mb_at_90pct": b[1],
-                           "mb_per_100k_messages": round((b[1] - a[1]) / per_100k, 2)}
+    out: dict[str, Any] = {
+        "rss_mb_at_25pct": a[1],
+        "rss_mb_at_90pct": b[1],
+        "mb_per_100k_messages": round((b[1] - a[1]) / per_100k, 2),
+    }
     if len(a) > 3 and a[3] >= 0 and b[3] >= 0:
         held_mb = (b[3] - a[3]) * value_bytes / 1e6
-        out.update({"held_at_25pct": a[3], "held_at_90pct": b[3],
-                    "net_mb_per_100k_messages": round((b[1] - a[1] - held_mb) / per_100k, 2)})
+        out.update(
+            {
+                "held_at_25pct": a[3],
+                "held_at_90pct": b[3],
+                "net_mb_per_100k_messages": round((b[1] - a[1] - held_mb) / per_100k, 2),
+            }
+        )
     return out
 
 
@@ -740,7 +931,9 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     def ordered(x: dict[str, Any] | None) -> bool:
         return bool(x) and not (x or {}).get("order_violations") and not (x or {}).get("error")
 
-    def add(row: str, goal: str, parts: list[tuple[str, dict[str, Any] | None, str, float]], unit: str) -> None:
+    def add(
+        row: str, goal: str, parts: list[tuple[str, dict[str, Any] | None, str, float]], unit: str
+    ) -> None:
         """parts: (label, aggregated run, figure, threshold); met when every part's median reaches
         its threshold with no order violation."""
         vals: list[float] = []
@@ -754,20 +947,36 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             vals.append(v)
             status.append(v >= thr and ordered(x))
-            texts.append((f"{label}: " if label else "") + spread(x, key, 2, unit)
-                         + ("" if ordered(x) else " (order violations or error)"))
+            texts.append(
+                (f"{label}: " if label else "")
+                + spread(x, key, 2, unit)
+                + ("" if ordered(x) else " (order violations or error)")
+            )
         met = False if False in status else (None if None in status else True)
-        out.append({"row": row, "goal": goal, "result": "; ".join(texts),
-                    "value": vals[0] if len(vals) == 1 else (vals or None), "met": met})
+        out.append(
+            {
+                "row": row,
+                "goal": goal,
+                "result": "; ".join(texts),
+                "value": vals[0] if len(vals) == 1 else (vals or None),
+                "met": met,
+            }
+        )
 
     w1, w2 = runs("w1"), runs("w2")
     k = "keyedconsumer/key"
     add("W1 no-op, key, c1 sync", ">= 0.9x raw", [("", find(w1, f"{k}/c1/sync"), "ratio_to_raw", 0.9)], "x")
     add("W1 c16 sync", ">= 0.9x raw", [("", find(w1, f"{k}/c16/sync"), "ratio_to_raw", 0.9)], "x")
     add("W1 c16 async", ">= 0.85x raw", [("", find(w1, f"{k}/c16/async"), "ratio_to_raw", 0.85)], "x")
-    add("W1 c64 sync / c256 async", ">= 0.85x / >= 0.75x raw",
-        [("c64 sync", find(w1, f"{k}/c64/sync"), "ratio_to_raw", 0.85),
-         ("c256 async", find(w1, f"{k}/c256/async"), "ratio_to_raw", 0.75)], "x")
+    add(
+        "W1 c64 sync / c256 async",
+        ">= 0.85x / >= 0.75x raw",
+        [
+            ("c64 sync", find(w1, f"{k}/c64/sync"), "ratio_to_raw", 0.85),
+            ("c256 async", find(w1, f"{k}/c256/async"), "ratio_to_raw", 0.75),
+        ],
+        "x",
+    )
     add("W2 5 ms, c64 sync", ">= 0.9 of ideal", [("", find(w2, f"{k}/c64/sync"), "efficiency", 0.9)], "")
     add("W2 5 ms, c256 async", ">= 0.8 of ideal", [("", find(w2, f"{k}/c256/async"), "efficiency", 0.8)], "")
     w4 = [x for x in runs("w4") if x["contender"] == "keyedconsumer"]
@@ -782,15 +991,26 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         add("W4 1 KB backlog, one blocked key", ">= 0.8x raw msg/s, RSS < 300 MB", [("", None, "", 0)], "")
     f1 = find(runs("w5"), f"{k}/c1/sync")
-    add("flights demo, concurrency=1", ">= 0.95 of ideal (ideal for a 2 ms handler ~ 460-500 msg/s)",
-        [("", f1, "efficiency", 0.95)], "")
+    add(
+        "flights demo, concurrency=1",
+        ">= 0.95 of ideal (ideal for a 2 ms handler ~ 460-500 msg/s)",
+        [("", f1, "efficiency", 0.95)],
+        "",
+    )
     if f1 and f1.get("ideal"):
-        out[-1]["result"] += (f" of {f1['ideal']['ideal_msg_per_s']:,.0f} msg/s ({f1['ideal']['bound']}); "
-                              f"measured {spread(f1, 'msg_per_s', 0)} msg/s")
+        out[-1]["result"] += (
+            f" of {f1['ideal']['ideal_msg_per_s']:,.0f} msg/s ({f1['ideal']['bound']}); "
+            f"measured {spread(f1, 'msg_per_s', 0)} msg/s"
+        )
     points = [f"c{c}/{m}" for c in CONCURRENCIES[1:] for m in MODES]  # every point must run to be met
-    add("Redis sequencer against in-memory, W2", ">= 0.7 at every point",
+    add(
+        "Redis sequencer against in-memory, W2",
+        ">= 0.7 at every point",
         [(p, find(w2, f"keyedconsumer-redis/key/{p}"), "ratio_to_in_memory", 0.7) for p in points]
-        if "w2" in wls else [("", None, "", 0)], "x")
+        if "w2" in wls
+        else [("", None, "", 0)],
+        "x",
+    )
     return out
 
 
@@ -804,25 +1024,47 @@ def other_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
                 r = paired(wls["w2"], f"keyedconsumer/key/c{c}/{mode}", f"pyrallel-consumer/key/c{c}/async")
                 if r:
                     v = statistics.median(r)
-                    out.append({"check": f"W2: keyedconsumer key c{c} {mode} >= 2x pyrallel-consumer key_hash c{c}",
-                                "result": spread_of(r), "value": round(v, 3), "met": v >= 2.0})
+                    out.append(
+                        {
+                            "check": f"W2: keyedconsumer key c{c} {mode} >= 2x pyrallel-consumer key_hash c{c}",
+                            "result": spread_of(r),
+                            "value": round(v, 3),
+                            "met": v >= 2.0,
+                        }
+                    )
     if "w4" in wls:
         raw = find(wls["w4"]["runs"], "raw") or {}
         for x in wls["w4"]["runs"]:
             g = x.get("rss_growth_max_mb_per_100k")
             if x["contender"] == "keyedconsumer" and g is not None:
-                ref = f"; raw: {raw['rss_growth_max_mb_per_100k']}" if raw.get("rss_growth_max_mb_per_100k") else ""
+                ref = (
+                    f"; raw: {raw['rss_growth_max_mb_per_100k']}"
+                    if raw.get("rss_growth_max_mb_per_100k")
+                    else ""
+                )
                 net = x.get("rss_net_growth_max_mb_per_100k")
                 if net is None:  # a run without the in-flight column: the plain slope
-                    out.append({"check": f"W4: {x['id']} RSS does not grow with the backlog (highest MB per 100k "
-                                         f"messages handled over the repeats, 25%→90% of the backlog{ref}; < 2 is flat)",
-                                "result": f"{g}", "value": g, "met": g < 2})
+                    out.append(
+                        {
+                            "check": f"W4: {x['id']} RSS does not grow with the backlog (highest MB per 100k "
+                            f"messages handled over the repeats, 25%→90% of the backlog{ref}; < 2 is flat)",
+                            "result": f"{g}",
+                            "value": g,
+                            "met": g < 2,
+                        }
+                    )
                 else:
-                    out.append({"check": f"W4: {x['id']} RSS does not grow with the backlog beyond the blocked key's "
-                                         "messages it holds by design up to max_in_flight (highest MB per 100k messages "
-                                         "handled over the repeats, 25%→90% of the backlog, less the held messages' "
-                                         f"values; < 2 is flat)",
-                                "result": f"{net} (plain slope {g}{ref})", "value": net, "met": net < 2})
+                    out.append(
+                        {
+                            "check": f"W4: {x['id']} RSS does not grow with the backlog beyond the blocked key's "
+                            "messages it holds by design up to max_in_flight (highest MB per 100k messages "
+                            "handled over the repeats, 25%→90% of the backlog, less the held messages' "
+                            f"values; < 2 is flat)",
+                            "result": f"{net} (plain slope {g}{ref})",
+                            "value": net,
+                            "met": net < 2,
+                        }
+                    )
     return out
 
 
@@ -830,24 +1072,33 @@ def side_by_side(data: dict[str, Any]) -> list[str]:
     """keyedconsumer (key) next to Confluent Parallel Consumer (KEY) and pyrallel-consumer
     (key_hash) at each concurrency: median msg/s (min-max); the ratio is per repeat, then the median."""
     runs = data["runs"]
-    cs = sorted({x["concurrency"] for x in runs if x["contender"] == "parallel-consumer"}
-                | {x["concurrency"] for x in runs if x["contender"] == "keyedconsumer" and x["ordering"] == "key"})
+    cs = sorted(
+        {x["concurrency"] for x in runs if x["contender"] == "parallel-consumer"}
+        | {x["concurrency"] for x in runs if x["contender"] == "keyedconsumer" and x["ordering"] == "key"}
+    )
     if not any(x["contender"] == "parallel-consumer" for x in runs):
         return []
     eff = bool(data.get("sleep_ms"))
     what = "efficiency vs ideal" if eff else "ratio to raw"
-    L = [f"| concurrency | keyedconsumer key sync | keyedconsumer key async | parallel-consumer KEY (sync commits) "
-         f"| keyedconsumer sync / parallel-consumer | pyrallel-consumer key_hash async | {what}: kc sync / kc async / PC |",
-         "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    L = [
+        f"| concurrency | keyedconsumer key sync | keyedconsumer key async | parallel-consumer KEY (sync commits) "
+        f"| keyedconsumer sync / parallel-consumer | pyrallel-consumer key_hash async | {what}: kc sync / kc async / PC |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for c in cs:
         ks, ka = find(runs, f"keyedconsumer/key/c{c}/sync"), find(runs, f"keyedconsumer/key/c{c}/async")
-        p, py = find(runs, f"parallel-consumer/key/c{c}/sync"), find(runs, f"pyrallel-consumer/key/c{c}/async")
+        p, py = (
+            find(runs, f"parallel-consumer/key/c{c}/sync"),
+            find(runs, f"pyrallel-consumer/key/c{c}/async"),
+        )
         ratio = spread_of(paired(data, f"keyedconsumer/key/c{c}/sync", f"parallel-consumer/key/c{c}/sync"))
         key = "efficiency" if eff else "ratio_to_raw"
         rel = " / ".join(fmt(x.get(key), 2) if x else "–" for x in (ks, ka, p))
-        L.append(f"| {c} | {spread(ks, 'msg_per_s', 0) if ks else '–'} | {spread(ka, 'msg_per_s', 0) if ka else '–'} "
-                 f"| {spread(p, 'msg_per_s', 0) if p else '–'} | {ratio} | {spread(py, 'msg_per_s', 0) if py else '–'} "
-                 f"| {rel} |")
+        L.append(
+            f"| {c} | {spread(ks, 'msg_per_s', 0) if ks else '–'} | {spread(ka, 'msg_per_s', 0) if ka else '–'} "
+            f"| {spread(p, 'msg_per_s', 0) if p else '–'} | {ratio} | {spread(py, 'msg_per_s', 0) if py else '–'} "
+            f"| {rel} |"
+        )
     return L
 
 
@@ -864,64 +1115,102 @@ def fmt(v: Any, nd: int = 0) -> str:
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     m = results["machine"]
     L = [f"# keyedconsumer benchmark ({results['size']} size)", ""]
-    L.append(f"- date: {results['started']} UTC, wall time {results['wall_s'] / 60:.1f} min; "
-             f"{results.get('repeats', 1)} repeat(s) of every contender, round-robin")
-    L.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB RAM, {m['os']}; "
-             f"load average at start {m.get('loadavg_start')}, at end {m.get('loadavg_end')}")
-    L.append(f"- python {m['python']}, confluent-kafka {m['confluent_kafka']}, librdkafka {m['librdkafka']}; "
-             f"keyedconsumer {m.get('keyedconsumer_commit')}")
+    L.append(
+        f"- date: {results['started']} UTC, wall time {results['wall_s'] / 60:.1f} min; "
+        f"{results.get('repeats', 1)} repeat(s) of every contender, round-robin"
+    )
+    L.append(
+        f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB RAM, {m['os']}; "
+        f"load average at start {m.get('loadavg_start')}, at end {m.get('loadavg_end')}"
+    )
+    L.append(
+        f"- python {m['python']}, confluent-kafka {m['confluent_kafka']}, librdkafka {m['librdkafka']}; "
+        f"keyedconsumer {m.get('keyedconsumer_commit')}"
+    )
     pv = m.get("peers_venv")
     if pv:
         L.append("- peers venv: " + ", ".join(f"{k} {v}" for k, v in pv.items()))
     if m.get("parallel_consumer"):
-        L.append(f"- Confluent Parallel Consumer: parallel-consumer-core {m['parallel_consumer']} on {m.get('java')}")
+        L.append(
+            f"- Confluent Parallel Consumer: parallel-consumer-core {m['parallel_consumer']} on {m.get('java')}"
+        )
     L.append(f"- broker: {results['brokers']}; command: `{results['command']}`")
     L.append("")
     if results.get("goals"):
-        L += ["## Goals (ratios within one run: median over the repeats, min–max in brackets)", "",
-              "| row | goal | result | met |", "| --- | --- | --- | :---: |"]
+        L += [
+            "## Goals (ratios within one run: median over the repeats, min–max in brackets)",
+            "",
+            "| row | goal | result | met |",
+            "| --- | --- | --- | :---: |",
+        ]
         for g in results["goals"]:
             met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
             L.append(f"| {g['row']} | {g['goal']} | {g['result']} | {met} |")
         L.append("")
     if results.get("other_checks"):
-        L += ["### Other checks (goals of earlier issues)", "", "| check | result | met |", "| --- | ---: | :---: |"]
+        L += [
+            "### Other checks (goals of earlier issues)",
+            "",
+            "| check | result | met |",
+            "| --- | ---: | :---: |",
+        ]
         for g in results["other_checks"]:
             L.append(f"| {g['check']} | {g['result']} | {'yes' if g['met'] else '**no**'} |")
         L.append("")
     for wl, data in results["workloads"].items():
         sbs = side_by_side(data) if wl in ("w1", "w2", "w3") else []
         if sbs:
-            L += [f"## {wl.upper()} side by side: keyedconsumer and Confluent Parallel Consumer (msg/s, median "
-                  "(min–max) over the repeats)", "", *sbs, ""]
+            L += [
+                f"## {wl.upper()} side by side: keyedconsumer and Confluent Parallel Consumer (msg/s, median "
+                "(min–max) over the repeats)",
+                "",
+                *sbs,
+                "",
+            ]
     for wl, data in results["workloads"].items():
         if data.get("demo"):
-            L.append(f"## {wl.upper()} {data['title']}: examples/flights.py on the first {data['messages']:,} flights, "
-                     f"8 partitions keyed by aircraft, a 2 ms handler; concurrency=1 on a sample of "
-                     f"{data['sample']:,}, concurrency=64 on all")
+            L.append(
+                f"## {wl.upper()} {data['title']}: examples/flights.py on the first {data['messages']:,} flights, "
+                f"8 partitions keyed by aircraft, a 2 ms handler; concurrency=1 on a sample of "
+                f"{data['sample']:,}, concurrency=64 on all"
+            )
         else:
-            L.append(f"## {wl.upper()} {data['title']}: {data['messages']:,} x {data['size']} B, "
-                     f"{data['partitions']} partition(s), {data['keys']:,} keys"
-                     + (f", handler waits {data['sleep_ms']} ms" if data["sleep_ms"] else ", no-op handler"))
+            L.append(
+                f"## {wl.upper()} {data['title']}: {data['messages']:,} x {data['size']} B, "
+                f"{data['partitions']} partition(s), {data['keys']:,} keys"
+                + (f", handler waits {data['sleep_ms']} ms" if data["sleep_ms"] else ", no-op handler")
+            )
         L.append("")
         run = data.get("run") or {}
         if run and (run.get("started") != results["started"] or run.get("command") != results["command"]):
-            L += [f"- run separately: {run.get('started')} UTC, {fmt(run.get('wall_s'), 0)} s, `{run.get('command')}`, "
-                  f"{run.get('repeats', 1)} repeat(s), keyedconsumer {run.get('keyedconsumer_commit')}", ""]
+            L += [
+                f"- run separately: {run.get('started')} UTC, {fmt(run.get('wall_s'), 0)} s, `{run.get('command')}`, "
+                f"{run.get('repeats', 1)} repeat(s), keyedconsumer {run.get('keyedconsumer_commit')}",
+                "",
+            ]
         if data.get("notes"):
             L += [f"- {n}" for n in data["notes"]] + [""]
-        L.append("| contender | workload | ordering | concurrency | sync/async | repeats | handled (median run) "
-                 "| msg/s median (min–max) | ratio to raw | efficiency vs ideal "
-                 "| p50/p99 latency ms (produce→start) | p50/p99 ms backlog-aligned "
-                 "| peak RSS MB | order violations | notes |")
-        L.append("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        L.append(
+            "| contender | workload | ordering | concurrency | sync/async | repeats | handled (median run) "
+            "| msg/s median (min–max) | ratio to raw | efficiency vs ideal "
+            "| p50/p99 latency ms (produce→start) | p50/p99 ms backlog-aligned "
+            "| peak RSS MB | order violations | notes |"
+        )
+        L.append(
+            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        )
         for x in data["runs"]:
             notes = []
             if x.get("error"):
                 notes.append("ERROR: " + x["error"].splitlines()[0][:160])
             elif not x.get("complete"):
                 notes.append(f"capped at {x.get('seconds')} s (median run)")
-            if results["size"] == "full" and x.get("seconds") is not None and x["seconds"] < 9 and not data.get("demo"):
+            if (
+                results["size"] == "full"
+                and x.get("seconds") is not None
+                and x["seconds"] < 9
+                and not data.get("demo")
+            ):
                 notes.append(f"short: {x['seconds']} s")
             if x.get("target") and x["target"] < data["messages"] and not data.get("demo"):
                 notes.append(f"prefix of {x['target']:,}")
@@ -933,27 +1222,42 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 notes.append(f"speed-up {spread(x, 'speed_up', 1, 'x')} over concurrency=1")
             if data.get("demo"):
                 st = x.get("settings") or {}
-                notes.append(f"start-up {st.get('startup_s')} s and stop() {st.get('stop_s')} s not counted; "
-                             f"mean handler inside the run {st.get('handler_ms_mean')} ms")
+                notes.append(
+                    f"start-up {st.get('startup_s')} s and stop() {st.get('stop_s')} s not counted; "
+                    f"mean handler inside the run {st.get('handler_ms_mean')} ms"
+                )
             if x.get("block"):
-                notes.append(f"block released after {x['block'].get('released_after_s')} s "
-                             f"at {fmt(x['block'].get('handled_at_release'))} handled, "
-                             f"RSS then {x['block'].get('rss_mb_at_release')} MB")
+                notes.append(
+                    f"block released after {x['block'].get('released_after_s')} s "
+                    f"at {fmt(x['block'].get('handled_at_release'))} handled, "
+                    f"RSS then {x['block'].get('rss_mb_at_release')} MB"
+                )
             if x.get("rss_growth"):
-                notes.append(f"RSS 25%→90% of backlog: {x['rss_growth']['rss_mb_at_25pct']}→"
-                             f"{x['rss_growth']['rss_mb_at_90pct']} MB")
+                notes.append(
+                    f"RSS 25%→90% of backlog: {x['rss_growth']['rss_mb_at_25pct']}→"
+                    f"{x['rss_growth']['rss_mb_at_90pct']} MB"
+                )
             if x.get("peak_in_flight") is not None:
                 notes.append(f"peak in-flight {x['peak_in_flight']:,}")
             acq = (x.get("settings") or {}).get("lease_acquire_calls")
             if acq is not None and x.get("handled"):
                 notes.append(f"Redis lease acquires {acq:,} ({acq / x['handled']:.2f} per message)")
-            lat = (f"{fmt(x.get('lat_p50_ms'))} / {fmt(x.get('lat_p99_ms'))}" if x.get("lat_p50_ms") is not None else "–")
-            alat = (f"{fmt(x.get('aligned_p50_ms'))} / {fmt(x.get('aligned_p99_ms'))}"
-                    if x.get("aligned_p50_ms") is not None else "–")
-            L.append(f"| {x['contender']} | {wl.upper()} | {x['ordering']} | {x['concurrency']} | {x['mode']} "
-                     f"| {x.get('repeats', 1)} | {fmt(x.get('handled'))} | {spread(x, 'msg_per_s', 0)} "
-                     f"| {spread(x, 'ratio_to_raw')} | {spread(x, 'efficiency')} | {lat} | {alat} "
-                     f"| {fmt(x.get('peak_rss_mb'))} | {fmt(x.get('order_violations'))} | {'; '.join(notes)} |")
+            lat = (
+                f"{fmt(x.get('lat_p50_ms'))} / {fmt(x.get('lat_p99_ms'))}"
+                if x.get("lat_p50_ms") is not None
+                else "–"
+            )
+            alat = (
+                f"{fmt(x.get('aligned_p50_ms'))} / {fmt(x.get('aligned_p99_ms'))}"
+                if x.get("aligned_p50_ms") is not None
+                else "–"
+            )
+            L.append(
+                f"| {x['contender']} | {wl.upper()} | {x['ordering']} | {x['concurrency']} | {x['mode']} "
+                f"| {x.get('repeats', 1)} | {fmt(x.get('handled'))} | {spread(x, 'msg_per_s', 0)} "
+                f"| {spread(x, 'ratio_to_raw')} | {spread(x, 'efficiency')} | {lat} | {alat} "
+                f"| {fmt(x.get('peak_rss_mb'))} | {fmt(x.get('order_violations'))} | {'; '.join(notes)} |"
+            )
         L.append("")
     if results.get("skipped"):
         L += ["## Not run", ""] + [f"- {s['id']}: {s['reason']}" for s in results["skipped"]] + [""]
@@ -973,11 +1277,11 @@ NOTES = [
     "msg/s of one run: handled messages / seconds from the first handler start to the end of the last handled "
     "message. A run ends when its target is handled or at its cap (max_seconds after its first message: 15 s for "
     "workload 1, 15 s for workload 2, 30 s for workload 3, 120 s for workload 4 (30 s for the peers)); a capped run "
-    "counts what was handled by the cap, over the time to the cap (\"capped\"). Neither counts the contender's "
+    'counts what was handled by the cap, over the time to the cap ("capped"). Neither counts the contender\'s '
     "start-up nor its stop.",
     "Sizing: every full-size run lasts about 10 s or more. Workload 1 has 1,500,000 messages (raw handles "
     "~120k msg/s here). Workloads 2 and 3: each run handles the prefix of the topic whose ideal time is 10 s "
-    "(\"prefix of N\"), e.g. 2,000 messages at concurrency 1 and 512,000 at 256, and is compared with the ideal of "
+    '("prefix of N"), e.g. 2,000 messages at concurrency 1 and 512,000 at 256, and is compared with the ideal of '
     "that prefix.",
     "efficiency = msg/s / ideal; ideal = usable concurrency / handler wait, where usable concurrency is "
     "min(concurrency, distinct keys among the first max_in_flight messages) for ordering=key, "
@@ -1006,9 +1310,23 @@ def run_flights(args: argparse.Namespace, w: dict[str, Any], repeat: int, topic:
     tmp.mkdir(parents=True, exist_ok=True)
     out_json = tmp / f"{topic}.json"
     out_json.unlink(missing_ok=True)
-    cmd = [sys.executable, str(ROOT / "examples" / "flights.py"), "--brokers", args.brokers,
-           "--limit", str(w["messages"]), "--sample", str(w["sample"]), "--concurrency", "64",
-           "--topic", topic, "--json-out", str(out_json), "--no-progress"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "flights.py"),
+        "--brokers",
+        args.brokers,
+        "--limit",
+        str(w["messages"]),
+        "--sample",
+        str(w["sample"]),
+        "--concurrency",
+        "64",
+        "--topic",
+        topic,
+        "--json-out",
+        str(out_json),
+        "--no-progress",
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
     load0 = loadavg()
@@ -1019,30 +1337,57 @@ def run_flights(args: argparse.Namespace, w: dict[str, Any], repeat: int, topic:
     except subprocess.TimeoutExpired:
         rc, stdout, stderr = -9, "", "(killed after 900 s)"
     wall = round(time.perf_counter() - t0, 1)
-    base = dict(contender="keyedconsumer", ordering="key", mode="sync", peer=False, repeat=repeat, wall_s=wall,
-                loadavg_before=load0)
+    base = dict(
+        contender="keyedconsumer",
+        ordering="key",
+        mode="sync",
+        peer=False,
+        repeat=repeat,
+        wall_s=wall,
+        loadavg_before=load0,
+    )
     if not out_json.exists():
         err = f"exit {rc}, no result; output tail: {(stdout + stderr).strip()[-1500:]}"
-        return [{**base, "id": f"keyedconsumer/key/c{c}/sync", "concurrency": c, "error": err} for c in (1, 64)]
+        return [
+            {**base, "id": f"keyedconsumer/key/c{c}/sync", "concurrency": c, "error": err} for c in (1, 64)
+        ]
     d = json.loads(out_json.read_text())
     out = []
     for part, c in (("baseline", 1), ("main", 64)):
         x = d[part]
         rec: dict[str, Any] = {
-            **base, "id": f"keyedconsumer/key/c{c}/sync", "concurrency": c,
-            "handled": x["messages"], "target": x["messages"], "complete": x["distinct"] >= x["messages"],
-            "seconds": x["seconds"], "msg_per_s": x["msg_per_s"], "startup_s": x["startup_s"],
-            "lat_p50_ms": None, "lat_p99_ms": None, "aligned_p50_ms": None, "aligned_p99_ms": None,
-            "order_violations": x["violations"] + x["overlaps"], "peak_rss_mb": d.get("vm_hwm_mb"),
+            **base,
+            "id": f"keyedconsumer/key/c{c}/sync",
+            "concurrency": c,
+            "handled": x["messages"],
+            "target": x["messages"],
+            "complete": x["distinct"] >= x["messages"],
+            "seconds": x["seconds"],
+            "msg_per_s": x["msg_per_s"],
+            "startup_s": x["startup_s"],
+            "lat_p50_ms": None,
+            "lat_p99_ms": None,
+            "aligned_p50_ms": None,
+            "aligned_p99_ms": None,
+            "order_violations": x["violations"] + x["overlaps"],
+            "peak_rss_mb": d.get("vm_hwm_mb"),
             "rss_samples": [],
-            "settings": {"demo": "examples/flights.py", "topic": topic, "handler": "json.loads + time.sleep(0.002) "
-                         "+ per-aircraft state", "handler_ms_mean": x["handler_ms_mean"], "startup_s": x["startup_s"],
-                         "stop_s": x["stop_s"], "overlaps": x["overlaps"]},
+            "settings": {
+                "demo": "examples/flights.py",
+                "topic": topic,
+                "handler": "json.loads + time.sleep(0.002) + per-aircraft state",
+                "handler_ms_mean": x["handler_ms_mean"],
+                "startup_s": x["startup_s"],
+                "stop_s": x["stop_s"],
+                "overlaps": x["overlaps"],
+            },
             "error": None if rc == 0 else f"exit {rc} (a check failed): {stdout.strip()[-600:]}",
         }
         if c == 1:
-            rec["ideal"] = {"ideal_msg_per_s": x["ideal_msg_per_s"],
-                            "bound": f"the handler alone, back to back: {x['handler_alone_ms']:.2f} ms a message"}
+            rec["ideal"] = {
+                "ideal_msg_per_s": x["ideal_msg_per_s"],
+                "bound": f"the handler alone, back to back: {x['handler_alone_ms']:.2f} ms a message",
+            }
             rec["settings"]["handler_alone_ms"] = x["handler_alone_ms"]
         else:
             rec["lag0"] = x.get("lag0")
@@ -1053,12 +1398,21 @@ def run_flights(args: argparse.Namespace, w: dict[str, Any], repeat: int, topic:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=("full", "ci"), default="full")
-    ap.add_argument("--only", default="1,2,3,4,5", help="workloads, e.g. 2,3 (or w2,w3); 5 is the flights demo")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="runs of every contender, round-robin (default: 3 at full size, 1 at ci size)")
-    ap.add_argument("--contenders", default="*",
-                    help="comma-separated fnmatch patterns over run ids; prefix wN: to apply to one workload only "
-                         "(e.g. 'w1:raw,w1:keyedconsumer/key/c16/sync,w2:*'); an explicit id outside the matrix is added")
+    ap.add_argument(
+        "--only", default="1,2,3,4,5", help="workloads, e.g. 2,3 (or w2,w3); 5 is the flights demo"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of every contender, round-robin (default: 3 at full size, 1 at ci size)",
+    )
+    ap.add_argument(
+        "--contenders",
+        default="*",
+        help="comma-separated fnmatch patterns over run ids; prefix wN: to apply to one workload only "
+        "(e.g. 'w1:raw,w1:keyedconsumer/key/c16/sync,w2:*'); an explicit id outside the matrix is added",
+    )
     ap.add_argument("--brokers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -1067,18 +1421,29 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=None, help="cap of one run after its first message")
     ap.add_argument("--io-budget-s", type=float, default=None, help="W2/W3: seconds of ideal time per run")
     ap.add_argument("--keep-topics", action="store_true")
-    ap.add_argument("--full-matrix", action="store_true",
-                    help="every ordering x concurrency x mode and every peer run (default: trimmed, see matrix())")
-    ap.add_argument("--profile", default="", help="run ids (fnmatch) to record with py-spy (first repeat only)")
+    ap.add_argument(
+        "--full-matrix",
+        action="store_true",
+        help="every ordering x concurrency x mode and every peer run (default: trimmed, see matrix())",
+    )
+    ap.add_argument(
+        "--profile", default="", help="run ids (fnmatch) to record with py-spy (first repeat only)"
+    )
     ap.add_argument("--profile-workloads", default="w1")
     ap.add_argument("--py-spy", default=None)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--seed", type=int, default=20261130)
-    ap.add_argument("--merge", action="store_true",
-                    help="replace only the workloads run now in an existing <out>/results.json (each workload "
-                         "records its own date, command and engine commit)")
-    ap.add_argument("--rerender", action="store_true",
-                    help="only rewrite results.md, the goals and throughput.png from <out>/results.json")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the workloads run now in an existing <out>/results.json (each workload "
+        "records its own date, command and engine commit)",
+    )
+    ap.add_argument(
+        "--rerender",
+        action="store_true",
+        help="only rewrite results.md, the goals and throughput.png from <out>/results.json",
+    )
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1151,14 +1516,19 @@ def main() -> int:
             extra = f"  x{fmt(res['ratio_to_in_memory'], 2)} in-memory"
         if res.get("speed_up") is not None:
             extra = f"  speed-up x{fmt(res['speed_up'], 1)}"
-        log(f"{wl} r{rep + 1}/{repeats} {res['id']:40s} {fmt(res.get('msg_per_s')):>10} msg/s  "
+        log(
+            f"{wl} r{rep + 1}/{repeats} {res['id']:40s} {fmt(res.get('msg_per_s')):>10} msg/s  "
             f"x{fmt(res.get('ratio_to_raw'), 2)} raw  eff {fmt(res.get('efficiency'), 2)}{extra}  "
             f"rss {fmt(res.get('peak_rss_mb'))} MB  viol {res.get('order_violations')}  "
-            f"({res.get('wall_s')} s) {status[:300]}")
+            f"({res.get('wall_s')} s) {status[:300]}"
+        )
         if res.get("error"):
             failed = True
-        if (res["contender"] in ("keyedconsumer", "keyedconsumer-redis") and res["ordering"] in ("key", "partition")
-                and res.get("order_violations")):
+        if (
+            res["contender"] in ("keyedconsumer", "keyedconsumer-redis")
+            and res["ordering"] in ("key", "partition")
+            and res.get("order_violations")
+        ):
             failed = True
 
     try:
@@ -1173,19 +1543,31 @@ def main() -> int:
             if w.get("demo"):
                 if not runs:
                     continue
-                data = {**w, "runs": [], "repeat_runs": [], "notes": [
-                    "examples/flights.py in a subprocess per repeat (its own topic); seconds from the first handler "
-                    "start to the end of the handler that completed the last message: the group join before and "
-                    "stop() after are reported apart (notes), not counted"],
-                    "run": {"started": results["started"], "command": results["command"], "repeats": repeats,
-                            "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit")}}
+                data = {
+                    **w,
+                    "runs": [],
+                    "repeat_runs": [],
+                    "notes": [
+                        "examples/flights.py in a subprocess per repeat (its own topic); seconds from the first handler "
+                        "start to the end of the handler that completed the last message: the group join before and "
+                        "stop() after are reported apart (notes), not counted"
+                    ],
+                    "run": {
+                        "started": results["started"],
+                        "command": results["command"],
+                        "repeats": repeats,
+                        "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit"),
+                    },
+                }
                 results["workloads"][wl] = data
                 t_wl = time.perf_counter()
                 for rep in range(repeats):
                     topic = f"bench-{run_tag}-{wl}-r{rep}"
                     topics.append(topic)
-                    log(f"{wl}: examples/flights.py --limit {w['messages']:,} --sample {w['sample']:,} "
-                        f"(repeat {rep + 1}/{repeats})")
+                    log(
+                        f"{wl}: examples/flights.py --limit {w['messages']:,} --sample {w['sample']:,} "
+                        f"(repeat {rep + 1}/{repeats})"
+                    )
                     for res in run_flights(args, w, rep, topic):
                         report(wl, data, res, rep)
                     data["run"]["wall_s"] = round(time.perf_counter() - t_wl, 1)
@@ -1214,18 +1596,31 @@ def main() -> int:
             n = end_offsets(args.brokers, topic, w["partitions"])
             if n != w["messages"]:
                 raise RuntimeError(f"{topic} holds {n} records, expected {w['messages']}")
-            data = {**w, **meta, "runs": [], "repeat_runs": [], "notes": [],
-                    "run": {"started": results["started"], "command": results["command"], "repeats": repeats,
-                            "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit")}}
+            data = {
+                **w,
+                **meta,
+                "runs": [],
+                "repeat_runs": [],
+                "notes": [],
+                "run": {
+                    "started": results["started"],
+                    "command": results["command"],
+                    "repeats": repeats,
+                    "keyedconsumer_commit": results["machine"].get("keyedconsumer_commit"),
+                },
+            }
             t_wl = time.perf_counter()
             if w.get("hot_keys"):
-                data["notes"].append(f"{w['hot_keys']} hot keys carry {w['hot_share']:.0%} of the messages "
-                                     f"(the longest key has {meta['per_key_max']:,} messages)")
+                data["notes"].append(
+                    f"{w['hot_keys']} hot keys carry {w['hot_share']:.0%} of the messages "
+                    f"(the longest key has {meta['per_key_max']:,} messages)"
+                )
             if w.get("block_share"):
                 data["notes"].append(
                     f"key {BLOCK_KEY!r} ({meta['block_count']:,} messages, {w['block_share']:.0%}) blocks until the "
                     f"handled count has not moved for {w['stall_s']:g} s (or all other messages are handled); "
-                    f"max_in_flight={w['max_in_flight']:,} (pyrallel-consumer: queue_max_messages)")
+                    f"max_in_flight={w['max_in_flight']:,} (pyrallel-consumer: queue_max_messages)"
+                )
             log(f"{wl}: produced in {meta['produce_s']} s; {len(todo)} runs x {repeats} repeat(s)")
             results["workloads"][wl] = data
             for rep in range(repeats):  # round-robin: every contender once per repeat, raw first
@@ -1242,7 +1637,9 @@ def main() -> int:
     if args.merge and json_path.exists():
         old = json.loads(json_path.read_text())
         old["workloads"].update(results["workloads"])
-        old["skipped"] = [x for x in old.get("skipped", []) if x["id"].split(":")[0] not in results["workloads"]]
+        old["skipped"] = [
+            x for x in old.get("skipped", []) if x["id"].split(":")[0] not in results["workloads"]
+        ]
         old["skipped"] += [x for x in results["skipped"] if x["id"].split(":")[0] in results["workloads"]]
         old["workloads"] = dict(sorted(old["workloads"].items()))
         old["notes"] = NOTES
@@ -1262,12 +1659,16 @@ def main() -> int:
 
 def print_goals(results: dict[str, Any]) -> None:
     """The goals table on stdout (the same as in results.md)."""
-    rows = [(g["row"], g["goal"], g["result"], "–" if g["met"] is None else ("yes" if g["met"] else "NO"))
-            for g in results.get("goals", [])]
+    rows = [
+        (g["row"], g["goal"], g["result"], "–" if g["met"] is None else ("yes" if g["met"] else "NO"))
+        for g in results.get("goals", [])
+    ]
     if not rows:
         return
     w = [max(len(r[i]) for r in rows) for i in range(2)]
-    print(f"\nGoals ({results.get('repeats', 1)} repeat(s); median of the per-repeat ratios, min–max in brackets)")
+    print(
+        f"\nGoals ({results.get('repeats', 1)} repeat(s); median of the per-repeat ratios, min–max in brackets)"
+    )
     for row, goal, res, met in rows:
         print(f"  {row:{w[0]}}  {goal:{w[1]}}  {met:3}  {res}")
     print(flush=True)
@@ -1278,8 +1679,12 @@ def plot(args: argparse.Namespace, json_path: Path) -> None:
     for py in (args.peers_python, Path(sys.executable)):
         if not py.exists():
             continue
-        r = subprocess.run([str(py), str(HERE / "plot.py"), str(json_path), str(png)], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [str(py), str(HERE / "plot.py"), str(json_path), str(png)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if r.returncode == 0:
             log(f"wrote {png}")
             return

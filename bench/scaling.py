@@ -61,10 +61,34 @@ SIZES: dict[str, dict[str, Any]] = {
     # 12 and 16 instances go past the two cores (about 60 us of CPU a message x 3,200 msg/s an
     # instance); 16 instances have one partition each: at their ideal (3,200 msg/s) a partition of
     # 125,000 records lasts 39 s, more than start, join, settle and window together
-    "full": dict(messages=2_000_000, size=100, partitions=16, keys=10_000, sleep_ms=5, concurrency=16,
-                 settle_s=3.0, window_s=15.0, drain=False, repeats=2, instances="1,2,4,8,12,16", raw="all"),
-    "ci": dict(messages=3_000, size=100, partitions=16, keys=1_000, sleep_ms=1, concurrency=16,
-               settle_s=0.3, window_s=1.0, drain=True, repeats=1, instances="1,2", raw="1"),
+    "full": dict(
+        messages=2_000_000,
+        size=100,
+        partitions=16,
+        keys=10_000,
+        sleep_ms=5,
+        concurrency=16,
+        settle_s=3.0,
+        window_s=15.0,
+        drain=False,
+        repeats=2,
+        instances="1,2,4,8,12,16",
+        raw="all",
+    ),
+    "ci": dict(
+        messages=3_000,
+        size=100,
+        partitions=16,
+        keys=1_000,
+        sleep_ms=1,
+        concurrency=16,
+        settle_s=0.3,
+        window_s=1.0,
+        drain=True,
+        repeats=1,
+        instances="1,2",
+        raw="1",
+    ),
 }
 CONTENDERS = ("raw", "keyedconsumer", "keyedconsumer-redis")
 SEQUENCER = {"raw": "–", "keyedconsumer": "in-memory", "keyedconsumer-redis": "Redis"}
@@ -88,12 +112,22 @@ class Services:
         self.brokers: str = args.brokers or ""
         self.redis_url: str = args.redis_url or ""
         self.run_dir = Path(args.run_dir)
-        self.env = dict(os.environ, KC_RUN_DIR=str(self.run_dir), CLUSTER_KAFKA_BASE=str(args.kafka_base),
-                        CLUSTER_REDIS_BASE=str(args.redis_base), KC_PYTHON=sys.executable)
+        self.env = dict(
+            os.environ,
+            KC_RUN_DIR=str(self.run_dir),
+            CLUSTER_KAFKA_BASE=str(args.kafka_base),
+            CLUSTER_REDIS_BASE=str(args.redis_base),
+            KC_PYTHON=sys.executable,
+        )
 
     def _services(self, cmd: str) -> str:
-        out = subprocess.run([str(ROOT / "scripts" / "services"), cmd], env=self.env, capture_output=True,
-                             text=True, timeout=600)
+        out = subprocess.run(
+            [str(ROOT / "scripts" / "services"), cmd],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"scripts/services {cmd} failed: {out.stderr.strip()[-2000:]}")
         return out.stdout
@@ -105,11 +139,19 @@ class Services:
             return
         ours = (self.run_dir / "cluster" / "kafka-1" / "kafka" / "kafka.pid").exists()
         if not ours:  # a service already answering there would be reused: not ours to measure or stop
-            busy = [p for p in (*[self.args.kafka_base + i for i in range(6)], *[self.args.redis_base + i for i in range(6)])
-                    if _port_open(p)]
+            busy = [
+                p
+                for p in (
+                    *[self.args.kafka_base + i for i in range(6)],
+                    *[self.args.redis_base + i for i in range(6)],
+                )
+                if _port_open(p)
+            ]
             if busy:
                 raise SystemExit(f"ports {busy} are in use: choose --kafka-base / --redis-base")
-        log(f"starting the cluster in {self.run_dir} (Kafka base {self.args.kafka_base}, Redis base {self.args.redis_base})")
+        log(
+            f"starting the cluster in {self.run_dir} (Kafka base {self.args.kafka_base}, Redis base {self.args.redis_base})"
+        )
         out = self._services("cluster-up")
         env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         self.brokers = env["KAFKA_BOOTSTRAP_SERVERS"]
@@ -189,9 +231,12 @@ def proc_cpu_s(pid: int) -> float | None:
 
 
 def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, Any]:
-    return {"t": time.perf_counter(), "machine": machine_jiffies(),
-            "pids": {kind: {p: proc_cpu_s(p) for p in pids} for kind, pids in groups.items()},
-            "instances": {p: proc_detail(p) for p in groups.get("instances", [])}}
+    return {
+        "t": time.perf_counter(),
+        "machine": machine_jiffies(),
+        "pids": {kind: {p: proc_cpu_s(p) for p in pids} for kind, pids in groups.items()},
+        "instances": {p: proc_detail(p) for p in groups.get("instances", [])},
+    }
 
 
 def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -199,13 +244,18 @@ def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     secs = b["t"] - a["t"]
     busy = b["machine"][0] - a["machine"][0]
     total = b["machine"][1] - a["machine"][1]
-    out: dict[str, Any] = {"seconds": round(secs, 3),
-                           "machine_cores_busy": round(NCPU * busy / total, 3) if total else None,
-                           "machine_util": round(busy / total, 3) if total else None}
+    out: dict[str, Any] = {
+        "seconds": round(secs, 3),
+        "machine_cores_busy": round(NCPU * busy / total, 3) if total else None,
+        "machine_util": round(busy / total, 3) if total else None,
+    }
     per: dict[str, dict[int, float]] = {}
     for kind, pids in b["pids"].items():
-        per[kind] = {p: round(v - a["pids"][kind][p], 2) for p, v in pids.items()
-                     if v is not None and a["pids"][kind].get(p) is not None}
+        per[kind] = {
+            p: round(v - a["pids"][kind][p], 2)
+            for p, v in pids.items()
+            if v is not None and a["pids"][kind].get(p) is not None
+        }
         out[f"{kind}_cores"] = round(sum(per[kind].values()) / secs, 3) if secs else None
     if out["machine_cores_busy"] is not None:
         known = sum(out.get(f"{k}_cores") or 0.0 for k in per)
@@ -263,8 +313,15 @@ def group_lag(brokers: str, topic: str, group: str, partitions: int) -> int | No
         c.close()
 
 
-def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, meta: dict[str, Any],
-               contender: str, n: int, rep: int) -> dict[str, Any]:
+def run_config(
+    args: argparse.Namespace,
+    size: dict[str, Any],
+    svc: Services,
+    meta: dict[str, Any],
+    contender: str,
+    n: int,
+    rep: int,
+) -> dict[str, Any]:
     """N instances of one contender in a fresh group: the steady window's msg/s and CPU."""
     rid = f"{contender}/n{n}"
     group = f"{meta['topic']}-{contender}-n{n}-r{rep}-{uuid.uuid4().hex[:6]}"
@@ -273,14 +330,24 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
     stop_file = work / "STOP"
     window_s, settle_s = args.window_s or size["window_s"], size["settle_s"]
     base = {
-        "contender": contender, "ordering": "key" if contender != "raw" else "partition",
-        "concurrency": size["concurrency"] if contender != "raw" else 1, "mode": args.mode,
-        "brokers": svc.brokers, "topic": meta["topic"], "group": group,
+        "contender": contender,
+        "ordering": "key" if contender != "raw" else "partition",
+        "concurrency": size["concurrency"] if contender != "raw" else 1,
+        "mode": args.mode,
+        "brokers": svc.brokers,
+        "topic": meta["topic"],
+        "group": group,
         "target": size["messages"] + 1,  # never reached: every run ends at its stop file
-        "partitions": size["partitions"], "sleep_ms": size["sleep_ms"],
-        "max_seconds": 600.0, "startup_s": 120.0, "max_in_flight": 10_000,
-        "produce_t0_ms": meta["produce_t0_ms"], "sample_s": 0.25, "lat_every": 64,
-        "redis_url": svc.redis_url, "stop_file": str(stop_file),
+        "partitions": size["partitions"],
+        "sleep_ms": size["sleep_ms"],
+        "max_seconds": 600.0,
+        "startup_s": 120.0,
+        "max_in_flight": 10_000,
+        "produce_t0_ms": meta["produce_t0_ms"],
+        "sample_s": 0.25,
+        "lat_every": 64,
+        "redis_url": svc.redis_url,
+        "stop_file": str(stop_file),
     }
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
@@ -293,12 +360,27 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
         progress.append(Path(spec["progress_file"]))
         out_f, err_f = open(work / f"i{i}.out", "w"), open(work / f"i{i}.err", "w")  # noqa: SIM115
         outs.append((out_f, err_f))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "contender.py"), json.dumps(spec)],
-                                      cwd=work, env=env, stdout=out_f, stderr=err_f))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE / "contender.py"), json.dumps(spec)],
+                cwd=work,
+                env=env,
+                stdout=out_f,
+                stderr=err_f,
+            )
+        )
     t_start = time.perf_counter()
     groups = {"instances": [p.pid for p in procs], "orchestrator": [os.getpid()], **svc.pids()}
-    res: dict[str, Any] = {"id": rid, "contender": contender, "sequencer": SEQUENCER[contender], "instances": n,
-                           "repeat": rep, "group": group, "loadavg_before": load0, "notes": []}
+    res: dict[str, Any] = {
+        "id": rid,
+        "contender": contender,
+        "sequencer": SEQUENCER[contender],
+        "instances": n,
+        "repeat": rep,
+        "group": group,
+        "loadavg_before": load0,
+        "notes": [],
+    }
     # 1. every instance has handled a message (its join is done), or the topic is drained (ci)
     t_all = None
     while time.perf_counter() - t_start < 150:
@@ -319,9 +401,26 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
     prof = None
     if args.profile == n and contender != "raw":  # instance 0 over the window, with py-spy (GIL samples)
         raw_out = args.out / f"profile-scaling-{contender}-n{n}-r{rep}.raw.txt"
-        prof = subprocess.Popen([args.py_spy, "record", "--pid", str(procs[0].pid), "--duration", str(int(window_s)),
-                                 "--rate", "100", "--gil", "--nonblocking", "--format", "raw", "-o", str(raw_out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prof = subprocess.Popen(
+            [
+                args.py_spy,
+                "record",
+                "--pid",
+                str(procs[0].pid),
+                "--duration",
+                str(int(window_s)),
+                "--rate",
+                "100",
+                "--gil",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "-o",
+                str(raw_out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     time.sleep(max(0.0, snap0["t"] + window_s - time.perf_counter()))
     snap1 = cpu_snapshot(groups)
     if prof is not None:
@@ -359,7 +458,7 @@ def run_config(args: argparse.Namespace, size: dict[str, Any], svc: Services, me
             err = (work / f"i{i}.err").read_text().strip()[-1500:]
             results.append({"error": f"exit {p.returncode}, no result; stderr tail: {err}"})
         else:
-            results.append(json.loads(line[len("BENCH_RESULT "):]))
+            results.append(json.loads(line[len("BENCH_RESULT ") :]))
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
     res["loadavg_after"] = bench.loadavg()
     res.update(measure(results, [p.pid for p in procs], snap0, snap1, size))
@@ -388,12 +487,21 @@ def warnings_of(work: Path) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any], snap1: dict[str, Any],
-            size: dict[str, Any]) -> dict[str, Any]:
+def measure(
+    results: list[dict[str, Any]],
+    pids: list[int],
+    snap0: dict[str, Any],
+    snap1: dict[str, Any],
+    size: dict[str, Any],
+) -> dict[str, Any]:
     """The window's figures from the instances' samples and the two CPU snapshots."""
     t0, t1 = snap0["t"], snap1["t"]
-    series = [[(r["samples_t0"] + s[0], int(s[2])) for s in r.get("rss_samples") or []] if r.get("samples_t0")
-              else [] for r in results]
+    series = [
+        [(r["samples_t0"] + s[0], int(s[2])) for s in r.get("rss_samples") or []]
+        if r.get("samples_t0")
+        else []
+        for r in results
+    ]
     handled = [interp(s, t1) - interp(s, t0) for s in series]
     total = sum(handled)
     cpu = cpu_delta(snap0, snap1)
@@ -401,16 +509,25 @@ def measure(results: list[dict[str, Any]], pids: list[int], snap0: dict[str, Any
     per_inst = []
     for r, h, pid in zip(results, handled, pids, strict=True):
         cpu_s = inst_cpu.get(pid) or 0.0
-        per_inst.append({"handled_in_window": round(h), "cpu_s": cpu_s,
-                         "cpu_s_per_1000": round(1000 * cpu_s / h, 4) if h else None,
-                         "startup_s": r.get("startup_s"), "peak_rss_mb": r.get("peak_rss_mb"),
-                         "handled": r.get("handled"), "order_violations": r.get("order_violations"),
-                         "order_backward": r.get("order_backward")})
+        per_inst.append(
+            {
+                "handled_in_window": round(h),
+                "cpu_s": cpu_s,
+                "cpu_s_per_1000": round(1000 * cpu_s / h, 4) if h else None,
+                "startup_s": r.get("startup_s"),
+                "peak_rss_mb": r.get("peak_rss_mb"),
+                "handled": r.get("handled"),
+                "order_violations": r.get("order_violations"),
+                "order_backward": r.get("order_backward"),
+            }
+        )
     # the group's rate second by second: steady, or did a partition run dry?
     secs = max(1, int(t1 - t0))
     step = (t1 - t0) / secs
-    rates = [sum(interp(s, t0 + (k + 1) * step) - interp(s, t0 + k * step) for s in series) / step
-             for k in range(secs)]
+    rates = [
+        sum(interp(s, t0 + (k + 1) * step) - interp(s, t0 + k * step) for s in series) / step
+        for k in range(secs)
+    ]
     out: dict[str, Any] = {
         "window_s": round(t1 - t0, 3),
         "msg_per_s": round(total / (t1 - t0), 1) if total else None,
@@ -438,13 +555,18 @@ def engine_source(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "worktree":
         args.engine_dir = None
         return {"engine": "working tree", "commit": bench.machine_info(None).get("keyedconsumer_commit")}
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.engine], capture_output=True,
-                         text=True, check=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", args.engine],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     dest = args.out / "tmp" / f"engine-{rev}"
     if not (dest / "keyedconsumer" / "__init__.py").exists():
         dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "keyedconsumer"], capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev, "keyedconsumer"], capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     args.engine_dir = dest
     return {"engine": f"commit {rev} (git archive into {dest})", "commit": rev}
@@ -466,8 +588,13 @@ def take_lock(path: str, wait_s: float) -> tuple[Any, dict[str, Any]]:
         except BlockingIOError:
             if time.perf_counter() - t0 > wait_s:
                 f.close()
-                return None, {"path": path, "held": False, "waited_s": round(time.perf_counter() - t0, 1),
-                              "loadavg_when_giving_up": bench.loadavg(), "loadavg_when_asking": load0}
+                return None, {
+                    "path": path,
+                    "held": False,
+                    "waited_s": round(time.perf_counter() - t0, 1),
+                    "loadavg_when_giving_up": bench.loadavg(),
+                    "loadavg_when_asking": load0,
+                }
             time.sleep(1.0)
 
 
@@ -477,13 +604,20 @@ def take_lock(path: str, wait_s: float) -> tuple[Any, dict[str, Any]]:
 def summarize(runs: list[dict[str, Any]], instances: list[int]) -> list[dict[str, Any]]:
     """Per contender and N: the median over the repeats (min-max kept) of msg/s, ratio to linear
     (msg/s / (N x the same repeat's N=1 msg/s)), ratio Redis / in-memory, CPU figures."""
-    by: dict[tuple[str, int, int], dict[str, Any]] = {(r["contender"], r["instances"], r["repeat"]): r for r in runs}
+    by: dict[tuple[str, int, int], dict[str, Any]] = {
+        (r["contender"], r["instances"], r["repeat"]): r for r in runs
+    }
     for r in runs:
         one = by.get((r["contender"], 1, r["repeat"]), {}).get("msg_per_s")
-        r["ratio_to_linear"] = round(r["msg_per_s"] / (r["instances"] * one), 3) if one and r.get("msg_per_s") else None
+        r["ratio_to_linear"] = (
+            round(r["msg_per_s"] / (r["instances"] * one), 3) if one and r.get("msg_per_s") else None
+        )
         mem = by.get(("keyedconsumer", r["instances"], r["repeat"]), {}).get("msg_per_s")
-        r["ratio_to_in_memory"] = (round(r["msg_per_s"] / mem, 3) if r["contender"] == "keyedconsumer-redis"
-                                   and mem and r.get("msg_per_s") else None)
+        r["ratio_to_in_memory"] = (
+            round(r["msg_per_s"] / mem, 3)
+            if r["contender"] == "keyedconsumer-redis" and mem and r.get("msg_per_s")
+            else None
+        )
         r["of_ideal"] = round(r["msg_per_s"] / r["ideal_msg_per_s"], 3) if r.get("msg_per_s") else None
     rows = []
     for c in CONTENDERS:
@@ -491,12 +625,27 @@ def summarize(runs: list[dict[str, Any]], instances: list[int]) -> list[dict[str
             xs = [r for r in runs if r["contender"] == c and r["instances"] == n]
             if not xs:
                 continue
-            row: dict[str, Any] = {"contender": c, "sequencer": SEQUENCER[c], "instances": n, "repeats": len(xs),
-                                   "ideal_msg_per_s": xs[0]["ideal_msg_per_s"]}
-            for key, path in (("msg_per_s", ()), ("ratio_to_linear", ()), ("ratio_to_in_memory", ()), ("of_ideal", ()),
-                              ("cpu_s_per_1000", ()), ("ctx_switches_per_msg", ()), ("instances_sys_share", ("cpu",)),
-                              ("machine_cores_busy", ("cpu",)), ("instances_cores", ("cpu",)),
-                              ("brokers_cores", ("cpu",)), ("redis_cores", ("cpu",)), ("other_cores", ("cpu",))):
+            row: dict[str, Any] = {
+                "contender": c,
+                "sequencer": SEQUENCER[c],
+                "instances": n,
+                "repeats": len(xs),
+                "ideal_msg_per_s": xs[0]["ideal_msg_per_s"],
+            }
+            for key, path in (
+                ("msg_per_s", ()),
+                ("ratio_to_linear", ()),
+                ("ratio_to_in_memory", ()),
+                ("of_ideal", ()),
+                ("cpu_s_per_1000", ()),
+                ("ctx_switches_per_msg", ()),
+                ("instances_sys_share", ("cpu",)),
+                ("machine_cores_busy", ("cpu",)),
+                ("instances_cores", ("cpu",)),
+                ("brokers_cores", ("cpu",)),
+                ("redis_cores", ("cpu",)),
+                ("other_cores", ("cpu",)),
+            ):
                 vals = [v for x in xs if (v := (x.get(path[0], {}) if path else x).get(key)) is not None]
                 if vals:
                     row[key] = statistics.median(vals)
@@ -524,15 +673,21 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         f"replication factor {res['replication_factor']}), Redis `{res['redis_url']}`. "
         f"{s['messages']:,} records of {s['size']} B on {s['keys']:,} keys, produced once; handler: "
         f"{'`time.sleep`' if res['mode'] == 'sync' else '`asyncio.sleep`'}({s['sleep_ms']} ms) "
-        f"({res['mode']}); keyedconsumer `concurrency={s['concurrency']}`, `ordering=\"key\"`, "
+        f'({res["mode"]}); keyedconsumer `concurrency={s["concurrency"]}`, `ordering="key"`, '
         "`max_in_flight=10_000`; raw: one message at a time. Each run: N processes in a fresh group, "
         f"{s['settle_s']:g} s after every instance handled its first message, a {s['window_s']:g} s window.",
         "",
-        ("Exclusive lock `{}` held for the runs (waited {} s).".format(lock["path"], lock["waited_s"]) if lock["held"]
-         else "**The exclusive lock `{}` was not obtained within {} s: the runs went on while others ran** "
-              "(load average when asking {}, when giving up {}).".format(lock["path"], lock["waited_s"],
-                                                                         lock.get("loadavg_when_asking"),
-                                                                         lock.get("loadavg_when_giving_up"))),
+        (
+            "Exclusive lock `{}` held for the runs (waited {} s).".format(lock["path"], lock["waited_s"])
+            if lock["held"]
+            else "**The exclusive lock `{}` was not obtained within {} s: the runs went on while others ran** "
+            "(load average when asking {}, when giving up {}).".format(
+                lock["path"],
+                lock["waited_s"],
+                lock.get("loadavg_when_asking"),
+                lock.get("loadavg_when_giving_up"),
+            )
+        ),
         f"Load average at the start {m.get('loadavg_start')}, at the end {m.get('loadavg_end')}.",
         "",
         "msg/s, ratio to linear (msg/s / (N x the same repeat's 1-instance msg/s)) and the ratios: median over "
@@ -547,37 +702,61 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "| --- |",
     ]
     for row in res["summary"]:
+
         def sp(key: str, nd: int = 2, row: dict[str, Any] = row) -> str:
             return spread_of(row.get(key + "_all") or [], nd)
 
-        name = {"raw": "raw", "keyedconsumer": "keyedconsumer in-memory",
-                "keyedconsumer-redis": "keyedconsumer Redis Cluster"}[row["contender"]]
+        name = {
+            "raw": "raw",
+            "keyedconsumer": "keyedconsumer in-memory",
+            "keyedconsumer-redis": "keyedconsumer Redis Cluster",
+        }[row["contender"]]
         flags = (" (unsteady)" if row["unsteady"] else "") + (" **error**" if row["errors"] else "")
         loads = ", ".join(f"{a[0] if a else '?'} → {b[0] if b else '?'}" for a, b in row["loadavg"])
-        L.append(f"| {name}{flags} | {row['instances']} | {sp('msg_per_s', 0)} | {fmt(row['ideal_msg_per_s'])} | "
-                 f"{sp('of_ideal')} | {sp('ratio_to_linear')} | {sp('ratio_to_in_memory')} | "
-                 f"{sp('cpu_s_per_1000', 3)} | {sp('instances_sys_share')} | {sp('ctx_switches_per_msg', 1)} | "
-                 f"{sp('machine_cores_busy')} | {sp('instances_cores')} | "
-                 f"{sp('brokers_cores')} | {sp('redis_cores')} | {sp('other_cores')} | {loads} |")
-    L += ["", "## Runs", "",
-          "| run | repeat | msg/s | window s | rate per second in the window (min–max) | all handling after s | "
-          "CPU s / 1,000 msgs per instance | per-key order: gaps+repeats / repeats | notes |",
-          "| --- | ---: | ---: | ---: | --- | ---: | --- | --- | --- |"]
+        L.append(
+            f"| {name}{flags} | {row['instances']} | {sp('msg_per_s', 0)} | {fmt(row['ideal_msg_per_s'])} | "
+            f"{sp('of_ideal')} | {sp('ratio_to_linear')} | {sp('ratio_to_in_memory')} | "
+            f"{sp('cpu_s_per_1000', 3)} | {sp('instances_sys_share')} | {sp('ctx_switches_per_msg', 1)} | "
+            f"{sp('machine_cores_busy')} | {sp('instances_cores')} | "
+            f"{sp('brokers_cores')} | {sp('redis_cores')} | {sp('other_cores')} | {loads} |"
+        )
+    L += [
+        "",
+        "## Runs",
+        "",
+        "| run | repeat | msg/s | window s | rate per second in the window (min–max) | all handling after s | "
+        "CPU s / 1,000 msgs per instance | per-key order: gaps+repeats / repeats | notes |",
+        "| --- | ---: | ---: | ---: | --- | ---: | --- | --- | --- |",
+    ]
     for r in res["runs"]:
         rates = r.get("rate_per_second") or []
         per = ", ".join(fmt(x.get("cpu_s_per_1000"), 3) for x in r.get("per_instance", []))
         warn = ", ".join(f"{c} x {k}" for k, c in list((r.get("warnings") or {}).items())[:2])
-        notes = "; ".join([*r.get("notes", []), *(["unsteady window"] if r.get("unsteady") else []),
-                           *([f"warnings: {warn}"] if warn else []),
-                           *([f"error: {r['error'][:200]}"] if r.get("error") else []),
-                           *([f"drained: {r['drained']} (lag {r.get('lag_at_end')}, handled {r.get('handled_total')})"]
-                             if "drained" in r else [])])
-        L.append(f"| {r['id']} | {r['repeat'] + 1} | {fmt(r.get('msg_per_s'))} | {r.get('window_s')} | "
-                 f"{fmt(min(rates)) if rates else '–'}–{fmt(max(rates)) if rates else '–'} | {r.get('all_handling_s')} | "
-                 f"{per} | {r.get('order_violations')} / {r.get('order_backward')} | {notes} |")
-    L += ["", "Per-key order: each instance checks that a key's sequence numbers follow one another; a key "
-          "that moved to this instance at a rebalance shows a gap (counted in the first figure), a "
-          "redelivered or reordered message a repeat (the second).", ""]
+        notes = "; ".join(
+            [
+                *r.get("notes", []),
+                *(["unsteady window"] if r.get("unsteady") else []),
+                *([f"warnings: {warn}"] if warn else []),
+                *([f"error: {r['error'][:200]}"] if r.get("error") else []),
+                *(
+                    [f"drained: {r['drained']} (lag {r.get('lag_at_end')}, handled {r.get('handled_total')})"]
+                    if "drained" in r
+                    else []
+                ),
+            ]
+        )
+        L.append(
+            f"| {r['id']} | {r['repeat'] + 1} | {fmt(r.get('msg_per_s'))} | {r.get('window_s')} | "
+            f"{fmt(min(rates)) if rates else '–'}–{fmt(max(rates)) if rates else '–'} | {r.get('all_handling_s')} | "
+            f"{per} | {r.get('order_violations')} / {r.get('order_backward')} | {notes} |"
+        )
+    L += [
+        "",
+        "Per-key order: each instance checks that a key's sequence numbers follow one another; a key "
+        "that moved to this instance at a rebalance shows a gap (counted in the first figure), a "
+        "redelivered or reordered message a repeat (the second).",
+        "",
+    ]
     path.write_text("\n".join(L))
 
 
@@ -587,32 +766,52 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=tuple(SIZES), default="full")
-    ap.add_argument("--instances", default=None, help="instance counts, e.g. 1,2,4,8 (1 is always run: the base)")
+    ap.add_argument(
+        "--instances", default=None, help="instance counts, e.g. 1,2,4,8 (1 is always run: the base)"
+    )
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
-    ap.add_argument("--raw", choices=("all", "1", "none"), default=None,
-                    help="raw loop at every instance count, at 1 only, or not (default: all at full size)")
+    ap.add_argument(
+        "--raw",
+        choices=("all", "1", "none"),
+        default=None,
+        help="raw loop at every instance count, at 1 only, or not (default: all at full size)",
+    )
     ap.add_argument("--mode", choices=("sync", "async"), default="sync", help="keyedconsumer's handler")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--window-s", type=float, default=None)
-    ap.add_argument("--brokers", default=None, help="use these brokers (and --redis-url) instead of starting a cluster")
+    ap.add_argument(
+        "--brokers", default=None, help="use these brokers (and --redis-url) instead of starting a cluster"
+    )
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--run-dir", default="/tmp/kc-scaling-run", help="KC_RUN_DIR of the cluster started here")
     ap.add_argument("--kafka-base", type=int, default=29092)
     ap.add_argument("--redis-base", type=int, default=27000)
-    ap.add_argument("--keep-cluster", action="store_true", help="leave the cluster running (reused by the next run)")
+    ap.add_argument(
+        "--keep-cluster", action="store_true", help="leave the cluster running (reused by the next run)"
+    )
     ap.add_argument("--lock", default=None, help="take an exclusive flock on this file for the measured runs")
     ap.add_argument("--lock-wait-s", type=float, default=1200.0)
-    ap.add_argument("--engine", default="HEAD",
-                    help="the keyedconsumer commit the instances run (git archive), or 'worktree' (default: HEAD)")
-    ap.add_argument("--profile", type=int, default=None,
-                    help="record instance 0 of the keyedconsumer runs of this many instances with py-spy "
-                         "(--gil) over the window: <out>/profile-scaling-*.top.txt (its sampling costs CPU: "
-                         "not for measured runs)")
+    ap.add_argument(
+        "--engine",
+        default="HEAD",
+        help="the keyedconsumer commit the instances run (git archive), or 'worktree' (default: HEAD)",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=None,
+        help="record instance 0 of the keyedconsumer runs of this many instances with py-spy "
+        "(--gil) over the window: <out>/profile-scaling-*.top.txt (its sampling costs CPU: "
+        "not for measured runs)",
+    )
     ap.add_argument("--py-spy", default=str(bench.PEERS_PY.parent / "py-spy"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--seed", type=int, default=20261202)
-    ap.add_argument("--rerender", action="store_true",
-                    help="only rewrite <out>/scaling.md (and the runs' warnings, from <out>/tmp) from <out>/scaling.json")
+    ap.add_argument(
+        "--rerender",
+        action="store_true",
+        help="only rewrite <out>/scaling.md (and the runs' warnings, from <out>/tmp) from <out>/scaling.json",
+    )
     args = ap.parse_args()
     if args.rerender:
         jp = args.out.resolve() / "scaling.json"
@@ -634,17 +833,26 @@ def main() -> int:
     contenders = [c for c in CONTENDERS if c in args.contenders.split(",")]
     raw = args.raw or size["raw"]
     repeats = args.repeats or size["repeats"]
-    plan = [(c, n) for n in counts for c in contenders
-            if c != "raw" or raw == "all" or (raw == "1" and n == 1)]
+    plan = [
+        (c, n) for n in counts for c in contenders if c != "raw" or raw == "all" or (raw == "1" and n == 1)
+    ]
     svc = Services(args)
     started = dt.datetime.now(dt.timezone.utc)
     svc.up()
     topic = f"bench-scaling-{uuid.uuid4().hex[:8]}"
     runs: list[dict[str, Any]] = []
     res: dict[str, Any] = {
-        "schema": 1, "size": args.size, "size_settings": size, "repeats": repeats, "mode": args.mode,
-        "started": started.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["bench/scaling.py", *sys.argv[1:]]),
-        "brokers": svc.brokers, "redis_url": svc.redis_url, "machine": bench.machine_info(None), "runs": runs,
+        "schema": 1,
+        "size": args.size,
+        "size_settings": size,
+        "repeats": repeats,
+        "mode": args.mode,
+        "started": started.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(["bench/scaling.py", *sys.argv[1:]]),
+        "brokers": svc.brokers,
+        "redis_url": svc.redis_url,
+        "machine": bench.machine_info(None),
+        "runs": runs,
         "engine": engine_source(args),
     }
     lock_f = None
@@ -655,7 +863,9 @@ def main() -> int:
         res.update(broker_count=nb, replication_factor=rf, topic=topic)
         bench.create_topic(svc.brokers, topic, size["partitions"], rf)
         key_ids = bench.keys_for(size, random.Random(args.seed))
-        log(f"producing {size['messages']:,} x {size['size']} B to {topic} ({size['partitions']} partitions, RF {rf})")
+        log(
+            f"producing {size['messages']:,} x {size['size']} B to {topic} ({size['partitions']} partitions, RF {rf})"
+        )
         meta = bench.produce(svc.brokers, topic, size, key_ids)
         meta["topic"] = topic
         if bench.end_offsets(svc.brokers, topic, size["partitions"]) != size["messages"]:
@@ -673,13 +883,15 @@ def main() -> int:
                 r = run_config(args, size, svc, meta, c, n, rep)
                 runs.append(r)
                 res["summary"] = summarize(runs, counts)
-                log(f"r{rep + 1}/{repeats} {r['id']:26s} {bench.fmt(r.get('msg_per_s')):>8} msg/s "
+                log(
+                    f"r{rep + 1}/{repeats} {r['id']:26s} {bench.fmt(r.get('msg_per_s')):>8} msg/s "
                     f"(ideal {bench.fmt(r['ideal_msg_per_s'])}, x{bench.fmt(r.get('ratio_to_linear'), 2)} linear) "
                     f"cpu/1k {bench.fmt(r.get('cpu_s_per_1000'), 3)} s, machine {bench.fmt(r['cpu'].get('machine_cores_busy'), 2)} "
                     f"cores (inst {bench.fmt(r['cpu'].get('instances_cores'), 2)}, brokers "
                     f"{bench.fmt(r['cpu'].get('brokers_cores'), 2)}, redis {bench.fmt(r['cpu'].get('redis_cores'), 2)}) "
                     f"load {r['loadavg_before'][:1]}->{r['loadavg_after'][:1]} ({r['wall_s']} s) "
-                    f"{'; '.join(r['notes'])} {r.get('error') or ''}"[:600])
+                    f"{'; '.join(r['notes'])} {r.get('error') or ''}"[:600]
+                )
                 if r.get("error") or r.get("drained") is False:
                     failed = True
                 if r["contender"] != "raw" and r.get("order_backward") and size["drain"]:

@@ -115,7 +115,13 @@ def browser() -> Any:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+    ):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
@@ -148,8 +154,20 @@ def main() -> None:
                 dash = None
                 if cond != "none":
                     refresh = cond.split("@")[1].rstrip("s")
-                    dash = Dashboard(["--brokers", args.brokers, "--group", group, "--redis", args.redis, "--refresh", refresh],
-                                     {}, tmp / f"{group}.log")
+                    dash = Dashboard(
+                        [
+                            "--brokers",
+                            args.brokers,
+                            "--group",
+                            group,
+                            "--redis",
+                            args.redis,
+                            "--refresh",
+                            refresh,
+                        ],
+                        {},
+                        tmp / f"{group}.log",
+                    )
                     driver.get(f"{dash.url}/groups/{group}")
                 watched = [driver.service.process.pid] + ([dash.proc.pid] if dash is not None else [])
                 cpu0, t0 = tree_cpu_s(watched), time.monotonic()
@@ -161,10 +179,19 @@ def main() -> None:
                         driver.get("about:blank")
                         dash.stop()
                 load = Path("/proc/loadavg").read_text().split()[0]
-                runs.append({"round": rnd, "condition": cond, "msg_per_s": round(rate), "load1": float(load),
-                             "dashboard_and_browser_cores": round(cpu, 4)})
-                print(f"round {rnd} {cond:8s} {rate:10.0f} msg/s  dashboard+browser {cpu * 100:5.1f}% of a core  load1 {load}",
-                      flush=True)
+                runs.append(
+                    {
+                        "round": rnd,
+                        "condition": cond,
+                        "msg_per_s": round(rate),
+                        "load1": float(load),
+                        "dashboard_and_browser_cores": round(cpu, 4),
+                    }
+                )
+                print(
+                    f"round {rnd} {cond:8s} {rate:10.0f} msg/s  dashboard+browser {cpu * 100:5.1f}% of a core  load1 {load}",
+                    flush=True,
+                )
     finally:
         driver.quit()
         admin.delete_topics([topic])
@@ -175,16 +202,27 @@ def main() -> None:
             if r["round"] == rnd and r["condition"] != "none":
                 ratios.setdefault(r["condition"], []).append(r["msg_per_s"] / base)
     summary: dict[str, Any] = {
-        c: {"median_ratio": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3),
+        c: {
+            "median_ratio": round(statistics.median(v), 3),
+            "min": round(min(v), 3),
+            "max": round(max(v), 3),
             "median_dashboard_and_browser_cores": statistics.median(
-                r["dashboard_and_browser_cores"] for r in runs if r["condition"] == c)}
+                r["dashboard_and_browser_cores"] for r in runs if r["condition"] == c
+            ),
+        }
         for c, v in ratios.items()
     }
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "messages": args.messages, "partitions": args.partitions, "keys": args.keys, "repeats": args.repeats,
-        "nproc": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().strip(),
-        "runs": runs, "ratio_to_none": summary,
+        "messages": args.messages,
+        "partitions": args.partitions,
+        "keys": args.keys,
+        "repeats": args.repeats,
+        "nproc": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": Path("/proc/loadavg").read_text().strip(),
+        "runs": runs,
+        "ratio_to_none": summary,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

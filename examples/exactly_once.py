@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     producer = Producer({"bootstrap.servers": args.brokers, "acks": "all", "enable.idempotence": True})
     for i in range(args.events):
         payer, payee = f"acct-{i % 40}", f"acct-{(i * 7 + 3) % 40}"
-        producer.produce(payments, key=payer.encode(), value=json.dumps({"id": i, "payee": payee, "cents": i}).encode())
+        producer.produce(
+            payments, key=payer.encode(), value=json.dumps({"id": i, "payee": payee, "cents": i}).encode()
+        )
     producer.flush(30)
 
     handled = [0]
@@ -57,8 +59,15 @@ def main(argv: list[str] | None = None) -> int:
             handled[0] += 1
 
     def consumer() -> KeyedConsumer:
-        return KeyedConsumer(name=f"{payments}-ledger", handler=handle, brokers=[args.brokers], topics=[payments],
-                             concurrency=8, transactional=True, transaction_interval_s=0.1)
+        return KeyedConsumer(
+            name=f"{payments}-ledger",
+            handler=handle,
+            brokers=[args.brokers],
+            topics=[payments],
+            concurrency=8,
+            transactional=True,
+            transaction_interval_s=0.1,
+        )
 
     def stop_when(c: KeyedConsumer, count: int) -> None:
         deadline = time.monotonic() + 120
@@ -75,14 +84,23 @@ def main(argv: list[str] | None = None) -> int:
     second.run()
     elapsed = time.monotonic() - t0
 
-    reader = Consumer({"bootstrap.servers": args.brokers, "group.id": uuid.uuid4().hex,
-                       "isolation.level": "read_committed", "enable.auto.commit": False})
+    reader = Consumer(
+        {
+            "bootstrap.servers": args.brokers,
+            "group.id": uuid.uuid4().hex,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     reader.assign([TopicPartition(ledger, p, 0) for p in range(4)])
     entries = []
     end = time.monotonic() + 20
     while len(entries) < 2 * args.events and time.monotonic() < end:
-        entries.extend(json.loads(m.value()) | {"key": m.key().decode()}
-                       for m in reader.consume(500, 0.5) if m.error() is None)
+        entries.extend(
+            json.loads(m.value()) | {"key": m.key().decode()}
+            for m in reader.consume(500, 0.5)
+            if m.error() is None
+        )
     reader.close()
 
     counts = Counter((e["payment"], e["side"]) for e in entries)

@@ -53,10 +53,16 @@ def load_flights(limit: int | None = None) -> list[dict[str, object]]:
             hhmm = int(row["sched_dep_time"])
             sched = datetime(int(row["year"]), int(row["month"]), int(row["day"]), hhmm // 100, hhmm % 100)
             tail = row["tailnum"] if row["tailnum"] not in ("", "NA") else None
-            rows.append({
-                "tail": tail, "sched": sched.isoformat(), "carrier": row["carrier"],
-                "flight": row["flight"], "origin": row["origin"], "dest": row["dest"],
-            })
+            rows.append(
+                {
+                    "tail": tail,
+                    "sched": sched.isoformat(),
+                    "carrier": row["carrier"],
+                    "flight": row["flight"],
+                    "origin": row["origin"],
+                    "dest": row["dest"],
+                }
+            )
     rows.sort(key=lambda r: r["sched"])  # stable: ties keep the file's order
     for seq, r in enumerate(rows):
         r["seq"] = seq
@@ -66,8 +72,15 @@ def load_flights(limit: int | None = None) -> list[dict[str, object]]:
 def produce(brokers: str, topic: str, flights: list[dict[str, object]], progress) -> None:  # type: ignore[no-untyped-def]
     admin = AdminClient({"bootstrap.servers": brokers})
     admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": brokers, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 20, "batch.num.messages": 10000})
+    producer = Producer(
+        {
+            "bootstrap.servers": brokers,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+        }
+    )
     failures: list[str] = []
 
     def on_delivery(err, _msg):  # type: ignore[no-untyped-def]
@@ -194,8 +207,15 @@ def handler_alone_s(flights: list[dict[str, object]], remote_call_s: float = 0.0
     from types import SimpleNamespace
 
     rows = flights[:n]
-    msgs = [SimpleNamespace(partition=0, offset=i, key=f["tail"].encode() if f["tail"] else None,  # type: ignore[attr-defined]
-                            value=json.dumps(f).encode()) for i, f in enumerate(rows)]
+    msgs = [
+        SimpleNamespace(
+            partition=0,
+            offset=i,
+            key=f["tail"].encode() if f["tail"] else None,  # type: ignore[attr-defined]
+            value=json.dumps(f).encode(),
+        )
+        for i, f in enumerate(rows)
+    ]
     handle = make_handler(Tracker(len(msgs)), remote_call_s)
     t0 = time.perf_counter()
     for m in msgs:
@@ -203,15 +223,23 @@ def handler_alone_s(flights: list[dict[str, object]], remote_call_s: float = 0.0
     return (time.perf_counter() - t0) / max(1, len(msgs))
 
 
-def consume(brokers: str, topic: str, group: str, concurrency: int, total: int, progress=None,  # type: ignore[no-untyped-def]
-            remote_call_s: float = 0.002) -> tuple[Tracker, Timing]:
+def consume(
+    brokers: str,
+    topic: str,
+    group: str,
+    concurrency: int,
+    total: int,
+    progress=None,  # type: ignore[no-untyped-def]
+    remote_call_s: float = 0.002,
+) -> tuple[Tracker, Timing]:
     tracker = Tracker(total)
     timing = Timing()
     perf = time.perf_counter
     handle = make_handler(tracker, remote_call_s)
 
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[brokers], topics=[topic],
-                             concurrency=concurrency, ordering="key")
+    consumer = KeyedConsumer(
+        name=group, handler=handle, brokers=[brokers], topics=[topic], concurrency=concurrency, ordering="key"
+    )
 
     def watch() -> None:
         bar = progress(total=total, desc=f"consume c={concurrency}", unit="msg") if progress else None
@@ -244,7 +272,9 @@ def lag(brokers: str, group: str, topic: str) -> dict[int, int]:
     try:
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
+        ends = {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)
+        }
         return {p: ends[p] - max(committed[p], 0) for p in range(PARTITIONS)}
     finally:
         c.close()
@@ -255,9 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brokers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--limit", type=int, default=None, help="use only the first N flights")
-    ap.add_argument("--sample", type=int, default=5000,
-                    help="messages for the concurrency=1 comparison (5,000: about 10 s)")
-    ap.add_argument("--topic", default=None, help="topic name (default flights-<random>); created, never deleted")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=5000,
+        help="messages for the concurrency=1 comparison (5,000: about 10 s)",
+    )
+    ap.add_argument(
+        "--topic", default=None, help="topic name (default flights-<random>); created, never deleted"
+    )
     ap.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -279,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     flights = load_flights(args.limit)
     topic = args.topic or f"flights-{uuid.uuid4().hex[:8]}"
-    print(f"{len(flights):,} flights, {len({f['tail'] for f in flights}):,} aircraft -> topic {topic} ({PARTITIONS} partitions)")
+    print(
+        f"{len(flights):,} flights, {len({f['tail'] for f in flights}):,} aircraft -> topic {topic} ({PARTITIONS} partitions)"
+    )
     produce(args.brokers, topic, flights, progress or _Quiet)
 
     group = f"{topic}-c{args.concurrency}"
@@ -303,35 +341,72 @@ def main(argv: list[str] | None = None) -> int:
     print(f"messages            {len(tracker.seen):,} of {len(flights):,} (handled {tracker.processed:,})")
     print(f"seconds             {elapsed:.1f} (first handler start to last handler end)")
     print(f"msg/s               {rate:,.0f} at concurrency={args.concurrency}")
-    print(f"start-up / stop()   {timing.startup_s(tracker):.1f} s before the first handler / "
-          f"{timing.stop_s:.2f} s in stop() (not in the seconds above)")
+    print(
+        f"start-up / stop()   {timing.startup_s(tracker):.1f} s before the first handler / "
+        f"{timing.stop_s:.2f} s in stop() (not in the seconds above)"
+    )
     print(f"order violations    {tracker.violations}")
     print(f"same-key overlaps   {tracker.overlaps}")
     print(f"lag 0               {all(v == 0 for v in lags.values())} (per partition: {lags})")
-    print(f"aircraft            {len(tracker.flights):,}; mean time between an aircraft's departures {mean_gap_h:.1f} h")
-    print(f"concurrency=1       {base_rate:,.0f} msg/s on a sample of {sample:,} ({base_elapsed:.1f} s): "
-          f"{base_rate / base_ideal:.2f} of ideal, {base_ideal:,.0f} msg/s (the handler alone, back to back: "
-          f"{alone_ms:.2f} ms a message; {handler_ms:.2f} ms inside the run)")
-    print(f"                    start-up {base_timing.startup_s(base):.1f} s, stop() {base_timing.stop_s:.2f} s "
-          f"(not in the {base_elapsed:.1f} s); order violations {base.violations}, overlaps {base.overlaps}")
-    print(f"speed-up            {rate / base_rate:.1f}x (msg/s at concurrency={args.concurrency} / at concurrency=1)")
-    ok = (len(tracker.seen) == len(flights) and tracker.violations == 0 and tracker.overlaps == 0
-          and base.violations == 0 and base.overlaps == 0 and all(v == 0 for v in lags.values()))
+    print(
+        f"aircraft            {len(tracker.flights):,}; mean time between an aircraft's departures {mean_gap_h:.1f} h"
+    )
+    print(
+        f"concurrency=1       {base_rate:,.0f} msg/s on a sample of {sample:,} ({base_elapsed:.1f} s): "
+        f"{base_rate / base_ideal:.2f} of ideal, {base_ideal:,.0f} msg/s (the handler alone, back to back: "
+        f"{alone_ms:.2f} ms a message; {handler_ms:.2f} ms inside the run)"
+    )
+    print(
+        f"                    start-up {base_timing.startup_s(base):.1f} s, stop() {base_timing.stop_s:.2f} s "
+        f"(not in the {base_elapsed:.1f} s); order violations {base.violations}, overlaps {base.overlaps}"
+    )
+    print(
+        f"speed-up            {rate / base_rate:.1f}x (msg/s at concurrency={args.concurrency} / at concurrency=1)"
+    )
+    ok = (
+        len(tracker.seen) == len(flights)
+        and tracker.violations == 0
+        and tracker.overlaps == 0
+        and base.violations == 0
+        and base.overlaps == 0
+        and all(v == 0 for v in lags.values())
+    )
     print("RESULT              " + ("OK" if ok else "FAILED"))
     if args.json_out:
-        def run(t: Tracker, tm: Timing, c: int, n: int) -> dict[str, object]:
-            return {"concurrency": c, "messages": n, "distinct": len(t.seen), "handled": t.processed,
-                    "seconds": round(t.span_s, 3), "msg_per_s": round(n / t.span_s, 1),
-                    "startup_s": round(tm.startup_s(t), 2), "stop_s": round(tm.stop_s, 3),
-                    "handler_ms_mean": round(1000 * t.handler_s / max(1, t.handler_n), 3),
-                    "violations": t.violations, "overlaps": t.overlaps}
 
-        out = {"topic": topic, "flights": len(flights), "aircraft": len(tracker.flights),
-               "main": {**run(tracker, timing, args.concurrency, len(flights)),
-                        "lag0": all(v == 0 for v in lags.values())},
-               "baseline": {**run(base, base_timing, 1, sample), "ideal_msg_per_s": round(base_ideal, 1),
-                            "handler_alone_ms": round(alone_ms, 3), "efficiency": round(base_rate / base_ideal, 3)},
-               "speed_up": round(rate / base_rate, 2), "ok": ok, "vm_hwm_mb": _vm_hwm_mb()}
+        def run(t: Tracker, tm: Timing, c: int, n: int) -> dict[str, object]:
+            return {
+                "concurrency": c,
+                "messages": n,
+                "distinct": len(t.seen),
+                "handled": t.processed,
+                "seconds": round(t.span_s, 3),
+                "msg_per_s": round(n / t.span_s, 1),
+                "startup_s": round(tm.startup_s(t), 2),
+                "stop_s": round(tm.stop_s, 3),
+                "handler_ms_mean": round(1000 * t.handler_s / max(1, t.handler_n), 3),
+                "violations": t.violations,
+                "overlaps": t.overlaps,
+            }
+
+        out = {
+            "topic": topic,
+            "flights": len(flights),
+            "aircraft": len(tracker.flights),
+            "main": {
+                **run(tracker, timing, args.concurrency, len(flights)),
+                "lag0": all(v == 0 for v in lags.values()),
+            },
+            "baseline": {
+                **run(base, base_timing, 1, sample),
+                "ideal_msg_per_s": round(base_ideal, 1),
+                "handler_alone_ms": round(alone_ms, 3),
+                "efficiency": round(base_rate / base_ideal, 3),
+            },
+            "speed_up": round(rate / base_rate, 2),
+            "ok": ok,
+            "vm_hwm_mb": _vm_hwm_mb(),
+        }
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=1)
     return 0 if ok else 1

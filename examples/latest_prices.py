@@ -69,8 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     audit = Audit(topic=audit_topic, brokers=[args.brokers], flush_interval_s=0.1)
     group = f"prices-{uuid.uuid4().hex[:6]}"
     consumer = KeyedConsumer(
-        name=group, brokers=[args.brokers], topics=[topic], handler=on_price, middlewares=[audit],
-        concurrency=8, conflate=True, on_conflated=audit.conflated,
+        name=group,
+        brokers=[args.brokers],
+        topics=[topic],
+        handler=on_price,
+        middlewares=[audit],
+        concurrency=8,
+        conflate=True,
+        on_conflated=audit.conflated,
     )
     runner = threading.Thread(target=consumer.run, daemon=True)
     started = time.monotonic()
@@ -82,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     audit.close()
 
     # the audit topic, read back
-    reader = Consumer({"bootstrap.servers": args.brokers, "group.id": f"{group}-audit-reader",
-                       "enable.auto.commit": False})
+    reader = Consumer(
+        {"bootstrap.servers": args.brokers, "group.id": f"{group}-audit-reader", "enable.auto.commit": False}
+    )
     reader.assign([TopicPartition(audit_topic, 0, 0)])
     outcomes: Counter[str] = Counter()
     audited: set[tuple[int, int]] = set()
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     check.close()
 
     rising = all(
-        [p for s, p in handled if s == sym] == sorted(p for s, p in handled if s == sym) for sym in INSTRUMENTS
+        [p for s, p in handled if s == sym] == sorted(p for s, p in handled if s == sym)
+        for sym in INSTRUMENTS
     )
     latest = cache == last_sent
     every_tick = len(handled) + consumer.conflated == args.ticks
@@ -117,7 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"every tick counted  {every_tick}")
     print(f"audit has each tick {audit_whole and len(audited) == args.ticks}")
     print(f"committed offsets   {committed} of {args.ticks}")
-    ok = rising and latest and every_tick and audit_whole and len(audited) == args.ticks and committed == args.ticks
+    ok = (
+        rising
+        and latest
+        and every_tick
+        and audit_whole
+        and len(audited) == args.ticks
+        and committed == args.ticks
+    )
     print(f"RESULT              {'OK' if ok else 'FAILED'}")
     for f in admin.delete_topics([topic, audit_topic]).values():
         try:

@@ -53,8 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         account = f"acct-{i % ACCOUNTS}"
         body = {"account": account, "seq": sent[account], "cents": i}
         note = (lambda err, m: flaky_at.append((m.partition(), m.offset()))) if body["seq"] == 0 else None
-        producer.produce(topic, key=account.encode(), value=json.dumps(body).encode(),
-                         on_delivery=note if account == FLAKY else None)
+        producer.produce(
+            topic,
+            key=account.encode(),
+            value=json.dumps(body).encode(),
+            on_delivery=note if account == FLAKY else None,
+        )
         sent[account] += 1
     producer.flush(30)
 
@@ -82,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     seq = RedisSequencer(args.redis_url, namespace, lease_ttl_s=5.0)
     dead_letter = DeadLetter(brokers=[args.brokers])  # after the last attempt: publish to {topic}.dlq
     consumer = KeyedConsumer(
-        name=f"{topic}-processor", handler=handle, brokers=[args.brokers], topics=[topic], concurrency=16,
+        name=f"{topic}-processor",
+        handler=handle,
+        brokers=[args.brokers],
+        topics=[topic],
+        concurrency=16,
         sequencer=seq,
         config={"auto.commit.interval.ms": 200},  # commit often, so we can watch the offset move
         middlewares=[  # outermost first: a final failure is dead-lettered; a failure before it parks the key
@@ -92,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # 4. Beside the consumer: schedule reminders once it runs, watch the committed offsets, stop at the end.
-    probe = Consumer({"bootstrap.servers": args.brokers, "group.id": f"{topic}-processor",
-                      "enable.auto.commit": False})  # reads the group's commits only, never joins it
+    probe = Consumer(
+        {"bootstrap.servers": args.brokers, "group.id": f"{topic}-processor", "enable.auto.commit": False}
+    )  # reads the group's commits only, never joins it
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     ends = [probe.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
     passed_while_parked = threading.Event()
@@ -114,8 +123,12 @@ def main(argv: list[str] | None = None) -> int:
                     passed_while_parked.set()  # the offset moved past the event still waiting in Redis
                 with lock:
                     handled = sum(len(v) for v in seen.values())
-                if handled >= args.events and len(reminders) == REMINDERS and committed == ends \
-                        and not seq.parker.draining:
+                if (
+                    handled >= args.events
+                    and len(reminders) == REMINDERS
+                    and committed == ends
+                    and not seq.parker.draining
+                ):
                     break
                 time.sleep(0.1)
         finally:
@@ -133,11 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     handled = sum(len(v) for v in seen.values())
     print(f"handled             {handled} of {args.events} events in {time.monotonic() - t0:.1f} s")
     print(f"in order, once      {in_order}")
-    print(f"parked / drained    {seq.parker.parked} / {seq.parker.drained} ({FLAKY}: {sent[FLAKY]} events; "
-          f"drained counts the reminders too)")
+    print(
+        f"parked / drained    {seq.parker.parked} / {seq.parker.drained} ({FLAKY}: {sent[FLAKY]} events; "
+        f"drained counts the reminders too)"
+    )
     part, off = flaky_at[0]
-    print(f"offset passed park  {passed_while_parked.is_set()} (partition {part}'s committed offset passed "
-          f"{off} while {FLAKY} was parked)")
+    print(
+        f"offset passed park  {passed_while_parked.is_set()} (partition {part}'s committed offset passed "
+        f"{off} while {FLAKY} was parked)"
+    )
     print(f"dead-lettered       {dead_letter.published}")
     for account, late in sorted(reminders):
         print(f"reminder            {account} delivered {late * 1000:.0f} ms after its due time")

@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.events):
         account = f"acct-{i % 50}"
         seq[account] = seq.get(account, -1) + 1
-        producer.produce(topic, key=account.encode(), value=json.dumps({"account": account, "seq": seq[account], "cents": i}).encode())
+        producer.produce(
+            topic,
+            key=account.encode(),
+            value=json.dumps({"account": account, "seq": seq[account], "cents": i}).encode(),
+        )
     producer.produce(topic, key=b"acct-7", value=b"\x00 this is not json")
     producer.flush(30)
     total = args.events + 1
@@ -76,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
 
     dead_letter = DeadLetter(brokers=[args.brokers])
     consumer = KeyedConsumer(
-        name=f"{topic}-processor", handler=handle, brokers=[args.brokers], topics=[topic], concurrency=16,
-        middlewares=[Logging(), dead_letter, Retry(max_attempts=3, initial_delay_s=0.05, multiplier=2.0), Typed(Payment)],
+        name=f"{topic}-processor",
+        handler=handle,
+        brokers=[args.brokers],
+        topics=[topic],
+        concurrency=16,
+        middlewares=[
+            Logging(),
+            dead_letter,
+            Retry(max_attempts=3, initial_delay_s=0.05, multiplier=2.0),
+            Typed(Payment),
+        ],
     )
     poison = sum(1 for i in range(args.events) if i % 50 == 13)
 
@@ -92,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     consumer.run()
     elapsed = time.monotonic() - t0
 
-    reader = Consumer({"bootstrap.servers": args.brokers, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
+    reader = Consumer(
+        {"bootstrap.servers": args.brokers, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
+    )
     reader.subscribe([f"{topic}.dlq"])
     dead = []
     end = time.monotonic() + 15

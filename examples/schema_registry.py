@@ -31,10 +31,18 @@ from pydantic import BaseModel
 
 from keyedconsumer import KeyedConsumer, Message
 
-ORDER_AVSC = json.dumps({
-    "type": "record", "name": "Order", "namespace": "example",
-    "fields": [{"name": "id", "type": "string"}, {"name": "seq", "type": "int"}, {"name": "cents", "type": "long"}],
-})
+ORDER_AVSC = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "namespace": "example",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "seq", "type": "int"},
+            {"name": "cents", "type": "long"},
+        ],
+    }
+)
 
 
 class Order(BaseModel):
@@ -64,8 +72,11 @@ def main() -> int:
     for i in range(args.orders):
         customer = f"c{i % args.customers}"
         seqs[customer] = seqs.get(customer, -1) + 1
-        producer.produce(topic, key=customer.encode(),
-                         value=serialize({"id": f"o{i}", "seq": seqs[customer], "cents": 100 + i}, ctx))
+        producer.produce(
+            topic,
+            key=customer.encode(),
+            value=serialize({"id": f"o{i}", "seq": seqs[customer], "cents": 100 + i}, ctx),
+        )
         producer.poll(0)
     producer.produce(topic, key=b"c0", value=b'{"id": "plain json", "seq": 0, "cents": 1}')
     producer.flush(30)
@@ -87,10 +98,16 @@ def main() -> int:
             handled += 1
 
     consumer = KeyedConsumer(
-        name=f"orders-avro-{uuid.uuid4().hex[:6]}", handler=handle, brokers=[args.brokers], topics=[topic],
+        name=f"orders-avro-{uuid.uuid4().hex[:6]}",
+        handler=handle,
+        brokers=[args.brokers],
+        topics=[topic],
         concurrency=16,
-        middlewares=[DeadLetter(brokers=[args.brokers]), Retry(max_attempts=3, initial_delay_s=0.05),
-                     Typed(Avro(registry, model=Order), key=Text())],
+        middlewares=[
+            DeadLetter(brokers=[args.brokers]),
+            Retry(max_attempts=3, initial_delay_s=0.05),
+            Typed(Avro(registry, model=Order), key=Text()),
+        ],
     )
 
     def stop_when_done() -> None:
@@ -102,8 +119,13 @@ def main() -> int:
     threading.Thread(target=stop_when_done, daemon=True).start()
     consumer.run()
 
-    reader = Consumer({"bootstrap.servers": args.brokers, "group.id": f"dlq-{uuid.uuid4().hex}",
-                       "auto.offset.reset": "earliest"})
+    reader = Consumer(
+        {
+            "bootstrap.servers": args.brokers,
+            "group.id": f"dlq-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     reader.subscribe([f"{topic}.dlq"])
     dead: list[Any] = []
     deadline = time.monotonic() + 30

@@ -21,6 +21,7 @@ from keyedconsumer.testing import InMemoryBroker
 
 # -- the application code under test -----------------------------------------------------------------
 
+
 class Payment(BaseModel):
     account: str
     cents: int
@@ -44,7 +45,7 @@ class Ledger:
 
 def middlewares(broker: InMemoryBroker) -> list[Middleware]:
     return [
-        DeadLetter(publisher=broker.publisher()),     # final failures -> "payments.dlq"
+        DeadLetter(publisher=broker.publisher()),  # final failures -> "payments.dlq"
         Retry(max_attempts=3, initial_delay_s=60.0),  # minutes of back-off, in fake time
         Typed(Payment),
     ]
@@ -56,6 +57,7 @@ def pay(broker: InMemoryBroker, account: str, cents: int) -> None:
 
 # -- the tests -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(30)
 def test_payments_are_booked_and_committed_and_failures_dead_lettered() -> None:
     # given three payments, one to a frozen account, and one record that is not JSON
@@ -66,8 +68,13 @@ def test_payments_are_booked_and_committed_and_failures_dead_lettered() -> None:
     pay(broker, "mallory", 999)
     broker.produce("payments", b"\x00 not json", key="alice")
     ledger = Ledger(frozen={"mallory"})
-    consumer = broker.consumer(name="ledger", handler=ledger.handle, topics=["payments"],
-                               middlewares=middlewares(broker), concurrency=4)
+    consumer = broker.consumer(
+        name="ledger",
+        handler=ledger.handle,
+        topics=["payments"],
+        middlewares=middlewares(broker),
+        concurrency=4,
+    )
 
     # when the consumer runs until every record is committed
     with broker.run(consumer) as run:
@@ -78,7 +85,9 @@ def test_payments_are_booked_and_committed_and_failures_dead_lettered() -> None:
     assert set(broker.lag("ledger", "payments").values()) == {0}
     # ... and the two bad records are in the dead-letter topic, with the reason
     dead = {r.key: r for r in broker.records("payments.dlq")}
-    assert dead[b"mallory"].header("kafka_dlt-attempts") == b"3"  # retried after about 60 s and 120 s of fake time
+    assert (
+        dead[b"mallory"].header("kafka_dlt-attempts") == b"3"
+    )  # retried after about 60 s and 120 s of fake time
     assert dead[b"mallory"].header("kafka_dlt-exception-message") == b"account mallory is frozen"
     assert dead[b"alice"].header("kafka_dlt-exception-fqcn") == b"keyedconsumer.middleware.typed.DecodeError"
 
@@ -89,10 +98,20 @@ def test_a_rebalance_in_the_middle_loses_no_payment() -> None:
     broker = InMemoryBroker()
     broker.create_topic("payments", partitions=4)
     ledger = Ledger()
-    first = broker.consumer(name="ledger-1", group_id="ledger", handler=ledger.handle, topics=["payments"],
-                            middlewares=middlewares(broker))
-    second = broker.consumer(name="ledger-2", group_id="ledger", handler=ledger.handle, topics=["payments"],
-                             middlewares=middlewares(broker))
+    first = broker.consumer(
+        name="ledger-1",
+        group_id="ledger",
+        handler=ledger.handle,
+        topics=["payments"],
+        middlewares=middlewares(broker),
+    )
+    second = broker.consumer(
+        name="ledger-2",
+        group_id="ledger",
+        handler=ledger.handle,
+        topics=["payments"],
+        middlewares=middlewares(broker),
+    )
     with broker.run(first, second) as run:
         for i in range(100):
             pay(broker, f"acct-{i % 10}", 1)

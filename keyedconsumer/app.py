@@ -99,8 +99,14 @@ class KeyedApp:
         An option that is not a ``ConsumerConfig`` field, or ``topics`` / ``name``.
     """
 
-    def __init__(self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
-                 middlewares: Sequence[Middleware] = (), **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        client_factory: ClientFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        middlewares: Sequence[Middleware] = (),
+        **options: Any,
+    ) -> None:
         fields = set(ConsumerConfig.model_fields)
         unknown = sorted(set(options) - fields)
         if unknown:
@@ -186,9 +192,17 @@ class KeyedApp:
         check_batch_middlewares(middlewares)
         return self._register(topics, name, middlewares, error_handler, sequencer, options, batch=True)
 
-    def _register(self, topics: tuple[str, ...], name: str | None, middlewares: Sequence[Middleware],
-                  error_handler: ErrorHandler | None, sequencer: Callable[[], Sequencer] | None,
-                  options: dict[str, Any], *, batch: bool) -> Callable[[H], H]:
+    def _register(
+        self,
+        topics: tuple[str, ...],
+        name: str | None,
+        middlewares: Sequence[Middleware],
+        error_handler: ErrorHandler | None,
+        sequencer: Callable[[], Sequencer] | None,
+        options: dict[str, Any],
+        *,
+        batch: bool,
+    ) -> Callable[[H], H]:
         if not topics:
             raise ValueError(f"@app.{'batch_handler' if batch else 'handler'} needs at least one topic")
 
@@ -230,11 +244,15 @@ class KeyedApp:
             if self._running:
                 raise ValueError("the app is running: apply defaults before run()")
             routes = [
-                replace(r, settings=ConsumerConfig.model_validate({**defaults, **r.options})) for r in self.routes
+                replace(r, settings=ConsumerConfig.model_validate({**defaults, **r.options}))
+                for r in self.routes
             ]
             self.routes = routes
         return [
-            (r.settings.name, k) for r in routes for k, v in defaults.items() if k in r.options and r.options[k] != v
+            (r.settings.name, k)
+            for r in routes
+            for k, v in defaults.items()
+            if k in r.options and r.options[k] != v
         ]
 
     def use(self, *middlewares: Middleware) -> None:
@@ -263,7 +281,9 @@ class KeyedApp:
         """The running consumers, one per route, in route order (empty before a run)."""
         return list(self._consumers)
 
-    def run(self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None) -> None:
+    def run(
+        self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         """Run every route until :meth:`stop`, SIGINT/SIGTERM, or a route's unhandled error, on a new
         event loop (``asyncio.run``). See :meth:`run_async`."""
         asyncio.run(self.run_async(client_factory=client_factory, clock=clock))
@@ -336,7 +356,9 @@ class KeyedApp:
         if first is not None:
             raise first
 
-    def _consumer(self, route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]) -> KeyedConsumer:
+    def _consumer(
+        self, route: Route, client_factory: ClientFactory | None, clock: Callable[[], float]
+    ) -> KeyedConsumer:
         handlers: dict[str, Any] = {"batch_handler" if route.batch else "handler": route.handler}
         return KeyedConsumer(
             **handlers,

@@ -64,8 +64,17 @@ ENV_PREFIX = "KEYEDCONSUMER_"
 #: :class:`~keyedconsumer.sequencing.RedisSequencerConfig` field but ``url`` and ``namespace``), or
 #: all of them as one JSON object in ``KEYEDCONSUMER_SEQUENCER``.
 CLI_SETTINGS = (
-    "handler", "group", "redis", "namespace", "dead_letter_topic", "retry_attempts", "park", "config_file", "web_token",
-    "web_audit_topic", "sequencer",
+    "handler",
+    "group",
+    "redis",
+    "namespace",
+    "dead_letter_topic",
+    "retry_attempts",
+    "park",
+    "config_file",
+    "web_token",
+    "web_audit_topic",
+    "sequencer",
 )
 #: The prefix of the Redis sequencer's option variables (see :data:`CLI_SETTINGS`).
 SEQUENCER_ENV_PREFIX = ENV_PREFIX + "SEQUENCER__"
@@ -84,7 +93,16 @@ _OWNED = {
 
 #: Substrings that mark a configuration key as secret: its value never appears in a repr, a log
 #: line or an error.
-SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "credential", "jaas", "oauthbearer.config")
+SECRET_WORDS = (
+    "password",
+    "secret",
+    "token",
+    "key.pem",
+    "private",
+    "credential",
+    "jaas",
+    "oauthbearer.config",
+)
 
 
 #: The librdkafka callback properties ``config`` accepts, as confluent-kafka names them: each takes a
@@ -100,15 +118,17 @@ CALLBACK_PROPERTIES = ("oauth_cb", "error_cb", "stats_cb", "throttle_cb", "logge
 #: Properties another client of the same cluster shares with the consumer (see
 #: :meth:`ConsumerConfig.connection_properties`), besides every name starting with one of
 #: :data:`CONNECTION_PREFIXES`.
-CONNECTION_PROPERTIES = frozenset({
-    "security.protocol",
-    "enable.ssl.certificate.verification",
-    "enable.sasl.oauthbearer.unsecure.jwt",
-    "oauth_cb",
-    "broker.address.family",
-    "client.dns.lookup",
-    "logger",
-})
+CONNECTION_PROPERTIES = frozenset(
+    {
+        "security.protocol",
+        "enable.ssl.certificate.verification",
+        "enable.sasl.oauthbearer.unsecure.jwt",
+        "oauth_cb",
+        "broker.address.family",
+        "client.dns.lookup",
+        "logger",
+    }
+)
 #: Name prefixes of the connection properties: TLS (``ssl.*``, ``ssl_*``), SASL (``sasl.*``) and the
 #: HTTPS settings of the OAUTHBEARER/OIDC token endpoint (``https.*``).
 CONNECTION_PREFIXES = ("ssl.", "ssl_", "sasl.", "https.")
@@ -161,8 +181,12 @@ def is_secret(name: str) -> bool:
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of a librdkafka property dict with secret values replaced by ``'***'`` and
     callbacks by ``'<callable name>'`` (printable, JSON-serializable)."""
-    return {k: ("***" if is_secret(k) or isinstance(v, SecretStr) else _callback_text(v) if _is_callback(v) else v)
-            for k, v in config.items()}
+    return {
+        k: (
+            "***" if is_secret(k) or isinstance(v, SecretStr) else _callback_text(v) if _is_callback(v) else v
+        )
+        for k, v in config.items()
+    }
 
 
 def reveal(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,9 +209,14 @@ def hide_secrets(data: Any) -> Any:
         if key == "config":
             if isinstance(value, Mapping):
                 # a callable is left as it is, to be refused by name when its property takes none
-                out[key] = {k: (SecretStr(str(v)) if is_secret(str(k)) and not isinstance(v, SecretStr)
-                                and not _is_callback(v) else v)
-                            for k, v in value.items()}
+                out[key] = {
+                    k: (
+                        SecretStr(str(v))
+                        if is_secret(str(k)) and not isinstance(v, SecretStr) and not _is_callback(v)
+                        else v
+                    )
+                    for k, v in value.items()
+                }
             elif isinstance(value, str):  # not a mapping: refused, and shown as '**********'
                 out[key] = SecretStr(value)
         elif is_secret(str(key)):
@@ -432,10 +461,21 @@ class ConsumerConfig(BaseSettings):
         return value
 
     @field_validator(
-        "concurrency", "max_in_flight", "max_in_flight_bytes", "batch_size", "poll_timeout_s",
-        "handler_batch_size", "handler_batch_linger_s", "shutdown_timeout_s", "revoke_timeout_s",
-        "startup_timeout_s", "commit_metadata_max_bytes", "transaction_interval_s", "transaction_timeout_s",
-        "produce_timeout_s", mode="before"
+        "concurrency",
+        "max_in_flight",
+        "max_in_flight_bytes",
+        "batch_size",
+        "poll_timeout_s",
+        "handler_batch_size",
+        "handler_batch_linger_s",
+        "shutdown_timeout_s",
+        "revoke_timeout_s",
+        "startup_timeout_s",
+        "commit_metadata_max_bytes",
+        "transaction_interval_s",
+        "transaction_timeout_s",
+        "produce_timeout_s",
+        mode="before",
     )
     @classmethod
     def _no_bool_for_number(cls, value: Any) -> Any:
@@ -466,7 +506,9 @@ class ConsumerConfig(BaseSettings):
         for prop, v in value.items():
             is_logger = isinstance(v, (logging.Logger, logging.LoggerAdapter))
             if prop == "logger" and not is_logger:  # confluent-kafka calls its log() method
-                raise ValueError(f"'logger' takes a logging.Logger (or LoggerAdapter), got a {type(v).__name__}")
+                raise ValueError(
+                    f"'logger' takes a logging.Logger (or LoggerAdapter), got a {type(v).__name__}"
+                )
             if prop in CALLBACK_PROPERTIES and prop != "logger" and (is_logger or not callable(v)):
                 raise ValueError(f"librdkafka property {prop!r} takes a callable, got a {type(v).__name__}")
             if prop not in CALLBACK_PROPERTIES and _is_callback(v):
@@ -485,12 +527,14 @@ class ConsumerConfig(BaseSettings):
     def _defaults(self) -> ConsumerConfig:
         if self.conflate and self.ordering == "none":
             raise PydanticCustomError(
-                "conflate_needs_order", "conflate replaces a lane's waiting messages: it needs ordering='key' or 'partition'"
+                "conflate_needs_order",
+                "conflate replaces a lane's waiting messages: it needs ordering='key' or 'partition'",
             )
         if self.transactional and self.manual_commit:
             raise PydanticCustomError(
-                "transactional_commits", "manual_commit: transactional=True commits offsets in its transactions; "
-                "manual_commit must be False"
+                "transactional_commits",
+                "manual_commit: transactional=True commits offsets in its transactions; "
+                "manual_commit must be False",
             )
         if self.group_id is None:
             self.group_id = self.name
@@ -622,33 +666,43 @@ class ConsumerConfig(BaseSettings):
 #: field or one of :data:`CLI_SETTINGS`, upper case (pydantic-settings matches names in any case).
 #: :class:`ConsumerConfig` refuses any other ``KEYEDCONSUMER_*`` variable, as it refuses an unknown
 #: keyword: a misspelt one would otherwise be ignored without a word.
-ENVIRONMENT_VARIABLES = frozenset(ENV_PREFIX + name.upper() for name in (*ConsumerConfig.model_fields, *CLI_SETTINGS))
+ENVIRONMENT_VARIABLES = frozenset(
+    ENV_PREFIX + name.upper() for name in (*ConsumerConfig.model_fields, *CLI_SETTINGS)
+)
 
 
 def _refuse_unknown_environment_variables(title: str) -> None:
     """Raise :class:`pydantic.ValidationError` naming each ``KEYEDCONSUMER_*`` variable that is
     not in :data:`ENVIRONMENT_VARIABLES`. Its value is never shown (it may be a secret)."""
-    unknown = sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES)
+    unknown = sorted(
+        k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES
+    )
     if any(k.upper().startswith(SEQUENCER_ENV_PREFIX) for k in unknown):
         from .sequencing.config import RedisSequencerConfig  # here: it imports this module
 
         options = {SEQUENCER_ENV_PREFIX + f.upper() for f in RedisSequencerConfig.model_fields} - {
-            SEQUENCER_ENV_PREFIX + "URL", SEQUENCER_ENV_PREFIX + "NAMESPACE"}
+            SEQUENCER_ENV_PREFIX + "URL",
+            SEQUENCER_ENV_PREFIX + "NAMESPACE",
+        }
         unknown = [k for k in unknown if k.upper() not in options]
     if not unknown:
         return
     errors: list[InitErrorDetails] = []
     for name in unknown:
-        known = sorted(v[len(ENV_PREFIX):] for v in ENVIRONMENT_VARIABLES)
-        close = difflib.get_close_matches(name.upper()[len(ENV_PREFIX):], known, n=1)
-        hint = f"did you mean {ENV_PREFIX}{close[0]}?" if close else f"it reads {ENV_PREFIX}<{'|'.join(known)}>"
-        errors.append({
-            "type": PydanticCustomError(
-                "unknown_environment_variable",
-                "unknown environment variable: keyedconsumer reads no such setting ({hint})",
-                {"hint": hint},
-            ),
-            "loc": (name,),
-            "input": SecretStr(os.environ[name]),
-        })
+        known = sorted(v[len(ENV_PREFIX) :] for v in ENVIRONMENT_VARIABLES)
+        close = difflib.get_close_matches(name.upper()[len(ENV_PREFIX) :], known, n=1)
+        hint = (
+            f"did you mean {ENV_PREFIX}{close[0]}?" if close else f"it reads {ENV_PREFIX}<{'|'.join(known)}>"
+        )
+        errors.append(
+            {
+                "type": PydanticCustomError(
+                    "unknown_environment_variable",
+                    "unknown environment variable: keyedconsumer reads no such setting ({hint})",
+                    {"hint": hint},
+                ),
+                "loc": (name,),
+                "input": SecretStr(os.environ[name]),
+            }
+        )
     raise ValidationError.from_exception_data(title, errors, hide_input=True)

@@ -53,8 +53,18 @@ from .message import Message
 from .sequencing import RedisSequencer
 from .sequencing.base import InMemorySequencer, Sequencer
 
-__all__ = ["KeyedConsumer", "Handler", "BatchHandler", "Middleware", "ErrorHandler", "PartitionStatus", "compose",
-           "BLOCKING_CALL_S", "CLOSE_TIMEOUT_S", "SHUTDOWN_MARGIN_S"]
+__all__ = [
+    "KeyedConsumer",
+    "Handler",
+    "BatchHandler",
+    "Middleware",
+    "ErrorHandler",
+    "PartitionStatus",
+    "compose",
+    "BLOCKING_CALL_S",
+    "CLOSE_TIMEOUT_S",
+    "SHUTDOWN_MARGIN_S",
+]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -154,11 +164,15 @@ class KeyedConsumer:
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
         if self.config.transactional and isinstance(sequencer, RedisSequencer):
-            raise ValueError("transactional=True does not combine with the RedisSequencer: parked messages are "
-                             "settled in Redis, outside the Kafka transaction (docs/exactly-once.md)")
+            raise ValueError(
+                "transactional=True does not combine with the RedisSequencer: parked messages are "
+                "settled in Redis, outside the Kafka transaction (docs/exactly-once.md)"
+            )
         check_error_handler(error_handler)
         if (handler is None) == (batch_handler is None):
-            raise TypeError("give one of handler= (one message per call) or batch_handler= (a list of messages)")
+            raise TypeError(
+                "give one of handler= (one message per call) or batch_handler= (a list of messages)"
+            )
         if batch_handler is not None:
             check_batch_middlewares(middlewares)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
@@ -171,7 +185,9 @@ class KeyedConsumer:
         bind(middlewares, self.config)
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
         #: the records handlers produce (msg.produce): written before their message counts done
-        self._results = Results(self.config.transactional, self.config.produce_timeout_s, self.config.concurrency)
+        self._results = Results(
+            self.config.transactional, self.config.produce_timeout_s, self.config.concurrency
+        )
         self._batch: BatchRun | None = None
         if batch_handler is not None:
             self._batch = BatchRun(self._time_limit.wrap_batch(batch_handler), middlewares, self._results)
@@ -179,7 +195,9 @@ class KeyedConsumer:
             self._async = self._batch.is_async
         else:
             assert handler is not None
-            self._handler = compose(self._contract.wrap(self._results.wrap(self._time_limit.wrap(handler))), middlewares)
+            self._handler = compose(
+                self._contract.wrap(self._results.wrap(self._time_limit.wrap(handler))), middlewares
+            )
             self._async = is_async(self._handler)
         self._error_handler = error_handler
         if client_factory is None:
@@ -202,8 +220,17 @@ class KeyedConsumer:
 
     def _dispatcher(self) -> Dispatcher:
         cfg = self.config
-        return Dispatcher(cfg.ordering, cfg.concurrency, self._sequencer, self._clock, cfg.group,
-                          cfg.commit_metadata_max_bytes, cfg.max_in_flight, cfg.max_in_flight_bytes, cfg.conflate)
+        return Dispatcher(
+            cfg.ordering,
+            cfg.concurrency,
+            self._sequencer,
+            self._clock,
+            cfg.group,
+            cfg.commit_metadata_max_bytes,
+            cfg.max_in_flight,
+            cfg.max_in_flight_bytes,
+            cfg.conflate,
+        )
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -272,18 +299,25 @@ class KeyedConsumer:
             signals.unregister(self)
 
     def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
-        settle = Settler(self._d, self._error_handler, self._fail, self._contract,
-                         self._results.finished if self.config.transactional else None)
+        settle = Settler(
+            self._d,
+            self._error_handler,
+            self._fail,
+            self._contract,
+            self._results.finished if self.config.transactional else None,
+        )
         cfg = self.config
         if self._batch is not None:
             size, linger_s = cfg.handler_batch_size, cfg.handler_batch_linger_s
             if self._async:
-                return AsyncBatchExecutor(self._d, self._batch, settle, cfg.concurrency, size, linger_s, loop,
-                                          cfg.event_loop)
+                return AsyncBatchExecutor(
+                    self._d, self._batch, settle, cfg.concurrency, size, linger_s, loop, cfg.event_loop
+                )
             return ThreadBatchExecutor(self._d, self._batch, settle, cfg.concurrency, size, linger_s)
         if self._async:
-            return AsyncExecutor(self._d, self._handler, settle, self.config.concurrency, loop,
-                                 self.config.event_loop)
+            return AsyncExecutor(
+                self._d, self._handler, settle, self.config.concurrency, loop, self.config.event_loop
+            )
         return ThreadExecutor(self._d, self._handler, settle, self.config.concurrency)
 
     def _reset(self) -> None:
@@ -341,7 +375,9 @@ class KeyedConsumer:
             Neither or both of ``delay_s`` and ``at``, or a bad time.
         """
         if not isinstance(self._sequencer, RedisSequencer):
-            raise KeyedConsumerError("schedule() needs sequencer=RedisSequencer(...): scheduled messages live in Redis")
+            raise KeyedConsumerError(
+                "schedule() needs sequencer=RedisSequencer(...): scheduled messages live in Redis"
+            )
         return self._sequencer.schedule(
             topic or self.config.topics[0], key, value, headers, delay_s=delay_s, at=at
         )
@@ -464,13 +500,27 @@ class KeyedConsumer:
             assert txn is not None
             txn.commit_revoked(parts, deadline)
 
-        rebalance = self._rebalance = Rebalance(client, d, cfg, self._catch_up, self._budget,
-                                                lambda: self._stop_deadline,
-                                                commit_revoked if cfg.transactional else None)
+        rebalance = self._rebalance = Rebalance(
+            client,
+            d,
+            cfg,
+            self._catch_up,
+            self._budget,
+            lambda: self._stop_deadline,
+            commit_revoked if cfg.transactional else None,
+        )
         commits: Committer
         if cfg.transactional:
-            txn = TransactionalCommitter(client, d, cfg, self._budget, self._on_client_error, self._results, self._fail,
-                                         rebalance.serving)
+            txn = TransactionalCommitter(
+                client,
+                d,
+                cfg,
+                self._budget,
+                self._on_client_error,
+                self._results,
+                self._fail,
+                rebalance.serving,
+            )
             commits = txn
         else:
             commits = Committer(client, d, cfg, self._budget, self._on_client_error, rebalance.serving)
@@ -539,7 +589,9 @@ class KeyedConsumer:
         the poll thread, which does not poll Kafka here)."""
         d, seq = self._d, self._sequencer
         if self._stop_deadline is not None:  # a stop under way: its own catch-up share
-            deadline = min(deadline, self._stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE))
+            deadline = min(
+                deadline, self._stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE)
+            )
         while time.monotonic() < deadline:
             if not d.catching_up(parts, self._clock() + (deadline - time.monotonic())):
                 return
@@ -562,8 +614,11 @@ class KeyedConsumer:
             self._catch_up(d.active(), deadline)  # its share of the time: see _catch_up
         d.halt()
         if started and not d.wait_idle(None, max(0.0, deadline - time.monotonic())):
-            log.warning("%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
-                        d.running, cfg.shutdown_timeout_s)
+            log.warning(
+                "%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
+                d.running,
+                cfg.shutdown_timeout_s,
+            )
         self._sequencer.settle_pending()
         self._report_sequencer_conflated(d)
         try:
@@ -575,9 +630,11 @@ class KeyedConsumer:
         rebalance.closing()
         try:
             if not client.close(timeout_s=CLOSE_TIMEOUT_S):
-                log.warning("the Kafka client did not close within %g s (a stopped or unreachable broker?): "
-                            "left to close on its own; the group drops this member after session.timeout.ms",
-                            CLOSE_TIMEOUT_S)
+                log.warning(
+                    "the Kafka client did not close within %g s (a stopped or unreachable broker?): "
+                    "left to close on its own; the group drops this member after session.timeout.ms",
+                    CLOSE_TIMEOUT_S,
+                )
         except Exception as exc:  # closing must not hide the error that stopped us
             log.warning("closing the Kafka client failed: %s", exc)
         d.close()

@@ -133,7 +133,9 @@ class Health:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (stall_after_s > 0 and live_within_s > 0):
-            raise ValueError(f"stall_after_s and live_within_s must be > 0, got {stall_after_s!r}, {live_within_s!r}")
+            raise ValueError(
+                f"stall_after_s and live_within_s must be > 0, got {stall_after_s!r}, {live_within_s!r}"
+            )
         self.consumer = consumer
         self.stall_after_s = float(stall_after_s)
         self.live_within_s = float(live_within_s)
@@ -159,7 +161,9 @@ class Health:
             live = polled_ago_s is not None and polled_ago_s <= self.live_within_s
             stalled = self._track(statuses, now)
         overrunning = int(getattr(c, "overrunning", 0))
-        return HealthReport(live, live and assigned > 0 and not overrunning, polled_ago_s, assigned, stalled, overrunning)
+        return HealthReport(
+            live, live and assigned > 0 and not overrunning, polled_ago_s, assigned, stalled, overrunning
+        )
 
     def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
         since = self._since
@@ -178,15 +182,30 @@ class Health:
                 lag = st.lag
                 waiting = lag is not None and lag > 0
             if waiting and still_s >= self.stall_after_s:
-                out.append(StalledPartition(st.topic, st.partition, st.stored_offset, lag, st.unfinished,
-                                            st.oldest_unfinished_age_s, still_s))
+                out.append(
+                    StalledPartition(
+                        st.topic,
+                        st.partition,
+                        st.stored_offset,
+                        lag,
+                        st.unfinished,
+                        st.oldest_unfinished_age_s,
+                        still_s,
+                    )
+                )
         for tp in [tp for tp in since if tp not in seen]:  # no longer assigned
             del since[tp]
         now_stalled = {(s.topic, s.partition) for s in out}
         for s in out:
             if (s.topic, s.partition) not in self._stalled:
-                log.warning("stalled: %s[%d] stored offset %s unchanged for %.1f s with lag %s",
-                            s.topic, s.partition, s.stored_offset, s.stalled_for_s, s.lag)
+                log.warning(
+                    "stalled: %s[%d] stored offset %s unchanged for %.1f s with lag %s",
+                    s.topic,
+                    s.partition,
+                    s.stored_offset,
+                    s.stalled_for_s,
+                    s.lag,
+                )
         for topic, partition in self._stalled - now_stalled:
             log.info("no longer stalled: %s[%d]", topic, partition)
         self._stalled = now_stalled

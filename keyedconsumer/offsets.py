@@ -256,7 +256,7 @@ class FinishedOffsets:
         if not metadata or not metadata.startswith(METADATA_PREFIX) or committed < 0:
             return None
         try:
-            data = metadata[len(METADATA_PREFIX):]
+            data = metadata[len(METADATA_PREFIX) :]
             packed = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
             z = zlib.decompressobj()
             raw = z.decompress(packed, 1 << 20)

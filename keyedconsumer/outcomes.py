@@ -84,7 +84,9 @@ class BatchFailed(Exception):
 
     def __init__(self, errors: Mapping[Message, BaseException], reason: str = "") -> None:
         if not isinstance(errors, Mapping):
-            raise TypeError(f"BatchFailed takes a mapping {{message: exception}}, got a {type(errors).__name__}")
+            raise TypeError(
+                f"BatchFailed takes a mapping {{message: exception}}, got a {type(errors).__name__}"
+            )
         for msg, exc in errors.items():
             if not isinstance(msg, Message) or not isinstance(exc, BaseException):
                 raise TypeError(

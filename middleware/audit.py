@@ -58,8 +58,22 @@ DEFAULT_TOPIC = "keyedconsumer.audit"
 #: ``module.QualName``, and the message, at most 1,000 characters), ``retry_in_s`` (``RETRY`` / ``PARKED``), ``fencing_token``
 #: (with the Redis sequencer), ``instance`` (``host:pid``).
 FIELDS = (
-    "v", "time_ms", "group", "topic", "partition", "offset", "key", "key_b64", "attempt", "outcome",
-    "duration_ms", "error_type", "error", "retry_in_s", "fencing_token", "instance",
+    "v",
+    "time_ms",
+    "group",
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "key_b64",
+    "attempt",
+    "outcome",
+    "duration_ms",
+    "error_type",
+    "error",
+    "retry_in_s",
+    "fencing_token",
+    "instance",
 )
 
 
@@ -143,7 +157,9 @@ class Audit:
                 refused = seq in self._refused
                 self._refused.discard(seq)
             if refused and exc is None:
-                raise PublishError(f"the audit record of {msg.topic}[{msg.partition}]@{msg.offset} was not written")
+                raise PublishError(
+                    f"the audit record of {msg.topic}[{msg.partition}]@{msg.offset} was not written"
+                )
         if exc is not None:
             raise exc
 
@@ -152,7 +168,9 @@ class Audit:
         pass it as ``KeyedConsumer(conflate=True, on_conflated=audit.conflated)``."""
         self.append(msg, None, 0.0, outcome="CONFLATED")
 
-    def record(self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None) -> dict[str, Any]:
+    def record(
+        self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None
+    ) -> dict[str, Any]:
         """The audit record of one attempt (the JSON value's fields, :data:`FIELDS`)."""
         outcome = outcome or outcome_of(msg, exc)
         if outcome == "RETRY" and isinstance(exc, RetryLater) and exc.park:
@@ -175,9 +193,15 @@ class Audit:
                 rec["key"] = msg.key.decode("utf-8")
             except UnicodeDecodeError:
                 rec["key_b64"] = base64.b64encode(msg.key).decode()
-        failure = exc if exc is not None else msg.state.get(STATE_ERROR) if outcome == "DEAD_LETTERED" else None
+        failure = (
+            exc if exc is not None else msg.state.get(STATE_ERROR) if outcome == "DEAD_LETTERED" else None
+        )
         if isinstance(failure, BaseException) and outcome != "SKIP":
-            cause = failure.__cause__ if isinstance(failure, RetryLater) and failure.__cause__ is not None else failure
+            cause = (
+                failure.__cause__
+                if isinstance(failure, RetryLater) and failure.__cause__ is not None
+                else failure
+            )
             rec["error_type"] = f"{type(cause).__module__}.{type(cause).__qualname__}"
             rec["error"] = str(cause)[:1000]
             if isinstance(failure, RetryLater):
@@ -186,7 +210,9 @@ class Audit:
             rec["fencing_token"] = msg.fencing_token
         return rec
 
-    def append(self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None) -> int:
+    def append(
+        self, msg: Message, exc: BaseException | None, duration_s: float, outcome: str | None = None
+    ) -> int:
         """Queue the record of one attempt; waits while ``max_queue`` records wait. Returns its
         sequence number (records are published in that order)."""
         value = json.dumps(self.record(msg, exc, duration_s, outcome), separators=(",", ":")).encode()

@@ -83,8 +83,20 @@ H_ATTEMPTS = "kafka_dlt-attempts"
 H_FAILED_AT = "kafka_dlt-failed-at"
 H_VALIDATION = "kafka_dlt-validation-errors"
 #: Every header this middleware writes (and so removes from a record before writing).
-HEADERS = (H_TOPIC, H_PARTITION, H_OFFSET, H_TIMESTAMP, H_GROUP, H_FQCN, H_CAUSE_FQCN, H_MESSAGE,
-           H_STACKTRACE, H_ATTEMPTS, H_FAILED_AT, H_VALIDATION)
+HEADERS = (
+    H_TOPIC,
+    H_PARTITION,
+    H_OFFSET,
+    H_TIMESTAMP,
+    H_GROUP,
+    H_FQCN,
+    H_CAUSE_FQCN,
+    H_MESSAGE,
+    H_STACKTRACE,
+    H_ATTEMPTS,
+    H_FAILED_AT,
+    H_VALIDATION,
+)
 _MAX_MESSAGE_BYTES = 4096
 #: ``msg.state`` key of headers an outer middleware adds to the dead-letter record (replacing the
 #: original record's headers of the same names): a list of ``(name, bytes)``.
@@ -186,7 +198,9 @@ class DeadLetter:
         self._bound_to: tuple[tuple[str, ...], dict[str, Any]] | None = None
         self._publisher: RecordPublisher | None = publisher
         if publisher is None and brokers:
-            self._publisher = Publisher(list(brokers), self._producer_config, delivery_timeout_s=self.timeout_s)
+            self._publisher = Publisher(
+                list(brokers), self._producer_config, delivery_timeout_s=self.timeout_s
+            )
         self.published = 0  # dead-letter records acknowledged so far
 
     def bind_settings(self, settings: ConsumerConfig) -> None:
@@ -213,8 +227,9 @@ class DeadLetter:
                     "settings: give each consumer its own DeadLetter(), or pass brokers=[...]"
                 )
             return
-        self._publisher = Publisher(list(settings.brokers), {**target[1], **self._producer_config},
-                                    delivery_timeout_s=self.timeout_s)
+        self._publisher = Publisher(
+            list(settings.brokers), {**target[1], **self._producer_config}, delivery_timeout_s=self.timeout_s
+        )
         self._bound_to = target
 
     def _ready_publisher(self) -> RecordPublisher:
@@ -271,7 +286,9 @@ class DeadLetter:
         """
         topic = self.topic_for(msg)
         try:
-            self._ready_publisher().publish(topic, msg.key, msg.value, self.headers_for(msg, error), self.timeout_s)
+            self._ready_publisher().publish(
+                topic, msg.key, msg.value, self.headers_for(msg, error), self.timeout_s
+            )
         except PublishError as exc:
             raise DeadLetterError(
                 f"dead-letter publish to {topic} failed for topic={msg.topic} partition={msg.partition} "
@@ -287,7 +304,9 @@ class DeadLetter:
             if not msg.still_owned():
                 # revoked (past revoke_timeout_s) or its key's lease lost: its new owner runs it
                 # again and dead-letters it; this run's outcome does not count anyway
-                log.warning("not dead-lettered: %r no longer belongs to this run (its new owner handles it)", msg)
+                log.warning(
+                    "not dead-lettered: %r no longer belongs to this run (its new owner handles it)", msg
+                )
                 raise RetryLater(0.0, "no longer owned") from failure
             self.publish(msg, failure)
             msg.ack_dead_lettered()

@@ -128,5 +128,11 @@ class Text:
         except UnicodeDecodeError as exc:
             raise UndecodableError(
                 f"not UTF-8: {exc.reason} at byte {exc.start}",
-                [{"loc": [], "msg": f"not UTF-8: {exc.reason} at byte {exc.start}", "type": "unicode_decode"}],
+                [
+                    {
+                        "loc": [],
+                        "msg": f"not UTF-8: {exc.reason} at byte {exc.start}",
+                        "type": "unicode_decode",
+                    }
+                ],
             ) from exc

@@ -50,7 +50,11 @@ class Logging:
     """
 
     def __init__(
-        self, *, logger: logging.Logger | None = None, level: int = logging.INFO, failure_level: int = logging.WARNING
+        self,
+        *,
+        logger: logging.Logger | None = None,
+        level: int = logging.INFO,
+        failure_level: int = logging.WARNING,
     ) -> None:
         self.logger = logger or logging.getLogger("keyedconsumer.messages")
         self.level = level

@@ -77,7 +77,9 @@ class _PartitionCollector:
 
     def collect(self) -> Any:
         group = self._consumer.config.group
-        lag = GaugeMetricFamily("keyedconsumer_partition_lag", "end offset minus stored offset", labels=[_DEST, _PART, _GROUP])
+        lag = GaugeMetricFamily(
+            "keyedconsumer_partition_lag", "end offset minus stored offset", labels=[_DEST, _PART, _GROUP]
+        )
         age = GaugeMetricFamily(
             "keyedconsumer_oldest_unfinished_age_seconds",
             "seconds since the oldest unfinished message was received",
@@ -111,18 +113,28 @@ class _StatsCollector:
     def collect(self) -> Any:
         with self._lock:
             reports = list(self._last.items())
-        replyq = GaugeMetricFamily("keyedconsumer_librdkafka_replyq", "librdkafka events waiting for the poll",
-                                   labels=["client"])
-        rx_msgs = CounterMetricFamily("keyedconsumer_librdkafka_rx_messages", "messages fetched by librdkafka",
-                                      labels=["client"])
-        rx_bytes = CounterMetricFamily("keyedconsumer_librdkafka_rx_bytes", "message bytes fetched by librdkafka",
-                                       labels=["client"])
-        rebalances = CounterMetricFamily("keyedconsumer_librdkafka_rebalances", "rebalances of the client's group",
-                                         labels=["client"])
-        rtt = GaugeMetricFamily("keyedconsumer_librdkafka_broker_rtt_seconds", "average broker round-trip time",
-                                labels=["client", "broker"])
-        lag = GaugeMetricFamily("keyedconsumer_librdkafka_consumer_lag",
-                                "high watermark minus committed offset (librdkafka)", labels=["client", _DEST, _PART])
+        replyq = GaugeMetricFamily(
+            "keyedconsumer_librdkafka_replyq", "librdkafka events waiting for the poll", labels=["client"]
+        )
+        rx_msgs = CounterMetricFamily(
+            "keyedconsumer_librdkafka_rx_messages", "messages fetched by librdkafka", labels=["client"]
+        )
+        rx_bytes = CounterMetricFamily(
+            "keyedconsumer_librdkafka_rx_bytes", "message bytes fetched by librdkafka", labels=["client"]
+        )
+        rebalances = CounterMetricFamily(
+            "keyedconsumer_librdkafka_rebalances", "rebalances of the client's group", labels=["client"]
+        )
+        rtt = GaugeMetricFamily(
+            "keyedconsumer_librdkafka_broker_rtt_seconds",
+            "average broker round-trip time",
+            labels=["client", "broker"],
+        )
+        lag = GaugeMetricFamily(
+            "keyedconsumer_librdkafka_consumer_lag",
+            "high watermark minus committed offset (librdkafka)",
+            labels=["client", _DEST, _PART],
+        )
         for name, st in reports:
             replyq.add_metric([name], float(st.get("replyq", 0)))
             rx_msgs.add_metric([name], float(st.get("rxmsgs", 0)))
@@ -169,18 +181,33 @@ class Metrics:
         buckets_s: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     ) -> None:
         if _IMPORT_ERROR is not None:
-            raise ImportError("Metrics needs prometheus-client: pip install 'keyedconsumer[metrics]'") from _IMPORT_ERROR
+            raise ImportError(
+                "Metrics needs prometheus-client: pip install 'keyedconsumer[metrics]'"
+            ) from _IMPORT_ERROR
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.consumed = Counter(
-            "messaging_client_consumed_messages", "messages handled, by outcome", [_DEST, _GROUP, "outcome"], registry=r
+            "messaging_client_consumed_messages",
+            "messages handled, by outcome",
+            [_DEST, _GROUP, "outcome"],
+            registry=r,
         )
         self.duration = Histogram(
-            "messaging_process_duration_seconds", "handler duration", [_DEST, _GROUP, "outcome"], buckets=buckets_s, registry=r
+            "messaging_process_duration_seconds",
+            "handler duration",
+            [_DEST, _GROUP, "outcome"],
+            buckets=buckets_s,
+            registry=r,
         )
-        self.in_flight = Gauge("keyedconsumer_messages_in_flight", "handlers running", [_DEST, _GROUP], registry=r)
-        self.retries = Counter("keyedconsumer_retries", "attempts that asked to be retried", [_DEST, _GROUP], registry=r)
-        self.dead_lettered = Counter("keyedconsumer_dead_lettered", "messages dead-lettered", [_DEST, _GROUP], registry=r)
+        self.in_flight = Gauge(
+            "keyedconsumer_messages_in_flight", "handlers running", [_DEST, _GROUP], registry=r
+        )
+        self.retries = Counter(
+            "keyedconsumer_retries", "attempts that asked to be retried", [_DEST, _GROUP], registry=r
+        )
+        self.dead_lettered = Counter(
+            "keyedconsumer_dead_lettered", "messages dead-lettered", [_DEST, _GROUP], registry=r
+        )
         self._stats = _StatsCollector()
         r.register(self._stats)
         self._server: Any = None

@@ -123,7 +123,10 @@ class Retry:
         self.retry_on = tuple(retry_on)
         self.give_up_on = tuple(give_up_on)
         self.wait: Wait = wait or wait_exponential_jitter(
-            multiplier=self.initial_delay_s, exp_base=self.multiplier, max=self.max_delay_s, jitter=self.jitter
+            multiplier=self.initial_delay_s,
+            exp_base=self.multiplier,
+            max=self.max_delay_s,
+            jitter=self.jitter,
         )
         self.park = bool(park)
 

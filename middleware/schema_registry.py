@@ -77,7 +77,9 @@ def registry_client(registry: Registry) -> SchemaRegistryClient:
         return SchemaRegistryClient({"url": registry})
     if isinstance(registry, Mapping):
         return SchemaRegistryClient(dict(registry))
-    raise TypeError(f"registry must be a URL, a configuration dict or a SchemaRegistryClient, got {registry!r}")
+    raise TypeError(
+        f"registry must be a URL, a configuration dict or a SchemaRegistryClient, got {registry!r}"
+    )
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -165,7 +167,10 @@ class _RegistryDecoder(Generic[T]):
         if framing is not None:
             reason, kind = f"not Confluent wire format: {framing}", "wire_format"
         elif isinstance(exc, SchemaRegistryError):  # 404: the id is not in the registry
-            reason, kind = f"schema {_schema_ref(data)} is unknown to the registry ({exc})", "unknown_schema_id"
+            reason, kind = (
+                f"schema {_schema_ref(data)} is unknown to the registry ({exc})",
+                "unknown_schema_id",
+            )
         else:
             detail = str(exc) if isinstance(exc, SerializationError) else f"{type(exc).__name__}: {exc}"
             reason = f"does not match its writer schema {_schema_ref(data)} ({self.format}): {detail}"
@@ -192,18 +197,29 @@ class Avro(_RegistryDecoder[T]):
 
     @overload
     def __init__(
-        self: Avro[dict[str, Any]], registry: Registry, *, reader_schema: str | None = None,
+        self: Avro[dict[str, Any]],
+        registry: Registry,
+        *,
+        reader_schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None: ...
 
     @overload
     def __init__(
-        self: Avro[M], registry: Registry, *, model: type[M], reader_schema: str | None = None,
+        self: Avro[M],
+        registry: Registry,
+        *,
+        model: type[M],
+        reader_schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None: ...
 
     def __init__(
-        self, registry: Registry, *, model: type[BaseModel] | None = None, reader_schema: str | None = None,
+        self,
+        registry: Registry,
+        *,
+        model: type[BaseModel] | None = None,
+        reader_schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None:
         client = registry_client(registry)
@@ -230,22 +246,35 @@ class JsonSchema(_RegistryDecoder[T]):
 
     @overload
     def __init__(
-        self: JsonSchema[Any], registry: Registry, *, schema: str | None = None,
+        self: JsonSchema[Any],
+        registry: Registry,
+        *,
+        schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None: ...
 
     @overload
     def __init__(
-        self: JsonSchema[M], registry: Registry, *, model: type[M], schema: str | None = None,
+        self: JsonSchema[M],
+        registry: Registry,
+        *,
+        model: type[M],
+        schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None: ...
 
     def __init__(
-        self, registry: Registry, *, model: type[BaseModel] | None = None, schema: str | None = None,
+        self,
+        registry: Registry,
+        *,
+        model: type[BaseModel] | None = None,
+        schema: str | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> None:
         client = registry_client(registry)
-        deserializer = JSONDeserializer(schema, schema_registry_client=client, conf=dict(conf) if conf else None)
+        deserializer = JSONDeserializer(
+            schema, schema_registry_client=client, conf=dict(conf) if conf else None
+        )
         super().__init__("json-schema", deserializer, model, client)
 
 
@@ -274,8 +303,12 @@ class Protobuf(_RegistryDecoder[PM]):
         self, message_type: type[PM], registry: Registry, *, conf: Mapping[str, Any] | None = None
     ) -> None:
         if not hasattr(message_type, "DESCRIPTOR"):
-            raise TypeError(f"Protobuf needs a generated message class (with DESCRIPTOR), got {message_type!r}")
+            raise TypeError(
+                f"Protobuf needs a generated message class (with DESCRIPTOR), got {message_type!r}"
+            )
         client = registry_client(registry)
-        deserializer = ProtobufDeserializer(message_type, dict(conf) if conf else None, schema_registry_client=client)
+        deserializer = ProtobufDeserializer(
+            message_type, dict(conf) if conf else None, schema_registry_client=client
+        )
         super().__init__("protobuf", deserializer, None, client)
         self.name = getattr(message_type, "__name__", "protobuf")

@@ -139,8 +139,12 @@ class Tracing:
         self._sc = sc
         self._error_type = ERROR_TYPE
         self.record_key = bool(record_key)
-        self.tracer: Tracer = trace.get_tracer("keyedconsumer.middleware.tracing", tracer_provider=tracer_provider)
-        self.propagator: TextMapPropagator = propagator if propagator is not None else propagate.get_global_textmap()
+        self.tracer: Tracer = trace.get_tracer(
+            "keyedconsumer.middleware.tracing", tracer_provider=tracer_provider
+        )
+        self.propagator: TextMapPropagator = (
+            propagator if propagator is not None else propagate.get_global_textmap()
+        )
         self._fields = frozenset(f.lower() for f in self.propagator.fields)
         self._empty: Callable[[], Context] = otel_context.Context
         self._attach: Callable[[Context], Token[Context]] = otel_context.attach
@@ -203,7 +207,11 @@ class Tracing:
         prev = msg.state.get(_PREV)
         links = [self._link(prev, {"keyedconsumer.link": "previous attempt"})] if prev is not None else None
         span = self.tracer.start_span(
-            f"process {msg.topic}", context=parent, kind=self._consumer_kind, attributes=self._attributes(msg), links=links
+            f"process {msg.topic}",
+            context=parent,
+            kind=self._consumer_kind,
+            attributes=self._attributes(msg),
+            links=links,
         )
         ctx = self._in_context(span, parent)
         span_context = span.get_span_context()

@@ -100,10 +100,14 @@ class Typed(Generic[V]):
     """
 
     @overload
-    def __init__(self: Typed[M], value: type[M], *, key: type[BaseModel] | Decoder[Any] | None = None) -> None: ...
+    def __init__(
+        self: Typed[M], value: type[M], *, key: type[BaseModel] | Decoder[Any] | None = None
+    ) -> None: ...
 
     @overload
-    def __init__(self: Typed[V], value: Decoder[V], *, key: type[BaseModel] | Decoder[Any] | None = None) -> None: ...
+    def __init__(
+        self: Typed[V], value: Decoder[V], *, key: type[BaseModel] | Decoder[Any] | None = None
+    ) -> None: ...
 
     def __init__(self, value: Any, *, key: Any = None) -> None:
         self.decoder: Decoder[V] = _decoder(value, "value")

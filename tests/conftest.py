@@ -91,4 +91,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if skipped and session.exitstatus == 0:
         session.exitstatus = 1
         if reporter is not None:
-            reporter.write_line(f"CI: {skipped} test(s) were skipped; under CI=true that is a failure", red=True)
+            reporter.write_line(
+                f"CI: {skipped} test(s) were skipped; under CI=true that is a failure", red=True
+            )

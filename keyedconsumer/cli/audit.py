@@ -92,22 +92,32 @@ def find(
 
 @_reports_errors
 def audit(
-    topic: Annotated[str, typer.Option("--topic", metavar="TOPIC", help="The audit topic.")] = "keyedconsumer.audit",
-    key: Annotated[str | None, typer.Option("--key", metavar="KEY", help="Records of this message key (UTF-8).")] = None,
+    topic: Annotated[
+        str, typer.Option("--topic", metavar="TOPIC", help="The audit topic.")
+    ] = "keyedconsumer.audit",
+    key: Annotated[
+        str | None, typer.Option("--key", metavar="KEY", help="Records of this message key (UTF-8).")
+    ] = None,
     source_topic: Annotated[
         str | None, typer.Option("--source-topic", metavar="TOPIC", help="Records of messages of this topic.")
     ] = None,
-    partition: Annotated[int | None, typer.Option("--partition", metavar="N", help="... of this partition.")] = None,
+    partition: Annotated[
+        int | None, typer.Option("--partition", metavar="N", help="... of this partition.")
+    ] = None,
     offset: Annotated[int | None, typer.Option("--offset", metavar="N", help="... at this offset.")] = None,
     outcome: Annotated[
         str | None,
-        typer.Option(metavar="OUTCOME", help=f"{', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]} (a dashboard action)."),
+        typer.Option(
+            metavar="OUTCOME", help=f"{', '.join(OUTCOMES[:-1])} or {OUTCOMES[-1]} (a dashboard action)."
+        ),
     ] = None,
     since: Annotated[
-        str | None, typer.Option(metavar="TIME", help="From this time (ISO 8601, or epoch ms).", show_default=False)
+        str | None,
+        typer.Option(metavar="TIME", help="From this time (ISO 8601, or epoch ms).", show_default=False),
     ] = None,
     until: Annotated[
-        str | None, typer.Option(metavar="TIME", help="Up to this time (ISO 8601, or epoch ms).", show_default=False)
+        str | None,
+        typer.Option(metavar="TIME", help="Up to this time (ISO 8601, or epoch ms).", show_default=False),
     ] = None,
     limit: Annotated[int, typer.Option(metavar="N", help="Show at most N records (the first found).")] = 1000,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line on stdout.")] = False,
@@ -133,8 +143,18 @@ def audit(
     until_ms = parse_since(until) if until is not None else None
     try:
         found: list[dict[str, Any]] = []
-        for doc in find(conf, topic, key=key, source_topic=source_topic, partition=partition, offset=offset,
-                        outcome=outcome, since_ms=since_ms, until_ms=until_ms, timeout_s=timeout_s):
+        for doc in find(
+            conf,
+            topic,
+            key=key,
+            source_topic=source_topic,
+            partition=partition,
+            offset=offset,
+            outcome=outcome,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            timeout_s=timeout_s,
+        ):
             found.append(doc)
             if len(found) >= limit:
                 break
@@ -145,16 +165,35 @@ def audit(
             print(json.dumps(doc, separators=(",", ":")))
         return
     table = Table(title=f"{topic}: {len(found)} record(s)")
-    for col in ("time (UTC)", "key", "topic[partition]@offset", "attempt", "outcome", "ms", "error", "instance"):
+    for col in (
+        "time (UTC)",
+        "key",
+        "topic[partition]@offset",
+        "attempt",
+        "outcome",
+        "ms",
+        "error",
+        "instance",
+    ):
         table.add_column(col)
     for d in found:
-        when = dt.datetime.fromtimestamp(d.get("time_ms", 0) / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+        when = dt.datetime.fromtimestamp(d.get("time_ms", 0) / 1000, dt.timezone.utc).isoformat(
+            timespec="milliseconds"
+        )
         error = f"{d.get('error_type', '')}: {d.get('error', '')}" if d.get("error_type") else ""
         if d.get("outcome") == "ACTION":  # a dashboard action: what, by whom, the result
             error = f"{d.get('action')} by {d.get('session')} ({d.get('client')}): {d.get('result')}: {d.get('message', '')}"
-        key_text = d.get("key") if d.get("key") is not None else (f"b64:{d['key_b64']}" if d.get("key_b64") else "-")
+        key_text = (
+            d.get("key") if d.get("key") is not None else (f"b64:{d['key_b64']}" if d.get("key_b64") else "-")
+        )
         table.add_row(
-            when, Text(str(key_text)), f"{d.get('topic')}[{d.get('partition')}]@{d.get('offset')}", str(d.get("attempt")),
-            str(d.get("outcome")), str(d.get("duration_ms")), Text(error[:120]), str(d.get("instance", "")),
+            when,
+            Text(str(key_text)),
+            f"{d.get('topic')}[{d.get('partition')}]@{d.get('offset')}",
+            str(d.get("attempt")),
+            str(d.get("outcome")),
+            str(d.get("duration_ms")),
+            Text(error[:120]),
+            str(d.get("instance", "")),
         )
     _out_console().print(table)

@@ -40,7 +40,9 @@ def _descriptions(cls: type) -> dict[str, str]:
     out: dict[str, str] = {}
     for names, body in re.findall(r"^([a-z_][\w, ]*):\n((?:    .*\n?)+)", section, re.M):
         sentence = re.split(r"(?<=[.;])\s", " ".join(body.split()), maxsplit=1)[0]
-        sentence = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], sentence).replace("``", "")
+        sentence = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], sentence).replace(
+            "``", ""
+        )
         for name in names.split(","):
             out.setdefault(name.strip(), sentence)
     return out
@@ -53,13 +55,25 @@ def _option(name: str, flag: str, annotation: Any, help_text: str) -> tuple[Any,
     base = args[0] if origin in (typing.Union, types.UnionType) and len(args) == 1 else annotation
     help_text = help_text or f"See docs/configuration.md ({name})."
     if base is bool:
-        return Annotated[bool | None, typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)], None
+        return Annotated[
+            bool | None, typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
+        ], None
     if typing.get_origin(base) is typing.Literal:
         choices = Enum(name, {str(v): str(v) for v in typing.get_args(base)}, type=str)  # type: ignore[misc]
         return Annotated[choices | None, typer.Option(flag, help=help_text, show_default=False)], None
     if base in (int, float):
-        metavar = "SECONDS" if name.endswith("_s") else "BYTES" if name.endswith("_bytes") else "N" if base is int else "X"
-        return Annotated[base | None, typer.Option(flag, metavar=metavar, help=help_text, show_default=False)], None
+        metavar = (
+            "SECONDS"
+            if name.endswith("_s")
+            else "BYTES"
+            if name.endswith("_bytes")
+            else "N"
+            if base is int
+            else "X"
+        )
+        return Annotated[
+            base | None, typer.Option(flag, metavar=metavar, help=help_text, show_default=False)
+        ], None
     return Annotated[str | None, typer.Option(flag, metavar="TEXT", help=help_text, show_default=False)], None
 
 

@@ -72,7 +72,9 @@ def group_rows(
         offset = c.offset if c is not None else None
         start, end = marks[tp]
         lag = max(0, end - offset) if offset is not None else None
-        finished = FinishedOffsets.decode(offset, c.metadata) if c is not None and offset is not None else None
+        finished = (
+            FinishedOffsets.decode(offset, c.metadata) if c is not None and offset is not None else None
+        )
         rows.append(
             {
                 "topic": tp[0],

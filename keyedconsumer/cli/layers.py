@@ -95,7 +95,9 @@ CONSUMER_KEYS = frozenset(ConsumerConfig.model_fields)
 RUN_KEYS = frozenset(RunOptions.model_fields)
 
 #: The TOML file of this resolution (``--config``): ``settings_customise_sources`` reads it.
-_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("keyedconsumer_toml_file", default=None)
+_toml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "keyedconsumer_toml_file", default=None
+)
 
 
 def _name_the_group(values: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +124,9 @@ class _GroupNamed(PydanticBaseSettingsSource):
         super().__init__(inner.settings_cls)
         self.inner = inner
 
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+    def get_field_value(
+        self, field: Any, field_name: str
+    ) -> tuple[Any, str, bool]:  # pragma: no cover - unused
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
@@ -179,7 +183,11 @@ RunSettings: type[BaseSettings] = pydantic.create_model(  # type: ignore[call-ov
     __base__=_RunSettingsBase,
     __doc__=__doc__,
     **{name: (f.annotation, f) for name, f in RunOptions.model_fields.items()},
-    **{name: _consumer_field(name) for name in ConsumerConfig.model_fields if name not in RunOptions.model_fields},
+    **{
+        name: _consumer_field(name)
+        for name in ConsumerConfig.model_fields
+        if name not in RunOptions.model_fields
+    },
     sequencer=(SequencerOptions | None, None),
 )
 
@@ -188,7 +196,9 @@ _LAYERS = ("flag", "environment", "file")
 
 
 def _flag(key: str) -> str:
-    return {"topics": "--topic", "config": "-X", "brokers": "--brokers"}.get(key, "--" + key.replace("_", "-"))
+    return {"topics": "--topic", "config": "-X", "brokers": "--brokers"}.get(
+        key, "--" + key.replace("_", "-")
+    )
 
 
 @dataclass
@@ -268,7 +278,11 @@ def _per_layer(flags: dict[str, Any], path: Path | None) -> list[tuple[str, dict
         toml = _toml_source(RunSettings, path)()
     finally:
         _toml_file.reset(token)
-    return [("flag", _name_the_group(flags)), ("environment", _name_the_group(env)), ("file", _name_the_group(toml))]
+    return [
+        ("flag", _name_the_group(flags)),
+        ("environment", _name_the_group(env)),
+        ("file", _name_the_group(toml)),
+    ]
 
 
 def layered(flags: dict[str, Any], config_file: Path | None) -> Layered:

@@ -294,8 +294,13 @@ def replay_selected(
     group = marker_group or marker_group_of(dlq)
     job = _Replay(conf, dlq, to, set(), None, timeout_s, only=set(records))
     error = _run(job, group, False, 500)
-    return {**job.counts, "marker_full_partitions": sorted(job.full), "error": error, "records": job.rows,
-            "marker_group": group}
+    return {
+        **job.counts,
+        "marker_full_partitions": sorted(job.full),
+        "error": error,
+        "records": job.rows,
+        "marker_group": group,
+    }
 
 
 def _replay_records(

@@ -50,14 +50,25 @@ def _effective(settings: ConsumerConfig, options: RunOptions, sequencer: dict[st
         sequencer=None,
     )
     if options.redis:
-        config = RedisSequencerConfig.model_validate({"url": options.redis, "namespace": data["namespace"], **sequencer})
+        config = RedisSequencerConfig.model_validate(
+            {"url": options.redis, "namespace": data["namespace"], **sequencer}
+        )
         data["sequencer"] = config.model_dump(exclude={"url", "namespace"})
     return data
 
 
 #: The settings ``run`` spells out as flags of its own; :func:`with_every_setting` adds the others.
-_SPELLED_OUT = {"topics", "brokers", "concurrency", "ordering", "manual_commit", "max_in_flight", "auto_offset_reset",
-                "shutdown_timeout_s", "config"}
+_SPELLED_OUT = {
+    "topics",
+    "brokers",
+    "concurrency",
+    "ordering",
+    "manual_commit",
+    "max_in_flight",
+    "auto_offset_reset",
+    "shutdown_timeout_s",
+    "config",
+}
 
 
 def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
@@ -149,16 +160,24 @@ def run(
         str, typer.Option(metavar="DIR", help="Directory put first on the Python path to import the handler.")
     ] = ".",
     log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.INFO,
-    log_format: Annotated[_Format, typer.Option(help="text, or json: one JSON object per line.")] = _Format.TEXT,
+    log_format: Annotated[
+        _Format, typer.Option(help="text, or json: one JSON object per line.")
+    ] = _Format.TEXT,
     health_port: Annotated[
         int | None,
-        typer.Option(metavar="PORT", help="Serve /livez, /readyz, /healthz on this port (0: any free one).",
-                     show_default=False),
+        typer.Option(
+            metavar="PORT",
+            help="Serve /livez, /readyz, /healthz on this port (0: any free one).",
+            show_default=False,
+        ),
     ] = None,
     metrics_port: Annotated[
         int | None,
-        typer.Option(metavar="PORT", help="Serve Prometheus /metrics on this port (needs keyedconsumer[metrics]).",
-                     show_default=False),
+        typer.Option(
+            metavar="PORT",
+            help="Serve Prometheus /metrics on this port (needs keyedconsumer[metrics]).",
+            show_default=False,
+        ),
     ] = None,
     http_addr: Annotated[
         str, typer.Option(metavar="ADDR", help="Address the health and metrics endpoints listen on.")
@@ -227,7 +246,8 @@ def run(
         if urlsplit(options.redis).scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
             raise CliError(
                 f"--redis {redact_url(options.redis)!r}: expected a redis://, rediss://, unix:// or "
-                "redis+cluster:// URL", 2
+                "redis+cluster:// URL",
+                2,
             )
         sequencer = RedisSequencer(
             url=options.redis, namespace=options.namespace or settings.group, **sequencer_options
@@ -236,14 +256,16 @@ def run(
     metrics: Any = None
     if metrics_port is not None:
         try:
-            metrics = importlib.import_module("keyedconsumer.middleware").Metrics(http_port=metrics_port, http_addr=http_addr)
+            metrics = importlib.import_module("keyedconsumer.middleware").Metrics(
+                http_port=metrics_port, http_addr=http_addr
+            )
         except ImportError:
-            raise CliError("--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2) from None
+            raise CliError(
+                "--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2
+            ) from None
         middlewares.insert(0, metrics)
     try:
-        consumer = KeyedConsumer(
-            handler=fn, middlewares=middlewares, settings=settings, sequencer=sequencer
-        )
+        consumer = KeyedConsumer(handler=fn, middlewares=middlewares, settings=settings, sequencer=sequencer)
     except PublishError as exc:
         raise CliError(f"dead-letter publisher: {exc}", 2) from None
     except (TypeError, ValueError) as exc:
@@ -314,11 +336,16 @@ def _run_app(
     refused = [k for k in routes_own if k in layers.values and layers.origin.get(k) in ("flag", "file")]
     if refused:
         named = ", ".join(layers.where((k,)) for k in refused)
-        raise CliError(f"{spec} is a KeyedApp: its routes carry their own {', '.join(refused)}; remove {named}", 2)
+        raise CliError(
+            f"{spec} is a KeyedApp: its routes carry their own {', '.join(refused)}; remove {named}", 2
+        )
     ignored = [k for k in routes_own if k in layers.values]
     if ignored:
-        log.info("%s is a KeyedApp: %s from the environment do not apply to it", spec,
-                 ", ".join(layers.where((k,)) for k in ignored))
+        log.info(
+            "%s is a KeyedApp: %s from the environment do not apply to it",
+            spec,
+            ", ".join(layers.where((k,)) for k in ignored),
+        )
     defaults = layers.consumer_values(without=("name", "topics"))
     _secrets.add_config(defaults.get("config") or {})
     try:
@@ -326,16 +353,35 @@ def _run_app(
     except pydantic.ValidationError as exc:
         raise layers.explain(exc) from None
     for route, option in replaced:
-        log.warning("route %s sets its own %s (or its app does): the %s does not apply to it", route, option,
-                    layers.where((option,)))
+        log.warning(
+            "route %s sets its own %s (or its app does): the %s does not apply to it",
+            route,
+            option,
+            layers.where((option,)),
+        )
     if print_settings:
-        _print_json({r.settings.name: {**r.settings.model_dump(), "config": redact(r.settings.config)} for r in app.routes})
+        _print_json(
+            {
+                r.settings.name: {**r.settings.model_dump(), "config": redact(r.settings.config)}
+                for r in app.routes
+            }
+        )
         return
-    log.info("running %s: %s", spec, ", ".join(f"{r.settings.name} <- {','.join(r.settings.topics)}" for r in app.routes))
+    log.info(
+        "running %s: %s",
+        spec,
+        ", ".join(f"{r.settings.name} <- {','.join(r.settings.topics)}" for r in app.routes),
+    )
     if metrics_port is not None:
         try:
-            app.use(importlib.import_module("keyedconsumer.middleware").Metrics(http_port=metrics_port, http_addr=http_addr))
+            app.use(
+                importlib.import_module("keyedconsumer.middleware").Metrics(
+                    http_port=metrics_port, http_addr=http_addr
+                )
+            )
         except ImportError:
-            raise CliError("--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2) from None
+            raise CliError(
+                "--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2
+            ) from None
         log.info("metrics on http://%s:%d/metrics (messages of every route)", http_addr, metrics_port)
     _run_serving_health(app.run, app, health_port, http_addr)

@@ -39,7 +39,10 @@ class _Secrets:
                 parts = urlsplit(url)
                 query = parse_qs(parts.query)
                 passwords = [parts.password] + [
-                    v for k, vs in query.items() if any(w in k.lower() for w in ("pass", "pwd", "secret", "token")) for v in vs
+                    v
+                    for k, vs in query.items()
+                    if any(w in k.lower() for w in ("pass", "pwd", "secret", "token"))
+                    for v in vs
                 ]
             except ValueError:
                 return
@@ -75,11 +78,15 @@ def _brokers(value: Any) -> str:
         try:
             return ",".join(str(b) for b in json.loads(text))
         except (json.JSONDecodeError, TypeError):
-            raise CliError(f"{ENV_PREFIX}BROKERS is neither a JSON list nor comma-separated host:port", 2) from None
+            raise CliError(
+                f"{ENV_PREFIX}BROKERS is neither a JSON list nor comma-separated host:port", 2
+            ) from None
     return text
 
 
-def _client_conf(brokers: str | None, props: list[str], config_file: Path | None) -> tuple[dict[str, Any], Layered]:
+def _client_conf(
+    brokers: str | None, props: list[str], config_file: Path | None
+) -> tuple[dict[str, Any], Layered]:
     """librdkafka properties of the inspect / replay / audit / web clients (flags > environment >
     TOML file, :func:`~keyedconsumer.cli.layers.layered`), and the layered settings."""
     settings = layered({"brokers": brokers, "config": _parse_properties(props)}, config_file)
@@ -106,6 +113,8 @@ BrokersOpt = Annotated[
     typer.Option("--brokers", "-b", metavar="HOST:PORT,...", help=_BROKERS_HELP, show_default=False),
 ]
 PropsOpt = Annotated[list[str] | None, typer.Option("-X", "--property", metavar="KEY=VALUE", help=_X_HELP)]
+
+
 class _Level(str, Enum):
     DEBUG = "DEBUG"
     INFO = "INFO"
@@ -143,7 +152,9 @@ def _resolve_run(settings: Layered) -> tuple[ConsumerConfig, RunOptions, dict[st
     _secrets.add_config(settings.values.get("config") or {})
     _secrets.add_url(options.redis)
     if settings.values.get("name") is None:
-        raise CliError(f"no consumer group: pass --group, set {ENV_PREFIX}GROUP, or 'group' in the TOML file", 2)
+        raise CliError(
+            f"no consumer group: pass --group, set {ENV_PREFIX}GROUP, or 'group' in the TOML file", 2
+        )
     if settings.values.get("topics") is None:
         raise CliError(f"no topic: pass --topic, set {ENV_PREFIX}TOPICS, or 'topics' in the TOML file", 2)
     config = settings.consumer_config()

@@ -38,11 +38,18 @@ def _split(values: list[str] | None) -> list[str]:
 def web(
     group: Annotated[
         list[str] | None,
-        typer.Option("--group", "-g", metavar="GROUP", help="Consumer group to show (repeatable); default: every group."),
+        typer.Option(
+            "--group",
+            "-g",
+            metavar="GROUP",
+            help="Consumer group to show (repeatable); default: every group.",
+        ),
     ] = None,
     redis: Annotated[
         str | None,
-        typer.Option(metavar="URL", help="redis:// URL of the Redis sequencer (keys view).", show_default=False),
+        typer.Option(
+            metavar="URL", help="redis:// URL of the Redis sequencer (keys view).", show_default=False
+        ),
     ] = None,
     namespace: Annotated[
         list[str] | None,
@@ -84,9 +91,17 @@ def web(
             show_default=False,
         ),
     ] = None,
-    refresh_s: Annotated[float, typer.Option("--refresh", metavar="SECONDS", help="Seconds between page refreshes and samples.")] = 5.0,
+    refresh_s: Annotated[
+        float,
+        typer.Option("--refresh", metavar="SECONDS", help="Seconds between page refreshes and samples."),
+    ] = 5.0,
     stall_after_s: Annotated[
-        float, typer.Option("--stall-after", metavar="SECONDS", help="Flag a partition with lag whose committed offset has not moved for this long.")
+        float,
+        typer.Option(
+            "--stall-after",
+            metavar="SECONDS",
+            help="Flag a partition with lag whose committed offset has not moved for this long.",
+        ),
     ] = 60.0,
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
@@ -110,7 +125,9 @@ def web(
 
         from ..web import WebOptions, create_app
     except ImportError as exc:
-        raise CliError(f"the dashboard needs the web extra: pip install 'keyedconsumer[web]' ({exc.name} is missing)", 2) from None
+        raise CliError(
+            f"the dashboard needs the web extra: pip install 'keyedconsumer[web]' ({exc.name} is missing)", 2
+        ) from None
     conf, toml = _client_conf(brokers, props or [], config_file)
     groups = _split(group) or _split([g] if (g := _env_or_toml("group", toml)) else None)
     redis = redis or _env_or_toml("redis", toml)
@@ -119,7 +136,9 @@ def web(
     if token:
         _secrets.values.add(token)
     if enable_actions and (not token or len(token) < MIN_TOKEN_CHARS):
-        raise CliError(f"--enable-actions needs an access token of {MIN_TOKEN_CHARS}+ characters: set {TOKEN_ENV}", 2)
+        raise CliError(
+            f"--enable-actions needs an access token of {MIN_TOKEN_CHARS}+ characters: set {TOKEN_ENV}", 2
+        )
     if refresh_s < 0.5 or stall_after_s <= 0 or timeout_s <= 0:
         raise CliError("--refresh must be >= 0.5 s, --stall-after and --timeout > 0", 2)
     if redis and importlib.util.find_spec("redis") is None:
@@ -142,9 +161,14 @@ def web(
     log = logging.getLogger("keyedconsumer.web")
     log.warning(
         "dashboard on http://%s:%d (%s; brokers %s%s)",
-        host, port,
-        ("actions enabled" + (f", written to the audit topic {audit_topic}" if audit_topic else ", logged only"))
-        if enable_actions else "read-only",
+        host,
+        port,
+        (
+            "actions enabled"
+            + (f", written to the audit topic {audit_topic}" if audit_topic else ", logged only")
+        )
+        if enable_actions
+        else "read-only",
         conf["bootstrap.servers"],
         f"; redis {redact_url(redis)}" if redis else "",
     )

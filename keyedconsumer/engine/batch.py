@@ -38,8 +38,14 @@ from .handler import Middleware, compose, is_async
 from .outcome import NOT_STARTED, Outcome
 from .results import Results
 
-__all__ = ["BatchHandler", "BatchRun", "ThreadBatchExecutor", "AsyncBatchExecutor", "OUTCOME_ONLY",
-           "check_batch_middlewares"]
+__all__ = [
+    "BatchHandler",
+    "BatchRun",
+    "ThreadBatchExecutor",
+    "AsyncBatchExecutor",
+    "OUTCOME_ONLY",
+    "check_batch_middlewares",
+]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -94,7 +100,9 @@ class BatchRun:
         batch call) are written with its end, as a per-message handler's are (dropped if it failed).
     """
 
-    def __init__(self, handler: BatchHandler, middlewares: Sequence[Middleware], results: Results | None = None) -> None:
+    def __init__(
+        self, handler: BatchHandler, middlewares: Sequence[Middleware], results: Results | None = None
+    ) -> None:
         if not callable(handler):
             raise TypeError(f"batch_handler must be callable, got {type(handler).__name__}")
         check_batch_middlewares(middlewares)
@@ -113,7 +121,9 @@ class BatchRun:
                 if end is not None:
                     raise end[0].with_traceback(end[1])
 
-            self.chain: Any = compose(results.wrap(end_async, drop_at_start=False) if results else end_async, middlewares)
+            self.chain: Any = compose(
+                results.wrap(end_async, drop_at_start=False) if results else end_async, middlewares
+            )
         else:
 
             def end(msg: Message) -> None:
@@ -172,7 +182,9 @@ class BatchRun:
         return out
 
 
-def _split(batch: list[Delivery], may_start: Callable[[Delivery], bool]) -> tuple[list[Delivery], list[tuple[Delivery, Outcome]]]:
+def _split(
+    batch: list[Delivery], may_start: Callable[[Delivery], bool]
+) -> tuple[list[Delivery], list[tuple[Delivery, Outcome]]]:
     """The messages of ``batch`` that may start now, and the others as not started."""
     started: list[Delivery] = []
     not_started: list[tuple[Delivery, Outcome]] = []
@@ -193,8 +205,9 @@ class ThreadBatchExecutor(ThreadExecutor):
         ``handler_batch_size`` (messages) and ``handler_batch_linger_s`` (seconds).
     """
 
-    def __init__(self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int,
-                 linger_s: float) -> None:
+    def __init__(
+        self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int, linger_s: float
+    ) -> None:
         super().__init__(d, run.handler, settle, concurrency)
         self._run = run
         self._size = size
@@ -236,8 +249,17 @@ class AsyncBatchExecutor(AsyncExecutor):
         As :class:`~.executors.AsyncExecutor`.
     """
 
-    def __init__(self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int,
-                 linger_s: float, loop: asyncio.AbstractEventLoop | None = None, event_loop: str = "auto") -> None:
+    def __init__(
+        self,
+        d: Dispatcher,
+        run: BatchRun,
+        settle: Settle,
+        concurrency: int,
+        size: int,
+        linger_s: float,
+        loop: asyncio.AbstractEventLoop | None = None,
+        event_loop: str = "auto",
+    ) -> None:
         super().__init__(d, run.handler, settle, concurrency, loop, event_loop)
         self._run = run
         self._size = size
@@ -256,8 +278,13 @@ class AsyncBatchExecutor(AsyncExecutor):
                 count = d.ready_count()
                 if count and deadline is None:
                     deadline = time.monotonic() + linger_s
-                if count and (count >= size or deadline is None or time.monotonic() >= deadline
-                              or d.halted or d.stopping):
+                if count and (
+                    count >= size
+                    or deadline is None
+                    or time.monotonic() >= deadline
+                    or d.halted
+                    or d.stopping
+                ):
                     return d.take_batch_locked(size)
                 if not count:
                     deadline = None  # another worker took them: wait for the next first head

@@ -30,10 +30,17 @@ log = logging.getLogger("keyedconsumer")
 #: Commit errors that a later attempt of the same commit can get past: the group is in the middle
 #: of a rebalance and this member has not rejoined the new generation (classic protocol) or epoch
 #: (KIP-848) yet, or the group coordinator is not known or not ready (a broker restart).
-COMMIT_AGAIN = frozenset({
-    "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "STALE_MEMBER_EPOCH",
-    "_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
-})
+COMMIT_AGAIN = frozenset(
+    {
+        "ILLEGAL_GENERATION",
+        "REBALANCE_IN_PROGRESS",
+        "STALE_MEMBER_EPOCH",
+        "_WAIT_COORD",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+    }
+)
 
 #: Longest wait of one blocking broker call in the poll thread or a rebalance callback (seconds):
 #: the committed offsets read at assign, a synchronous commit (manual commit, the ownership check).
@@ -84,8 +91,11 @@ class Committer:
         if self._manual:
             meta = {p.tp: m for p, _, m in advances if m}
             try:
-                client.commit([(p.topic, p.partition, wm) for p, wm, _ in advances], meta,
-                              timeout_s=self._budget(BLOCKING_CALL_S))
+                client.commit(
+                    [(p.topic, p.partition, wm) for p, wm, _ in advances],
+                    meta,
+                    timeout_s=self._budget(BLOCKING_CALL_S),
+                )
             except KafkaClientError as exc:
                 self._on_error(exc)
                 self._d.mark_dirty([p for p, _, _ in advances])
@@ -152,8 +162,10 @@ class Committer:
             except CommitError as exc:
                 if exc.code not in COMMIT_AGAIN or time.monotonic() >= deadline:
                     raise
-                log.info("final commit refused (%s): polling (a rebalance, the coordinator), then committing again",
-                         exc.code)
+                log.info(
+                    "final commit refused (%s): polling (a rebalance, the coordinator), then committing again",
+                    exc.code,
+                )
                 until = min(deadline, time.monotonic() + 0.5)
                 while time.monotonic() < until:
                     client.poll_batch(1, 0.05)  # stopping: what it returns is not run, nor stored
@@ -188,7 +200,9 @@ class Committer:
         if not offsets:
             return True
         if self._in_rebalance():
-            log.info("ownership check: not during a rebalance callback (its commit would land after the revoke's)")
+            log.info(
+                "ownership check: not during a rebalance callback (its commit would land after the revoke's)"
+            )
             return False
         client = self._client
         try:
@@ -198,7 +212,9 @@ class Committer:
             return False
         ahead = [(t, p, o) for t, p, o in offsets if group.get((t, p), (-1, ""))[0] > o]
         if ahead:
-            log.warning("ownership check: the group committed past this instance's offsets %s: partitions lost", ahead)
+            log.warning(
+                "ownership check: the group committed past this instance's offsets %s: partitions lost", ahead
+            )
             return False
         try:
             client.commit(offsets, meta, timeout_s=self._budget(BLOCKING_CALL_S))

@@ -556,7 +556,9 @@ class Dispatcher:
         """Make ready the held heads that may start now (below their partition's highest finished
         offset, or no longer stopping / catching up)."""
         with self.lock:
-            added = self.queue.release_held(lambda d: d.part is None or d.part.may_start(d.offset, self.stopping))
+            added = self.queue.release_held(
+                lambda d: d.part is None or d.part.may_start(d.offset, self.stopping)
+            )
             if added:
                 self._notify(added)
 

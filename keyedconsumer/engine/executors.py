@@ -65,7 +65,9 @@ def not_awaited(msg: Message, result: object) -> HandlerContractViolation:
             close()
         except Exception:  # closing is a courtesy: the error below is what matters
             pass
-    return HandlerContractViolation(HandlerContractError(msg.topic, msg.partition, msg.offset, type(result).__name__))
+    return HandlerContractViolation(
+        HandlerContractError(msg.topic, msg.partition, msg.offset, type(result).__name__)
+    )
 
 
 class Executor:

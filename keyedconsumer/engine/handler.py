@@ -18,8 +18,17 @@ from .executors import not_awaited
 if TYPE_CHECKING:
     from ..config import ConsumerConfig
 
-__all__ = ["Handler", "Middleware", "ErrorHandler", "compose", "bind", "BIND_HOOK", "check_error_handler", "is_async",
-           "Contract"]
+__all__ = [
+    "Handler",
+    "Middleware",
+    "ErrorHandler",
+    "compose",
+    "bind",
+    "BIND_HOOK",
+    "check_error_handler",
+    "is_async",
+    "Contract",
+]
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
 Handler = Callable[[Message], None] | Callable[[Message], Awaitable[None]]
@@ -146,7 +155,6 @@ def check_error_handler(error_handler: Any) -> None:
 def is_async(fn: Any) -> bool:
     """True for ``async def`` functions and for objects whose ``__call__`` is ``async def``."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
 
 
 class Contract:

@@ -23,7 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Outcome", "Done", "NotStarted", "Retry", "Park", "Halt", "DONE", "DEAD_LETTERED", "NOT_STARTED", "HALT"]
+__all__ = [
+    "Outcome",
+    "Done",
+    "NotStarted",
+    "Retry",
+    "Park",
+    "Halt",
+    "DONE",
+    "DEAD_LETTERED",
+    "NOT_STARTED",
+    "HALT",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -46,8 +46,18 @@ class Partition:
         they count done when they arrive and do not run again.
     """
 
-    __slots__ = ("topic", "partition", "tracker", "state", "running", "stored", "high", "catching_up", "finished",
-                 "lanes")
+    __slots__ = (
+        "topic",
+        "partition",
+        "tracker",
+        "state",
+        "running",
+        "stored",
+        "high",
+        "catching_up",
+        "finished",
+        "lanes",
+    )
 
     def __init__(self, tp: TP, lanes: Lanes, finished: FinishedOffsets | None = None) -> None:
         self.topic, self.partition = tp
@@ -206,7 +216,9 @@ class Partitions:
             if part.state == ACTIVE:
                 wm = part.tracker.watermark()
                 if wm is not None and (part.stored is None or wm > part.stored):
-                    out.append((part, wm, encode_finished(part.tracker, self.metadata_max_bytes, part.finished)))
+                    out.append(
+                        (part, wm, encode_finished(part.tracker, self.metadata_max_bytes, part.finished))
+                    )
         self._dirty.clear()
         return out
 

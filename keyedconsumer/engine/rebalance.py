@@ -135,14 +135,23 @@ class Rebalance:
         if self._config.commit_metadata_max_bytes and partitions:
             # the offsets the previous owners finished above their commits: skipped, not re-run
             try:
-                for tp, (offset, meta) in self._client.committed(partitions, self._budget(BLOCKING_CALL_S)).items():
+                for tp, (offset, meta) in self._client.committed(
+                    partitions, self._budget(BLOCKING_CALL_S)
+                ).items():
                     fin = FinishedOffsets.decode(offset, meta)
                     if fin is not None:
                         finished[tp] = fin
-                        log.info("%s[%d]: %d offsets above %d were finished by the previous owner: not run again",
-                                 tp[0], tp[1], fin.count, offset)
+                        log.info(
+                            "%s[%d]: %d offsets above %d were finished by the previous owner: not run again",
+                            tp[0],
+                            tp[1],
+                            fin.count,
+                            offset,
+                        )
             except KafkaClientError as exc:  # nothing skipped: they run again (at-least-once)
-                log.warning("committed offsets of %s unavailable: finished offsets run again (%s)", partitions, exc)
+                log.warning(
+                    "committed offsets of %s unavailable: finished offsets run again (%s)", partitions, exc
+                )
         self._d.assign(partitions, finished)
 
     def _revoke(self, partitions: list[TP]) -> None:
@@ -161,7 +170,9 @@ class Rebalance:
         if stop is not None:
             deadline = min(deadline, stop)
         if not d.wait_idle(parts, max(0.0, deadline - time.monotonic())) and not self._closing:
-            log.warning("revoke: handlers of %s still running after %g s", partitions, self._config.revoke_timeout_s)
+            log.warning(
+                "revoke: handlers of %s still running after %g s", partitions, self._config.revoke_timeout_s
+            )
         if self._commit_revoked is not None:  # transactional: their records and offsets, before they close
             self._commit_revoked(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
             d.close_parts(parts)
@@ -208,7 +219,9 @@ class Rebalance:
                 return
             except CommitError as exc:
                 if exc.code not in COMMIT_AGAIN or time.monotonic() + pause >= deadline:
-                    log.warning("commit on revoke failed: %s (what finished after the last commit runs again)", exc)
+                    log.warning(
+                        "commit on revoke failed: %s (what finished after the last commit runs again)", exc
+                    )
                     return
                 log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
             except KafkaClientError as exc:

@@ -107,7 +107,9 @@ class Results:
                     msg.take_produced()
                 elif not transactional and msg._produced:
                     records = msg.take_produced()
-                    await asyncio.get_running_loop().run_in_executor(self._waiter_pool(), self._publish, msg, records)
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._waiter_pool(), self._publish, msg, records
+                    )
                 return result
 
             return producing_async
@@ -131,14 +133,18 @@ class Results:
     def _waiter_pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._waiters is None:
-                self._waiters = ThreadPoolExecutor(self._concurrency, thread_name_prefix="keyedconsumer-produce")
+                self._waiters = ThreadPoolExecutor(
+                    self._concurrency, thread_name_prefix="keyedconsumer-produce"
+                )
             return self._waiters
 
     def _publisher_now(self) -> BatchPublisher:
         with self._lock:
             if self._publisher is None:
                 if self._make_publisher is None:
-                    raise PublishError("msg.produce() outside a consumer's run: nothing can write the records")
+                    raise PublishError(
+                        "msg.produce() outside a consumer's run: nothing can write the records"
+                    )
                 self._publisher = self._make_publisher(self._timeout_s)
             return self._publisher
 

@@ -107,7 +107,9 @@ class TimeLimit:
 
     def _ensure_watchdog(self) -> None:
         if self._watchdog is None or not self._watchdog.is_alive():
-            self._watchdog = threading.Thread(target=self._watch, name="keyedconsumer-time-limit", daemon=True)
+            self._watchdog = threading.Thread(
+                target=self._watch, name="keyedconsumer-time-limit", daemon=True
+            )
             self._watchdog.start()
 
     def _watch(self) -> None:
@@ -119,13 +121,18 @@ class TimeLimit:
                     self._watchdog = None
                     return
                 now = time.monotonic()
-                late = [(t, what(arg)) for t, (deadline, arg, what) in self._running.items()
-                        if deadline <= now and t not in self._reported]
+                late = [
+                    (t, what(arg))
+                    for t, (deadline, arg, what) in self._running.items()
+                    if deadline <= now and t not in self._reported
+                ]
                 self._reported.update(t for t, _ in late)
             for _, name in late:
                 log.warning(
                     "%s runs past handler_timeout_s=%g s (plain handlers cannot be interrupted; "
-                    "health is not ready while it runs)", name, self.limit_s,
+                    "health is not ready while it runs)",
+                    name,
+                    self.limit_s,
                 )
             time.sleep(tick)
 

@@ -114,7 +114,9 @@ class TransactionalCommitter(Committer):
         """
         cfg = self._config
         tid = cfg.transactional_id or f"{cfg.group}-{uuid.uuid4().hex[:12]}"
-        self._producer = self._client.transactional_producer(tid, cfg.startup_timeout_s, cfg.transaction_timeout_s)
+        self._producer = self._client.transactional_producer(
+            tid, cfg.startup_timeout_s, cfg.transaction_timeout_s
+        )
         log.info("transactional producer started as %r", tid)
 
     def close(self) -> None:
@@ -186,16 +188,22 @@ class TransactionalCommitter(Committer):
                 continue  # no longer this instance's: its next owner runs the message again
             key = id(part)
             mark = done.get(key)
-            if key in held or mark is None or not (offset < mark[0] or (mark[1] is not None and mark[1].covers(offset))):
+            if (
+                key in held
+                or mark is None
+                or not (offset < mark[0] or (mark[1] is not None and mark[1].covers(offset)))
+            ):
                 held.add(key)
                 later.append(entry)
                 continue
             records.extend(recs)
         if len(later) >= HELD_WARNING and not self._warned:
             self._warned = True
-            log.warning("%d finished messages' records wait for the committed offsets to cover them (the commit "
-                        "metadata is cut to commit_metadata_max_bytes): held in memory until the offsets pass them",
-                        len(later))
+            log.warning(
+                "%d finished messages' records wait for the committed offsets to cover them (the commit "
+                "metadata is cut to commit_metadata_max_bytes): held in memory until the offsets pass them",
+                len(later),
+            )
         moved = [(t, n, o) for t, n, o in offsets if self._committed.get((t, n)) != (o, meta.get((t, n), ""))]
         if not records and not moved:
             self._kept = later

@@ -23,8 +23,15 @@ from typing import Any, Protocol
 from ..errors import KafkaClientError, PublishError
 from ..message import Message, Record
 
-__all__ = ["TP", "RebalanceListener", "KafkaClient", "ClientFactory", "RecordPublisher", "BatchPublisher",
-           "TransactionalProducer"]
+__all__ = [
+    "TP",
+    "RebalanceListener",
+    "KafkaClient",
+    "ClientFactory",
+    "RecordPublisher",
+    "BatchPublisher",
+    "TransactionalProducer",
+]
 
 #: A topic-partition: ``(topic, partition)``.
 TP = tuple[str, int]
@@ -50,7 +57,9 @@ class KafkaClient(Protocol):
         metadata: Mapping[TP, str] | None = None,
         timeout_s: float | None = None,
     ) -> None: ...
-    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None: ...
+    def commit_async(
+        self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None
+    ) -> None: ...
     def committed(self, partitions: Sequence[TP], timeout_s: float) -> dict[TP, tuple[int, str]]: ...
     def pause(self, partitions: Sequence[TP]) -> None: ...
     def resume(self, partitions: Sequence[TP]) -> None: ...

@@ -156,7 +156,9 @@ def _topics(conf: dict[str, Any], timeout_s: float) -> dict[str, int]:
         meta = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         _fail(exc, "cannot read the topics' metadata", timeout_s)
-    return {name: len(tm.partitions) for name, tm in meta.topics.items() if tm.error is None and tm.partitions}
+    return {
+        name: len(tm.partitions) for name, tm in meta.topics.items() if tm.error is None and tm.partitions
+    }
 
 
 def committed_offsets(
@@ -271,7 +273,11 @@ def describe_group(conf: dict[str, Any], group: str, timeout_s: float = 10.0) ->
             str(m.member_id or ""),
             str(m.client_id or ""),
             str(m.host or ""),
-            tuple(sorted((tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else []))),
+            tuple(
+                sorted(
+                    (tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else [])
+                )
+            ),
         )
         for m in desc.members or []
     )
@@ -397,7 +403,9 @@ def offsets_for_times(
     except KafkaException as exc:
         _fail(exc, "cannot create the Kafka consumer", timeout_s)
     try:
-        found = consumer.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in partitions], timeout=timeout_s)
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, p, ts_ms) for p in partitions], timeout=timeout_s
+        )
     except KafkaException as exc:
         _fail(exc, f"cannot look up the offsets of {topic} by time", timeout_s)
     finally:
@@ -735,4 +743,3 @@ class TransactionalPublisher:
         into a ``SystemError`` (confluent-kafka-python #865).
         """
         self.abort()
-

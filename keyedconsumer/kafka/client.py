@@ -82,13 +82,17 @@ class _ConfluentClient:
         self._auth_error: KafkaError | None = None
         conf["error_cb"] = self._error_cb
         #: what a producer of the same cluster takes: the brokers and the connection properties
-        self._producer_conf = {"bootstrap.servers": conf["bootstrap.servers"],
-                               **{k: v for k, v in conf.items() if is_connection_property(k)}}
+        self._producer_conf = {
+            "bootstrap.servers": conf["bootstrap.servers"],
+            **{k: v for k, v in conf.items() if is_connection_property(k)},
+        }
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
             err = exc.args[0]
-            raise KafkaClientError(f"cannot create the Kafka consumer: {err.str()}", code=err.name()) from None
+            raise KafkaClientError(
+                f"cannot create the Kafka consumer: {err.str()}", code=err.name()
+            ) from None
 
     def _error_cb(self, err: KafkaError) -> None:
         if err.code() == KafkaError._AUTHENTICATION:
@@ -118,7 +122,9 @@ class _ConfluentClient:
         except KafkaException as exc:  # e.g. a topic regex librdkafka's regex engine refuses
             err = exc.args[0]
             raise KafkaClientError(
-                f"cannot subscribe to topics={list(topics)!r}: {err.name()}: {err.str()}", code=err.name(), fatal=True
+                f"cannot subscribe to topics={list(topics)!r}: {err.name()}: {err.str()}",
+                code=err.name(),
+                fatal=True,
             ) from None
 
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
@@ -149,9 +155,14 @@ class _ConfluentClient:
                 # rest of the batch is dropped too (not admitted, so no offset past the record can
                 # be stored).
                 where = f"topic={raw.topic()} partition={raw.partition()} offset={raw.offset()}"
-                self._on_error(KafkaClientError(
-                    f"cannot read the record {where} (a header name that is not UTF-8?): "
-                    f"{type(exc).__name__}: {exc}", code="BAD_RECORD", fatal=True))
+                self._on_error(
+                    KafkaClientError(
+                        f"cannot read the record {where} (a header name that is not UTF-8?): "
+                        f"{type(exc).__name__}: {exc}",
+                        code="BAD_RECORD",
+                        fatal=True,
+                    )
+                )
                 return out
             append(msg)
         return out
@@ -197,15 +208,20 @@ class _ConfluentClient:
             _bounded(lambda: self._commit(offsets, metadata), timeout_s, "commit")
         except _NotDone:
             where = ", ".join(f"{t}[{p}]@{o}" for t, p, o in offsets)
-            raise CommitError(f"commit of {where} not confirmed within {timeout_s:g} s", code="_TIMED_OUT") from None
+            raise CommitError(
+                f"commit of {where} not confirmed within {timeout_s:g} s", code="_TIMED_OUT"
+            ) from None
 
-    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+    def commit_async(
+        self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None
+    ) -> None:
         """Send a commit without waiting for its answer (a failure is not reported: the caller
         commits again later). Used for periodic commits of metadata only."""
         meta = metadata or {}
         try:
-            self._consumer.commit(offsets=[_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets],
-                                  asynchronous=True)
+            self._consumer.commit(
+                offsets=[_tp(t, p, o, meta.get((t, p), "")) for t, p, o in offsets], asynchronous=True
+            )
         except KafkaException as exc:
             log.debug("asynchronous commit not sent: %s", exc)
 
@@ -220,15 +236,23 @@ class _ConfluentClient:
                 return
             if err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE and meta:
                 # a broker with a lower offset.metadata.max.bytes: the offsets alone still count
-                log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+                log.warning(
+                    "commit metadata refused by the broker (offset.metadata.max.bytes); committing without it"
+                )
                 self._commit(offsets, None)
                 return
-            raise CommitError(f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()) from None
+            raise CommitError(
+                f"commit failed: {err.name()}: {err.str()}", code=err.name(), fatal=err.fatal()
+            ) from None
         failed = [
-            (tp, tp.error) for tp in result or [] if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT
+            (tp, tp.error)
+            for tp in result or []
+            if tp.error is not None and tp.error.code() not in _BENIGN_COMMIT
         ]
         if meta and any(e.code() == KafkaError.OFFSET_METADATA_TOO_LARGE for _, e in failed):
-            log.warning("commit metadata refused by the broker (offset.metadata.max.bytes); committing without it")
+            log.warning(
+                "commit metadata refused by the broker (offset.metadata.max.bytes); committing without it"
+            )
             self._commit([(tp.topic, tp.partition, tp.offset) for tp, _ in failed], None)
             failed = [(tp, e) for tp, e in failed if e.code() != KafkaError.OFFSET_METADATA_TOO_LARGE]
         if failed:
@@ -246,13 +270,17 @@ class _ConfluentClient:
         if not partitions:
             return {}
         try:
-            result = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
+            result = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in partitions], timeout=timeout_s
+            )
         except KafkaException as exc:
             raise _client_error(exc.args[0], "committed offsets") from None
         out: dict[TP, tuple[int, str]] = {}
         for tp in result:
             if tp.error is not None:
-                raise _client_error(tp.error, f"committed offset of topic={tp.topic} partition={tp.partition}")
+                raise _client_error(
+                    tp.error, f"committed offset of topic={tp.topic} partition={tp.partition}"
+                )
             out[(tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
         return out
 
@@ -316,7 +344,8 @@ class _ConfluentClient:
                 raise KafkaClientError(
                     f"authentication with the brokers failed: {auth.str()} (check the SASL/SSL "
                     "properties in 'config': sasl.mechanism, sasl.username, sasl.password, oauth_cb ...)",
-                    code=auth.name(), fatal=True,
+                    code=auth.name(),
+                    fatal=True,
                 ) from None
             if time.monotonic() >= deadline:
                 raise KafkaClientError(
@@ -340,8 +369,13 @@ class _ConfluentClient:
         group metadata (:class:`~keyedconsumer.kafka.transactional.KafkaTransactionalProducer`)."""
         from .transactional import KafkaTransactionalProducer
 
-        return KafkaTransactionalProducer(self._producer_conf, transactional_id,
-                                          self._consumer.consumer_group_metadata, timeout_s, transaction_timeout_s)
+        return KafkaTransactionalProducer(
+            self._producer_conf,
+            transactional_id,
+            self._consumer.consumer_group_metadata,
+            timeout_s,
+            transaction_timeout_s,
+        )
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
@@ -375,4 +409,3 @@ def check_config(conf: dict[str, Any]) -> None:
 def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:
     """Build the real client. Raises :class:`KafkaClientError` on an invalid librdkafka property."""
     return _ConfluentClient(conf, on_error)
-

@@ -58,7 +58,11 @@ class Publisher:
     REPORT_GRACE_S = 5.0
 
     def __init__(
-        self, brokers: Sequence[str], config: Mapping[str, Any] | None = None, *, delivery_timeout_s: float = 30.0
+        self,
+        brokers: Sequence[str],
+        config: Mapping[str, Any] | None = None,
+        *,
+        delivery_timeout_s: float = 30.0,
     ) -> None:
         if not delivery_timeout_s > 0:
             raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
@@ -66,11 +70,13 @@ class Publisher:
         conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
         conf.update(reveal(config or {}))
         conf.pop("delivery.timeout.ms", None)  # librdkafka's alias of message.timeout.ms
-        conf.update({
-            "acks": "all",
-            "enable.idempotence": True,
-            "message.timeout.ms": max(1, int(self.delivery_timeout_s * 1000)),
-        })
+        conf.update(
+            {
+                "acks": "all",
+                "enable.idempotence": True,
+                "message.timeout.ms": max(1, int(self.delivery_timeout_s * 1000)),
+            }
+        )
         try:
             self._producer = Producer(conf)
         except KafkaException as exc:
@@ -143,7 +149,8 @@ class Publisher:
             def on_delivery(err: KafkaError | None, msg: Any) -> None:
                 results[i] = (
                     PublishError(f"the record for {topic} was not delivered: {err.name()}: {err.str()}")
-                    if err is not None else (msg.partition(), msg.offset())
+                    if err is not None
+                    else (msg.partition(), msg.offset())
                 )
                 with lock:
                     left[0] -= 1
@@ -155,7 +162,9 @@ class Publisher:
         for i, (topic, key, value, headers) in enumerate(records):
             try:
                 wire: Any = list(headers) if headers else None
-                self._producer.produce(topic, value=value, key=key, headers=wire, on_delivery=reporter(i, topic))
+                self._producer.produce(
+                    topic, value=value, key=key, headers=wire, on_delivery=reporter(i, topic)
+                )
             except (KafkaException, BufferError) as exc:
                 results[i] = PublishError(f"cannot publish to {topic}: {exc}")
                 with lock:
@@ -176,14 +185,18 @@ class Publisher:
             err = self._fatal
             if err is not None:  # a fatal producer error: the producer sends nothing more
                 topics = ", ".join(sorted({r[0] for r in records}))
-                raise PublishError(f"cannot publish to {topics}: the producer failed: {err.name()}: {err.str()}")
+                raise PublishError(
+                    f"cannot publish to {topics}: the producer failed: {err.name()}: {err.str()}"
+                )
             done.wait(min(wait, 0.1))
         return [r for r in results if r is not None]
 
     def _ensure_poller(self) -> None:
         with self._poller_lock:
             if self._poller is None and not self._closing.is_set():
-                self._poller = threading.Thread(target=self._serve_reports, name="keyedconsumer-publisher", daemon=True)
+                self._poller = threading.Thread(
+                    target=self._serve_reports, name="keyedconsumer-publisher", daemon=True
+                )
                 self._poller.start()
 
     def _serve_reports(self) -> None:

@@ -35,10 +35,20 @@ _FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH"}
 
 
 def _error(err: KafkaError, what: str) -> TransactionError:
-    hint = (" (another producer with this transactional_id started: this one is fenced off and can "
-            "commit nothing more)") if err.name() in _FENCED else ""
-    return TransactionError(f"{what}: {err.name()}: {err.str()}{hint}", code=err.name(), fatal=err.fatal(),
-                            abortable=bool(err.txn_requires_abort()))
+    hint = (
+        (
+            " (another producer with this transactional_id started: this one is fenced off and can "
+            "commit nothing more)"
+        )
+        if err.name() in _FENCED
+        else ""
+    )
+    return TransactionError(
+        f"{what}: {err.name()}: {err.str()}{hint}",
+        code=err.name(),
+        fatal=err.fatal(),
+        abortable=bool(err.txn_requires_abort()),
+    )
 
 
 class KafkaTransactionalProducer:
@@ -77,13 +87,15 @@ class KafkaTransactionalProducer:
         transaction_timeout_s: float,
     ) -> None:
         settings = dict(conf)
-        settings.update({
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "transaction.timeout.ms": max(1000, int(transaction_timeout_s * 1000)),
-        })
+        settings.update(
+            {
+                "transactional.id": transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "transaction.timeout.ms": max(1000, int(transaction_timeout_s * 1000)),
+            }
+        )
         self._group_metadata = group_metadata
         self._open = False
         try:
@@ -139,14 +151,22 @@ class KafkaTransactionalProducer:
                         break
                     except BufferError:  # the local queue is full: serve delivery reports, then again
                         if time.monotonic() >= deadline:
-                            raise TransactionError("the producer's queue stayed full", code="_QUEUE_FULL",
-                                                   abortable=True) from None
+                            raise TransactionError(
+                                "the producer's queue stayed full", code="_QUEUE_FULL", abortable=True
+                            ) from None
                         p.poll(0.05)
             if offsets:
-                tps = [TopicPartition(t, n, o, metadata=metadata.get((t, n), "")) if metadata.get((t, n))
-                       else TopicPartition(t, n, o) for t, n, o in offsets]
-                self._retry(lambda left: p.send_offsets_to_transaction(tps, self._group_metadata(), left),
-                            deadline, "cannot send the offsets to the transaction")
+                tps = [
+                    TopicPartition(t, n, o, metadata=metadata.get((t, n), ""))
+                    if metadata.get((t, n))
+                    else TopicPartition(t, n, o)
+                    for t, n, o in offsets
+                ]
+                self._retry(
+                    lambda left: p.send_offsets_to_transaction(tps, self._group_metadata(), left),
+                    deadline,
+                    "cannot send the offsets to the transaction",
+                )
             self._retry(lambda left: p.commit_transaction(left), deadline, "cannot commit the transaction")
             self._open = False
         except KafkaException as exc:  # produce() refused a record (not a BufferError)
@@ -158,8 +178,11 @@ class KafkaTransactionalProducer:
             self._abort_after(exc.fatal)
             if failed and exc.abortable:  # say which record failed rather than "requires abort"
                 cause = failed[0]
-                raise TransactionError(f"the transaction was aborted: a record was not delivered: {cause.name()}: "
-                                       f"{cause.str()}", code=cause.name(), abortable=True) from None
+                raise TransactionError(
+                    f"the transaction was aborted: a record was not delivered: {cause.name()}: {cause.str()}",
+                    code=cause.name(),
+                    abortable=True,
+                ) from None
             raise
 
     @staticmethod

@@ -12,5 +12,14 @@ from .base import InMemorySequencer, Sequencer
 from .config import RedisSequencerConfig, RedisUrl, redact_url
 from .redis import RedisSequencer, cancel_scheduled, inspect_redis, unpark_now
 
-__all__ = ["Sequencer", "InMemorySequencer", "RedisSequencer", "RedisSequencerConfig", "RedisUrl", "redact_url",
-           "inspect_redis", "unpark_now", "cancel_scheduled"]
+__all__ = [
+    "Sequencer",
+    "InMemorySequencer",
+    "RedisSequencer",
+    "RedisSequencerConfig",
+    "RedisUrl",
+    "redact_url",
+    "inspect_redis",
+    "unpark_now",
+    "cancel_scheduled",
+]

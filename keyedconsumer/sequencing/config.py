@@ -89,7 +89,12 @@ class RedisSequencerConfig(BaseModel):
         return value
 
     @field_validator(
-        "lease_ttl_s", "renew_interval_s", "lease_linger_s", "socket_timeout_s", "seen_retention_s", "instance_timeout_s",
+        "lease_ttl_s",
+        "renew_interval_s",
+        "lease_linger_s",
+        "socket_timeout_s",
+        "seen_retention_s",
+        "instance_timeout_s",
         mode="before",
     )
     @classmethod
@@ -133,5 +138,3 @@ class RedisSequencerConfig(BaseModel):
         if isinstance(data, dict) and isinstance(data.get("url"), str):
             data = {**data, "url": RedisUrl(data["url"])}
         return handler(hide_secrets(data))
-
-

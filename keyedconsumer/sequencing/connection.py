@@ -28,7 +28,15 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from .config import CLUSTER_SCHEMES
 
-__all__ = ["CLUSTER_SCHEMES", "ERRORS", "StoreUnavailable", "connect", "is_cluster", "send_to_masters", "check_replicas"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "ERRORS",
+    "StoreUnavailable",
+    "connect",
+    "is_cluster",
+    "send_to_masters",
+    "check_replicas",
+]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -59,13 +67,17 @@ def connect(url: str, socket_timeout_s: float) -> Any:
     """
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in CLUSTER_SCHEMES:
-        return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s)
+        return redis.Redis.from_url(
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+        )
     netloc, _, path = rest.partition("/")
     path = path.split("?", 1)[0]
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has only database 0, the URL names {path!r}")
     creds, _, hosts = netloc.rpartition("@")
-    username, _, password = creds.partition(":")  # "user@", ":password@" or "user:password@", as redis-py reads them
+    username, _, password = creds.partition(
+        ":"
+    )  # "user@", ":password@" or "user:password@", as redis-py reads them
     nodes = []
     for hp in hosts.split(","):
         host, _, port = hp.rpartition(":")
@@ -87,8 +99,9 @@ def is_cluster(r: Any) -> bool:
     return isinstance(r, RedisCluster)
 
 
-def send_to_masters(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_ms: int | None,
-                    script: str | None = None) -> list[Any]:
+def send_to_masters(
+    r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_ms: int | None, script: str | None = None
+) -> list[Any]:
     """Run ``[(routing key, command)]`` on a Redis Cluster, one pipeline per master; with ``wait_ms``
     each counts only once a replica has it.
 
@@ -142,7 +155,9 @@ def send_to_masters(r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_
     return out
 
 
-def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int | None, script: str | None) -> list[Any]:
+def _send_to_master(
+    r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int | None, script: str | None
+) -> list[Any]:
     client: Any = r.get_redis_connection(node)
     for attempt in (1, 2):
         try:
@@ -156,7 +171,12 @@ def _send_to_master(r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int |
             _refresh(r)
             raise StoreUnavailable(f"{type(exc).__name__} from {node.name}: {exc}") from None
         errors = [x for x in replies if isinstance(x, Exception)]
-        if errors and script is not None and attempt == 1 and all(isinstance(x, redis.exceptions.NoScriptError) for x in errors):
+        if (
+            errors
+            and script is not None
+            and attempt == 1
+            and all(isinstance(x, redis.exceptions.NoScriptError) for x in errors)
+        ):
             try:
                 client.script_load(script)
             except ERRORS as exc:
@@ -214,13 +234,25 @@ def check_replicas(r: Any) -> None:
         follows = detail.get("master_id") not in (None, "", "-")
         if follows:
             replicas_of[detail["master_id"]] = replicas_of.get(detail["master_id"], 0) + 1
-        if "fail" in flags or "handshake" in flags or "noaddr" in flags or ("master" in flags and not follows and not detail.get("slots")):
+        if (
+            "fail" in flags
+            or "handshake" in flags
+            or "noaddr" in flags
+            or ("master" in flags and not follows and not detail.get("slots"))
+        ):
             settling = True  # a failover under way, or a node rejoining: its role is not settled yet
     for addr, detail in nodes.items():
         flags = detail.get("flags", "")
-        if "master" in flags and "fail" not in flags and detail.get("slots") and not replicas_of.get(detail.get("node_id", "")):
+        if (
+            "master" in flags
+            and "fail" not in flags
+            and detail.get("slots")
+            and not replicas_of.get(detail.get("node_id", ""))
+        ):
             if settling:
-                raise StoreUnavailable(f"the Redis Cluster master {addr} has no replica while a failover is under way")
+                raise StoreUnavailable(
+                    f"the Redis Cluster master {addr} has no replica while a failover is under way"
+                )
             raise RuntimeError(
                 f"the Redis Cluster master {addr} has no replica: a write it acknowledged alone (a fencing "
                 f"token, a parked message) would be lost in a failover; give every master a replica"

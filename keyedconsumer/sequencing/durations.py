@@ -63,5 +63,7 @@ def at_ms(at_s: float) -> int:
         ``at_s`` is NaN, infinite, negative or after :data:`MAX_DUE_MS`.
     """
     if not math.isfinite(at_s) or at_s < 0 or at_s * 1000.0 > MAX_DUE_MS:
-        raise ValueError(f"a due time must be finite, >= 0 and before {MAX_DUE_MS} ms since the epoch, got {at_s!r}")
+        raise ValueError(
+            f"a due time must be finite, >= 0 and before {MAX_DUE_MS} ms since the epoch, got {at_s!r}"
+        )
     return math.ceil(at_s * 1000.0)

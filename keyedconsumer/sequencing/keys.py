@@ -36,8 +36,23 @@ for the null-key lane of a partition (and for ``ordering="partition"``).
 from __future__ import annotations
 
 __all__ = [
-    "lease_id", "lease", "fence", "park", "pbytes", "error", "seen", "due", "sched_due", "sched_entries",
-    "totals", "scheduler", "instances", "quarantine", "lease_prefix", "key_of", "check_namespace",
+    "lease_id",
+    "lease",
+    "fence",
+    "park",
+    "pbytes",
+    "error",
+    "seen",
+    "due",
+    "sched_due",
+    "sched_entries",
+    "totals",
+    "scheduler",
+    "instances",
+    "quarantine",
+    "lease_prefix",
+    "key_of",
+    "check_namespace",
 ]
 
 SCHED = "_sched"

@@ -109,7 +109,9 @@ class LeaseTable:
         lease = self.by_id.get(lid)
         if lease is None or lease.active is not msg:
             return False
-        return bool(getattr(msg, "fencing_token", None) == lease.fence) and self.valid(lease, time.monotonic())
+        return bool(getattr(msg, "fencing_token", None) == lease.fence) and self.valid(
+            lease, time.monotonic()
+        )
 
     def requeue(self, msg: Holder, lid: str) -> None:
         """``msg`` ran under a lost lease: it waits, first in line, to run again once re-acquired."""

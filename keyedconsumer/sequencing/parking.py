@@ -58,7 +58,15 @@ if TYPE_CHECKING:
     from ..engine.dispatcher import Dispatcher
     from .store import LastError, LeaseStore
 
-__all__ = ["Parker", "DrainJob", "encode_entry", "decode_entry", "new_schedule_id", "last_error", "MAX_ERROR_BYTES"]
+__all__ = [
+    "Parker",
+    "DrainJob",
+    "encode_entry",
+    "decode_entry",
+    "new_schedule_id",
+    "last_error",
+    "MAX_ERROR_BYTES",
+]
 
 log = logging.getLogger("keyedconsumer.redis")
 
@@ -88,7 +96,9 @@ def last_error(msg: Message, where: str | None = None) -> LastError | None:
     if exc is None:
         return None
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    return LastError(_cut(name), _cut(str(exc)), where or f"{msg.topic}[{msg.partition}]@{msg.offset}", msg.attempt)
+    return LastError(
+        _cut(name), _cut(str(exc)), where or f"{msg.topic}[{msg.partition}]@{msg.offset}", msg.attempt
+    )
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -121,8 +131,13 @@ def decode_entry(raw: bytes) -> tuple[Message, dict[str, Any]]:
     """A :class:`Message` from a parked entry, and the entry's fields."""
     doc = json.loads(raw)
     msg = Message(
-        doc["t"], doc["p"], doc["o"], _unb64(doc["k"]), _unb64(doc["v"]),
-        [(n, _unb64(v)) for n, v in doc["h"]] or None, doc["ts"],
+        doc["t"],
+        doc["p"],
+        doc["o"],
+        _unb64(doc["k"]),
+        _unb64(doc["v"]),
+        [(n, _unb64(v)) for n, v in doc["h"]] or None,
+        doc["ts"],
     )
     msg.attempt = int(doc["a"])
     return msg, doc
@@ -207,9 +222,13 @@ class Parker:
         self.seen_ttl_ms = redis_ms(seen_retention_s)
         self.quarantine = quarantine_on_dead_letter
         self.max_drains = max_drains
-        self._to_park: list[tuple[Delivery, float, LastError | None]] = []  # heads whose key goes to Redis: delay, failure
+        self._to_park: list[
+            tuple[Delivery, float, LastError | None]
+        ] = []  # heads whose key goes to Redis: delay, failure
         self._drains: list[DrainJob] = []  # drain jobs that got their key's lease
-        self._results: list[tuple[Delivery, Outcome, bool]] = []  # (run from a list, outcome, last of its batch)
+        self._results: list[
+            tuple[Delivery, Outcome, bool]
+        ] = []  # (run from a list, outcome, last of its batch)
         self._batches: dict[str, deque[Delivery]] = {}  # lease id -> the drained batch's messages not started
         self.draining: dict[str, float] = {}  # lease id -> its due-set score when taken
         self.heads: dict[int, bytes] = {}  # id(message run from a list) -> its entry as read
@@ -346,7 +365,9 @@ class Parker:
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
         with engine.lock:
-            for (lid, _owner, ds, _delay, _error), (status, _before, taken, _bytes, gone) in zip(batches, results, strict=True):
+            for (lid, _owner, ds, _delay, _error), (status, _before, taken, _bytes, gone) in zip(
+                batches, results, strict=True
+            ):
                 head = ds[0]
                 if gone:  # replaced by a newer message of the key: conflated (their offsets count done)
                     self._conflated_locked(gone, ds)
@@ -425,7 +446,9 @@ class Parker:
                 late_s = (now - due) / 1000.0
                 if late_s > self.MISFIRE_S:
                     self.misfires += 1
-                    log.warning("scheduled message %s delivered %.1f s after its due time (misfire)", sid, late_s)
+                    log.warning(
+                        "scheduled message %s delivered %.1f s after its due time (misfire)", sid, late_s
+                    )
 
     def take_due_keys(self) -> None:
         """Start draining due keys (each waits for its key's lease)."""
@@ -470,8 +493,12 @@ class Parker:
             d, outcome, last = results[i]
             # successes of one batch that are not its last: removed from Redis together
             j = i
-            while (j < len(results) and not results[j][2] and isinstance(results[j][1], Done)
-                   and results[j][0].lease_id == d.lease_id):
+            while (
+                j < len(results)
+                and not results[j][2]
+                and isinstance(results[j][1], Done)
+                and results[j][0].lease_id == d.lease_id
+            ):
                 j += 1
             group = results[i:j] if j > i else [results[i]]
             raws = [self.heads.get(id(r)) for r, _, _ in group]
@@ -497,7 +524,9 @@ class Parker:
         if owner is None:
             self._end(current, lid)
             return
-        if engine.halted or engine.stopping:  # stopping: start nothing new (the list stays for the next drain)
+        if (
+            engine.halted or engine.stopping
+        ):  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
         ok, entries, _depth, gone = store.fetch(lid, owner, DRAIN_BATCH, engine.conflate)
@@ -613,4 +642,3 @@ class Parker:
 def new_schedule_id() -> str:
     """A unique id for a scheduled message."""
     return uuid.uuid4().hex
-

@@ -338,7 +338,9 @@ class RedisSequencer:
         )
         self.is_scheduler = False
         self._sched_check_s = 0.0
-        self._renewer = threading.Thread(target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True)
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True
+        )
         self._renewer.start()
 
     def tick(self) -> float | None:
@@ -360,8 +362,10 @@ class RedisSequencer:
         leases = self._leases
         now = time.monotonic()
         if self._last_tick_s and now - self._last_tick_s > self._stall_s:
-            log.warning("no tick for %.1f s (a stall): checking partition ownership before acquiring leases",
-                        now - self._last_tick_s)
+            log.warning(
+                "no tick for %.1f s (a stall): checking partition ownership before acquiring leases",
+                now - self._last_tick_s,
+            )
             self._suspected()
         self._last_tick_s = now
         if self._suspect and now >= self._next_confirm_s:
@@ -392,8 +396,10 @@ class RedisSequencer:
                     # a stall within this tick, after the check at its start (the process was
                     # stopped between choosing the leases to ask for and asking): on resuming it may
                     # have lost its partitions, so nothing is acquired until ownership is confirmed
-                    log.warning("a stall of %.1f s within a tick: checking partition ownership before acquiring leases",
-                                asked_s - self._last_tick_s)
+                    log.warning(
+                        "a stall of %.1f s within a tick: checking partition ownership before acquiring leases",
+                        asked_s - self._last_tick_s,
+                    )
                     self._suspected()
                     asks = []
             if asks:
@@ -438,7 +444,9 @@ class RedisSequencer:
             from . import keys
 
             was = self.is_scheduler
-            self.is_scheduler = self._store.hold(keys.scheduler(self.config.namespace), self.instance_id, ttl_ms)
+            self.is_scheduler = self._store.hold(
+                keys.scheduler(self.config.namespace), self.instance_id, ttl_ms
+            )
             if self.is_scheduler and not was:
                 log.info("this instance (%s) is the scheduler", self.instance_id)
         if p.capped:
@@ -548,7 +556,13 @@ class RedisSequencer:
             raise ValueError(f"schedule() delay_s must be finite and >= 0 seconds: {delay_s!r}")
         due_at = at_ms(float(at)) if at is not None else None  # ValueError: NaN, infinite, negative, too far
         sid = new_schedule_id()
-        store = self._store if self._store is not None else LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+        store = (
+            self._store
+            if self._store is not None
+            else LeaseStore(
+                self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s
+            )
+        )
         try:
             now_ms = store.time_ms()  # the one clock: the Redis server's, never this machine's
             due = due_at if due_at is not None else due_ms(now_ms, float(delay_s))  # type: ignore[arg-type]
@@ -571,7 +585,9 @@ class RedisSequencer:
         from .keys import lease_id
         from .store import LeaseStore
 
-        store = LeaseStore(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+        store = LeaseStore(
+            self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s
+        )
         try:
             return store.release_quarantine(lease_id(key, "", 0))  # due now on the Redis server's clock
         finally:
@@ -579,7 +595,9 @@ class RedisSequencer:
 
     def inspect(self) -> dict[str, Any]:
         """What this namespace holds in Redis now (see :func:`inspect_redis`)."""
-        return inspect_redis(self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s)
+        return inspect_redis(
+            self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s
+        )
 
     def _renew_loop(self) -> None:
         from .store import StoreUnavailable
@@ -615,5 +633,3 @@ class RedisSequencer:
             with d.lock:
                 for (lid, owner), ok in zip(asks, oks, strict=True):
                     leases.renewed(lid, owner, ok, asked_s)
-
-

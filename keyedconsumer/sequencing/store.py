@@ -52,6 +52,7 @@ def _error_args(error: LastError | None) -> list[Any]:
     """The four script arguments of an optional error (an empty class: none)."""
     return ["", "", "", 0] if error is None else [error.type, error.message, error.at, error.attempt]
 
+
 # KEYS[1] lease, KEYS[2] fence, KEYS[3] park; ARGV[1] owner, ARGV[2] ttl ms -> {fencing token, or
 # -(pttl ms) when another owner holds it (at most -1); length of the key's parked list}.
 _ACQUIRE = """
@@ -225,12 +226,17 @@ _NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + tonumb
 # KEYS[1] any {_sched} key (routes the call to the clock's node) -> {seconds, microseconds}
 _TIME = "return redis.call('TIME')"
 # KEYS[1] due; ARGV[1] limit -> {seconds, microseconds, {member, score, ...} due now, earliest first}
-_DUE_KEYS = _NOW + """
+_DUE_KEYS = (
+    _NOW
+    + """
 return {t[1], t[2], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))}
 """
+)
 # KEYS[1] sdue, [2] entries; ARGV[1] limit -> {seconds, microseconds, {id, due ms, ...} due now,
 # {their entries (nil: removed meanwhile)}}
-_DUE_SCHEDULED = _NOW + """
+_DUE_SCHEDULED = (
+    _NOW
+    + """
 local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 local ids = {}
 for i = 1, #rows, 2 do ids[#ids + 1] = rows[i] end
@@ -238,22 +244,30 @@ local entries = {}
 if #ids > 0 then entries = redis.call('HMGET', KEYS[2], unpack(ids)) end
 return {t[1], t[2], rows, entries}
 """
+)
 # KEYS[1] instances; ARGV[1] instance, [2] timeout ms -> {seconds, microseconds, {instances gone}}:
 # this instance's check-in is stamped with the server's time; those silent for the timeout are removed
-_CHECK_IN = _NOW + """
+_CHECK_IN = (
+    _NOW
+    + """
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local cutoff = now - tonumber(ARGV[2])
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
 if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff) end
 return {t[1], t[2], gone}
 """
+)
 # KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1 due now | 0 not quarantined
-_RELEASE_QUARANTINE = """
+_RELEASE_QUARANTINE = (
+    """
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-""" + _NOW + """
+"""
+    + _NOW
+    + """
 redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
 return 1
 """
+)
 # KEYS[1] park, [2] pbytes -> 1: the head entry's due time is now (Redis TIME, ms) | 0: no list.
 # The entry is JSON written by parking.encode_entry; its top-level "due" is the only `"due":` in it
 # outside a JSON string (inside one, the quotes are escaped), so one gsub rewrites exactly that field.
@@ -270,12 +284,16 @@ end
 return 1
 """
 # KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1: due now (and out of quarantine)
-_DUE_NOW = """
+_DUE_NOW = (
+    """
 redis.call('SREM', KEYS[1], ARGV[1])
-""" + _NOW + """
+"""
+    + _NOW
+    + """
 redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
 return 1
 """
+)
 # KEYS[1] lease; ARGV[1] owner, [2] ttl ms -> 1 held (acquired or renewed) | 0 held by another
 _HOLD = """
 local cur = redis.call('GET', KEYS[1])
@@ -363,7 +381,10 @@ class LeaseStore:
         Returns, per request, ``(fencing token (> 0) or -(ms until the holder's lease ends), length of
         the key's parked list)``.
         """
-        return [(int(x[0]), int(x[1])) for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True, replicated=True)]
+        return [
+            (int(x[0]), int(x[1]))
+            for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True, replicated=True)
+        ]
 
     def renew(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
         """Extend ``[(lease id, owner token)]``; ``False`` where the lease is no longer ours."""
@@ -374,7 +395,12 @@ class LeaseStore:
         return [bool(x) for x in self._pipeline(self._release, requests, None)]
 
     def _pipeline(
-        self, script: Any, requests: Sequence[tuple[str, str]], ttl_ms: int | None, fence: bool = False, replicated: bool = False
+        self,
+        script: Any,
+        requests: Sequence[tuple[str, str]],
+        ttl_ms: int | None,
+        fence: bool = False,
+        replicated: bool = False,
     ) -> list[Any]:
         """The lease scripts for ``[(lease id, owner token)]`` in one round trip (:meth:`_evalsha_many`)."""
         ns = self.namespace
@@ -382,7 +408,10 @@ class LeaseStore:
         calls: list[tuple[tuple[str, ...], tuple[Any, ...]]]
         if fence:
             fence_k, park = keys.fence, keys.park
-            calls = [((lease(ns, lid), fence_k(ns, lid), park(ns, lid)), (owner, ttl_ms)) for lid, owner in requests]
+            calls = [
+                ((lease(ns, lid), fence_k(ns, lid), park(ns, lid)), (owner, ttl_ms))
+                for lid, owner in requests
+            ]
         elif ttl_ms is None:
             calls = [((lease(ns, lid),), (owner,)) for lid, owner in requests]
         else:
@@ -442,8 +471,12 @@ class LeaseStore:
     # -- parking and scheduled messages ----------------------------------------------------------
 
     def park(
-        self, batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]], LastError | None]], seen_ttl_ms: int,
-        max_messages: int, max_bytes: int, conflate: bool = False,
+        self,
+        batches: Sequence[tuple[str, str, list[tuple[str, int, bytes]], LastError | None]],
+        seen_ttl_ms: int,
+        max_messages: int,
+        max_bytes: int,
+        conflate: bool = False,
     ) -> list[tuple[int, int, int, int, list[bytes]]]:
         """Append ``[(lease id, owner, [(seen field, offset, entry)], last error or None)]`` to the
         keys' parked lists, each batch atomically and only while ``owner`` holds the lease, in one
@@ -465,11 +498,28 @@ class LeaseStore:
         ns = self.namespace
         calls = []
         for lid, owner, entries, error in batches:
-            args: list[Any] = [owner, seen_ttl_ms, max_messages, max_bytes, 1 if conflate else 0, *_error_args(error)]
+            args: list[Any] = [
+                owner,
+                seen_ttl_ms,
+                max_messages,
+                max_bytes,
+                1 if conflate else 0,
+                *_error_args(error),
+            ]
             for field, off, entry in entries:
                 args += [field, off, entry]
-            calls.append(([keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid),
-                           keys.error(ns, lid)], args))
+            calls.append(
+                (
+                    [
+                        keys.lease(ns, lid),
+                        keys.park(ns, lid),
+                        keys.pbytes(ns, lid),
+                        keys.seen(ns, lid),
+                        keys.error(ns, lid),
+                    ],
+                    args,
+                )
+            )
         out = self._evalsha_many(self._park, calls, replicated=True)
         mine = [x for x in out if int(x[0]) == 1]
         n_added = sum(int(x[4]) - len(x[5] or []) for x in mine)  # a re-delivered one is taken, not appended
@@ -478,13 +528,19 @@ class LeaseStore:
             self._count(n_added, n_bytes)
         return [(int(x[0]), int(x[1]), int(x[2]), int(x[3]), list(x[5] or [])) for x in out]
 
-    def fetch(self, lid: str, owner: str, n: int = 1, conflate: bool = False) -> tuple[bool, list[bytes], int, list[bytes]]:
+    def fetch(
+        self, lid: str, owner: str, n: int = 1, conflate: bool = False
+    ) -> tuple[bool, list[bytes], int, list[bytes]]:
         """The first ``n`` entries of the key's parked list: ``(still the owner, entries, length,
         entries conflated)``. With ``conflate`` a list of three or more is first cut, in the same
         script and under the lease, to its head and its newest entry; those between are returned."""
         ns = self.namespace
-        r = self._call(self._fetch, [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)],
-                       [owner, n, 1 if conflate else 0], replicated=conflate)
+        r = self._call(
+            self._fetch,
+            [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid)],
+            [owner, n, 1 if conflate else 0],
+            replicated=conflate,
+        )
         gone = list(r[3] or [])
         if gone:
             self._count(-len(gone), -sum(len(e) for e in gone))
@@ -514,13 +570,17 @@ class LeaseStore:
         except ERRORS as exc:
             log.debug("parked totals not updated: %s", exc)
 
-    def replace_head(self, lid: str, owner: str, head: bytes, new: bytes, error: LastError | None = None) -> bool:
+    def replace_head(
+        self, lid: str, owner: str, head: bytes, new: bytes, error: LastError | None = None
+    ) -> bool:
         """Replace the head of the key's parked list (its attempt and due time) under the lease;
         ``error``: the failure of the attempt that ran, stored as the key's last error (with the
         Redis server's time) in the same script."""
         ns = self.namespace
         k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.error(ns, lid)]
-        ok, delta = self._call(self._replace_head, k, [owner, head, new, *_error_args(error)], replicated=True)
+        ok, delta = self._call(
+            self._replace_head, k, [owner, head, new, *_error_args(error)], replicated=True
+        )
         if int(delta):
             self._count(0, int(delta))
         return bool(int(ok))
@@ -563,13 +623,20 @@ class LeaseStore:
     def schedule(self, sid: str, due_ms: int, entry: bytes) -> None:
         """Store a scheduled message ``entry`` under id ``sid``, due at ``due_ms`` (ms since the epoch)."""
         ns = self.namespace
-        self._call(self._schedule, [keys.sched_due(ns), keys.sched_entries(ns)], [sid, due_ms, entry], replicated=True)
+        self._call(
+            self._schedule,
+            [keys.sched_due(ns), keys.sched_entries(ns)],
+            [sid, due_ms, entry],
+            replicated=True,
+        )
 
     def due_scheduled(self, limit: int) -> tuple[float, list[tuple[str, float, bytes | None]]]:
         """Scheduled messages due now on the Redis server's clock: ``(that time in ms, [(id, due ms,
         entry or None if removed meanwhile)])``, in one round trip."""
         ns = self.namespace
-        sec, usec, rows, entries = self._call(self._due_scheduled, [keys.sched_due(ns), keys.sched_entries(ns)], [limit])
+        sec, usec, rows, entries = self._call(
+            self._due_scheduled, [keys.sched_due(ns), keys.sched_entries(ns)], [limit]
+        )
         due = [(_text(rows[i]), float(rows[i + 1])) for i in range(0, len(rows), 2)]
         return _ms(sec, usec), [(sid, sc, e) for (sid, sc), e in zip(due, entries or [], strict=True)]
 
@@ -578,7 +645,9 @@ class LeaseStore:
         Returns ``(appended, length before)``."""
         ns = self.namespace
         r = self._call(
-            self._move_in, [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)], [f"s.{sid}", entry, seen_ttl_ms],
+            self._move_in,
+            [keys.park(ns, lid), keys.pbytes(ns, lid), keys.seen(ns, lid)],
+            [f"s.{sid}", entry, seen_ttl_ms],
             replicated=True,
         )
         if int(r[0]):
@@ -599,7 +668,9 @@ class LeaseStore:
         """Make a quarantined key due now (on the Redis server's clock), atomically; ``False`` if it
         was not quarantined."""
         ns = self.namespace
-        return bool(self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True))
+        return bool(
+            self._call(self._release_quarantine, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True)
+        )
 
     def due_now(self, lid: str) -> bool:
         """Make a parked key due now (on the Redis server's clock), taking it out of quarantine:
@@ -607,7 +678,9 @@ class LeaseStore:
         changed) if the key has no parked messages. A head that is running at that moment fails
         to settle (its entry changed) and runs once more, within at-least-once."""
         ns = self.namespace
-        if not self._call(self._head_due_now, [keys.park(ns, lid), keys.pbytes(ns, lid)], [], replicated=True):
+        if not self._call(
+            self._head_due_now, [keys.park(ns, lid), keys.pbytes(ns, lid)], [], replicated=True
+        ):
             return False
         return bool(self._call(self._due_now, [keys.quarantine(ns), keys.due(ns)], [lid], replicated=True))
 
@@ -621,7 +694,9 @@ class LeaseStore:
     def check_in(self, instance: str, timeout_ms: int) -> list[str]:
         """Record this instance's heartbeat at the Redis server's time; remove and return the
         instances silent for ``timeout_ms`` on that clock."""
-        _sec, _usec, gone = self._call(self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms], replicated=True)
+        _sec, _usec, gone = self._call(
+            self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms], replicated=True
+        )
         return [_text(g) for g in gone]
 
     def check_out(self, instance: str) -> None:
@@ -664,7 +739,9 @@ def _text(b: Any) -> str:
     return b.decode() if isinstance(b, bytes) else str(b)
 
 
-def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000) -> dict[str, Any]:
+def inspect_namespace(
+    url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000
+) -> dict[str, Any]:
     """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
 
     Returns ``{"leases": [{"key", "lid", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key",
@@ -705,11 +782,27 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             if n.endswith("}:lease") and len(leases) < limit:
                 owner, ttl, fence = r.get(n), r.pttl(n), r.get(keys.fence(ns, lid))
                 if owner is not None:
-                    leases.append({"key": _show(lid), "lid": lid, "owner": owner.decode(), "ttl_ms": int(ttl), "fencing_token": int(fence or 0)})
+                    leases.append(
+                        {
+                            "key": _show(lid),
+                            "lid": lid,
+                            "owner": owner.decode(),
+                            "ttl_ms": int(ttl),
+                            "fencing_token": int(fence or 0),
+                        }
+                    )
             elif n.endswith("}:park") and len(parked) < limit:
                 sc = due.get(lid)
-                parked.append({"key": _show(lid), "lid": lid, "depth": int(r.llen(n)), "next_due_s": None if sc is None else sc / 1000.0,
-                               **_head(r.lindex(n, 0)), "last_error": _last_error(r.hgetall(keys.error(ns, lid)))})
+                parked.append(
+                    {
+                        "key": _show(lid),
+                        "lid": lid,
+                        "depth": int(r.llen(n)),
+                        "next_due_s": None if sc is None else sc / 1000.0,
+                        **_head(r.lindex(n, 0)),
+                        "last_error": _last_error(r.hgetall(keys.error(ns, lid))),
+                    }
+                )
         quarantined = {m.decode() for m in r.smembers(keys.quarantine(ns))}
         for pk in parked:
             pk["quarantined"] = pk["lid"] in quarantined
@@ -722,10 +815,12 @@ def inspect_namespace(url: str, namespace: str, socket_timeout_s: float = 2.0, l
             "parked": parked,
             "scheduled": int(r.zcard(keys.sched_due(ns))),
             "scheduled_messages": [
-                {"id": m.decode(), "due_s": sc / 1000.0, **_scheduled(e)} for (m, sc), e in zip(rows, entries, strict=True)
+                {"id": m.decode(), "due_s": sc / 1000.0, **_scheduled(e)}
+                for (m, sc), e in zip(rows, entries, strict=True)
             ],
             "instances": [
-                {"id": m.decode(), "last_seen_s": sc / 1000.0} for m, sc in r.zrange(keys.instances(ns), 0, -1, withscores=True)
+                {"id": m.decode(), "last_seen_s": sc / 1000.0}
+                for m, sc in r.zrange(keys.instances(ns), 0, -1, withscores=True)
             ],
             "scheduler": sched_owner.decode() if sched_owner else None,
             "quarantined": sorted(_show(m) for m in quarantined),
@@ -766,8 +861,13 @@ def _last_error(h: dict[bytes, bytes]) -> dict[str, Any] | None:
         time_s: float | None = int(text.get("time_ms", "")) / 1000.0
     except ValueError:
         attempt = time_s = None
-    return {"type": text["type"], "message": text.get("message", ""), "at": text.get("at", ""), "attempt": attempt,
-            "time_s": time_s}
+    return {
+        "type": text["type"],
+        "message": text.get("message", ""),
+        "at": text.get("at", ""),
+        "attempt": attempt,
+        "time_s": time_s,
+    }
 
 
 def _scheduled(raw: bytes | None) -> dict[str, Any]:

@@ -60,5 +60,15 @@ from .clock import FakeClock
 from .group import Commit
 from .run import AppRun, Run
 
-__all__ = ["InMemoryBroker", "FakeClock", "FakeClient", "FakePublisher", "FakeTransactionalProducer", "Record", "Commit",
-           "Run", "AppRun", "GroupEvent"]
+__all__ = [
+    "InMemoryBroker",
+    "FakeClock",
+    "FakeClient",
+    "FakePublisher",
+    "FakeTransactionalProducer",
+    "Record",
+    "Commit",
+    "Run",
+    "AppRun",
+    "GroupEvent",
+]

@@ -469,7 +469,10 @@ class InMemoryBroker:
         """``{partition: end offset}``; ``None`` for an unknown topic or partition."""
         with self._lock:
             logs = self._logs
-            return {(t, p): len(logs[t][p]) if t in logs and 0 <= p < len(logs[t]) else None for t, p in partitions}
+            return {
+                (t, p): len(logs[t][p]) if t in logs and 0 <= p < len(logs[t]) else None
+                for t, p in partitions
+            }
 
     # -- the member protocol: waiting for a change --------------------------------------------------
 
@@ -510,7 +513,9 @@ class InMemoryBroker:
 
     # -- wiring -----------------------------------------------------------------------------------
 
-    def client_factory(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> FakeClient:
+    def client_factory(
+        self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]
+    ) -> FakeClient:
         """A :data:`~keyedconsumer.kafka.ClientFactory`: ``KeyedConsumer(client_factory=broker.client_factory)``.
 
         Reads ``group.id``, ``enable.auto.commit``, ``auto.commit.interval.ms`` and
@@ -548,7 +553,9 @@ class InMemoryBroker:
         pydantic.ValidationError
             A bad option.
         """
-        return KeyedConsumer(client_factory=self.client_factory, clock=self.clock, poll_timeout_s=poll_timeout_s, **options)
+        return KeyedConsumer(
+            client_factory=self.client_factory, clock=self.clock, poll_timeout_s=poll_timeout_s, **options
+        )
 
     def run(self, *consumers: KeyedConsumer) -> Run:
         """Start ``consumer.run()`` of each consumer in a thread; use the result as a context manager,
@@ -560,7 +567,6 @@ class InMemoryBroker:
             A consumer uses the real Kafka client (it was built without ``client_factory``).
         """
         return Run(self, consumers)
-
 
     def run_app(self, app: KeyedApp) -> AppRun:
         """Run ``app`` (a :class:`~keyedconsumer.KeyedApp`: its routes, hooks and middleware as

@@ -42,7 +42,11 @@ class FakeClient:
     """
 
     def __init__(
-        self, broker: InMemoryBroker, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None], member_id: str
+        self,
+        broker: InMemoryBroker,
+        conf: dict[str, Any],
+        on_error: Callable[[KafkaClientError], None],
+        member_id: str,
     ) -> None:
         self._broker = broker
         self._on_error = on_error
@@ -50,7 +54,11 @@ class FakeClient:
         self.group_id = str(conf["group.id"])
         self._auto_commit = _truthy(conf.get("enable.auto.commit", True))
         self._commit_interval_s = float(conf.get("auto.commit.interval.ms", 5000)) / 1000.0
-        self._earliest = str(conf.get("auto.offset.reset", "latest")).lower() in ("earliest", "smallest", "beginning")
+        self._earliest = str(conf.get("auto.offset.reset", "latest")).lower() in (
+            "earliest",
+            "smallest",
+            "beginning",
+        )
         self._next_commit_s = broker.clock() + self._commit_interval_s
         self._listener: RebalanceListener | None = None
         self._positions: dict[TP, int] = {}  # next offset to fetch, per assigned partition
@@ -116,7 +124,8 @@ class FakeClient:
         self._check_open("store_offsets")
         if not self._broker.store_offset(self.member_id, (topic, partition), offset, metadata):
             raise KafkaClientError(
-                f"store_offsets topic={topic} partition={partition}: _STATE: Local: Erroneous state", code="_STATE"
+                f"store_offsets topic={topic} partition={partition}: _STATE: Local: Erroneous state",
+                code="_STATE",
             )
 
     def commit(
@@ -142,9 +151,13 @@ class FakeClient:
         )
         if refused:
             failed = ", ".join(f"{t}[{p}]@{o}: ILLEGAL_GENERATION" for (t, p), o in refused)
-            raise CommitError(f"commit failed for {failed} (not assigned to this member)", code="ILLEGAL_GENERATION")
+            raise CommitError(
+                f"commit failed for {failed} (not assigned to this member)", code="ILLEGAL_GENERATION"
+            )
 
-    def commit_async(self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None) -> None:
+    def commit_async(
+        self, offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str] | None = None
+    ) -> None:
         """:meth:`commit` whose failure is not reported (as librdkafka's asynchronous commit
         without an ``on_commit`` callback)."""
         try:
@@ -156,7 +169,9 @@ class FakeClient:
         """The group's committed ``(offset, metadata)`` of ``partitions`` (``-1001`` when none)."""
         self._check_open("committed")
         found = self._broker.fetch_committed(self.group_id, partitions)
-        return {tp: (OFFSET_INVALID if offset is None else offset, meta) for tp, (offset, meta) in found.items()}
+        return {
+            tp: (OFFSET_INVALID if offset is None else offset, meta) for tp, (offset, meta) in found.items()
+        }
 
     def pause(self, partitions: Sequence[TP]) -> None:
         """Stop fetching ``partitions`` (assigned ones; others are ignored). As in librdkafka, the
@@ -218,7 +233,9 @@ class FakeClient:
             for tp in tps:
                 end, committed = event.end_offsets[tp], event.committed[tp]
                 valid = committed is not None and 0 <= committed <= end
-                self._positions[tp] = committed if valid and committed is not None else (0 if self._earliest else end)
+                self._positions[tp] = (
+                    committed if valid and committed is not None else (0 if self._earliest else end)
+                )
             listener.on_assign(tps)
         elif event.kind == "lost":
             self._forget(tps)
@@ -248,7 +265,11 @@ class FakeClient:
         out: list[Message] = []
         for r in records:
             self._positions[(r.topic, r.partition)] = r.offset + 1
-            out.append(Message(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers) or None, r.timestamp_ms))
+            out.append(
+                Message(
+                    r.topic, r.partition, r.offset, r.key, r.value, list(r.headers) or None, r.timestamp_ms
+                )
+            )
         return out
 
 
@@ -273,7 +294,9 @@ class FakeTransactionalProducer:
         Transactions applied so far.
     """
 
-    _live: ClassVar[WeakKeyDictionary[InMemoryBroker, dict[str, FakeTransactionalProducer]]] = WeakKeyDictionary()
+    _live: ClassVar[WeakKeyDictionary[InMemoryBroker, dict[str, FakeTransactionalProducer]]] = (
+        WeakKeyDictionary()
+    )
     _live_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, broker: InMemoryBroker, client: FakeClient, transactional_id: str) -> None:
@@ -311,17 +334,25 @@ class FakeTransactionalProducer:
         if error is not None:
             raise error
         if self.of(self._broker, self.transactional_id) is not self:
-            raise TransactionError(f"transactional id {self.transactional_id!r}: _FENCED: a newer producer started",
-                                   code="_FENCED", fatal=True)
+            raise TransactionError(
+                f"transactional id {self.transactional_id!r}: _FENCED: a newer producer started",
+                code="_FENCED",
+                fatal=True,
+            )
         owned = set(self._broker.assignment(self._client.member_id))
         stale = [(t, p) for t, p, _ in offsets if (t, p) not in owned]
         if stale:
-            raise TransactionError(f"transaction aborted: ILLEGAL_GENERATION: {stale} not assigned to this member",
-                                   code="ILLEGAL_GENERATION", abortable=True)
+            raise TransactionError(
+                f"transaction aborted: ILLEGAL_GENERATION: {stale} not assigned to this member",
+                code="ILLEGAL_GENERATION",
+                abortable=True,
+            )
         topics = self._broker.topics()
         missing = sorted({r[0] for r in records if r[0] not in topics})
         if missing and not self._broker.auto_create_topics:
-            raise TransactionError(f"transaction aborted: unknown topic(s) {missing}", code="UNKNOWN_TOPIC_OR_PART")
+            raise TransactionError(
+                f"transaction aborted: unknown topic(s) {missing}", code="UNKNOWN_TOPIC_OR_PART"
+            )
         if offsets:
             try:
                 self._client.commit(offsets, metadata)

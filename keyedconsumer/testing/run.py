@@ -27,7 +27,9 @@ class _Runner:
 
     def __init__(self, consumer: KeyedConsumer) -> None:
         self.consumer = consumer
-        self.thread = threading.Thread(target=self._main, name=f"keyedconsumer-run-{consumer.config.name}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._main, name=f"keyedconsumer-run-{consumer.config.name}", daemon=True
+        )
         self._error: BaseException | None = None
         self._reported = False
 
@@ -85,8 +87,10 @@ class Run:
             ``consumer`` uses the real Kafka client (it was built without ``client_factory``).
         """
         if getattr(consumer, "_factory", None) is connect:
-            raise ValueError("the consumer uses the real Kafka client: build it with broker.consumer(...) "
-                             "or KeyedConsumer(client_factory=broker.client_factory, clock=broker.clock, ...)")
+            raise ValueError(
+                "the consumer uses the real Kafka client: build it with broker.consumer(...) "
+                "or KeyedConsumer(client_factory=broker.client_factory, clock=broker.clock, ...)"
+            )
         runner = _Runner(consumer)
         self._runners.append(runner)
         runner.thread.start()
@@ -116,7 +120,9 @@ class Run:
             if error is not None:
                 raise error
 
-    def wait_for(self, condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "the condition") -> None:
+    def wait_for(
+        self, condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "the condition"
+    ) -> None:
         """Wait until ``condition()`` is true, polling every millisecond of real time.
 
         Raises

@@ -105,10 +105,15 @@ def _int_arg(request: Request, name: str, default: int = 1) -> int:
 class _Dashboard:
     """The routes' shared state: options, sampler, dead-letter reader, guard, templates."""
 
-    def __init__(self, options: WebOptions, sampler: Sampler | None = None, audit: ActionAudit | None = None) -> None:
+    def __init__(
+        self, options: WebOptions, sampler: Sampler | None = None, audit: ActionAudit | None = None
+    ) -> None:
         self.o = options
-        self.audit = audit or (ActionAudit(options.conf, options.audit_topic, timeout_s=options.timeout_s)
-                               if options.audit_topic else None)
+        self.audit = audit or (
+            ActionAudit(options.conf, options.audit_topic, timeout_s=options.timeout_s)
+            if options.audit_topic
+            else None
+        )
         self.sampler = sampler or Sampler(
             options.conf,
             groups=options.groups,
@@ -120,7 +125,10 @@ class _Dashboard:
             stall_after_s=options.stall_after_s,
         )
         self.dead_letters = DeadLetterReader(
-            options.conf, limit=options.dead_letters_per_partition, cache_s=options.interval_s, timeout_s=options.timeout_s
+            options.conf,
+            limit=options.dead_letters_per_partition,
+            cache_s=options.interval_s,
+            timeout_s=options.timeout_s,
         )
         self.guard = Guard(options.token if options.actions else None)
         self.env = jinja2.Environment(
@@ -128,7 +136,9 @@ class _Dashboard:
             autoescape=True,  # every value is escaped, whatever the template's name
             undefined=jinja2.StrictUndefined,
         )
-        self.env.globals.update(age=_age, when=_when, qs=lambda **kw: urlencode({k: v for k, v in kw.items() if v}))
+        self.env.globals.update(
+            age=_age, when=_when, qs=lambda **kw: urlencode({k: v for k, v in kw.items() if v})
+        )
 
     # -- rendering --------------------------------------------------------------------------------
 
@@ -159,7 +169,9 @@ class _Dashboard:
 
     async def groups(self, request: Request) -> Response:
         snap = self.sampler.snapshot()
-        rows, page, pages = _page(sorted(snap.groups.values(), key=lambda g: g.group), _int_arg(request, "page"))
+        rows, page, pages = _page(
+            sorted(snap.groups.values(), key=lambda g: g.group), _int_arg(request, "page")
+        )
         charts = {g.group: throughput_chart(g.history) for g in rows}
         return self.render(request, "groups.html", "groups", rows=rows, page=page, pages=pages, charts=charts)
 
@@ -171,7 +183,14 @@ class _Dashboard:
             return self.render(request, "missing.html", "groups", what=f"consumer group {name}")
         rows, page, pages = _page(g.rows, _int_arg(request, "page"))
         return self.render(
-            request, "group.html", "groups", g=g, rows=rows, page=page, pages=pages, chart=throughput_chart(g.history)
+            request,
+            "group.html",
+            "groups",
+            g=g,
+            rows=rows,
+            page=page,
+            pages=pages,
+            chart=throughput_chart(g.history),
         )
 
     async def keys(self, request: Request) -> Response:
@@ -185,18 +204,27 @@ class _Dashboard:
             return not q or q.lower() in str(row.get("key") or "").lower()
 
         shown = {
-            part: [r for r in info.get(part, []) if hit(r)][:PAGE_ROWS * 2]
+            part: [r for r in info.get(part, []) if hit(r)][: PAGE_ROWS * 2]
             for part in ("leases", "parked", "scheduled_messages")
         }
         return self.render(
-            request, "keys.html", "keys", namespaces=namespaces, ns=ns, q=q, info=info, shown=shown,
+            request,
+            "keys.html",
+            "keys",
+            namespaces=namespaces,
+            ns=ns,
+            q=q,
+            info=info,
+            shown=shown,
             redis_now_s=float(info.get("now_s") or time.time()),
         )
 
     async def dead_letter_topics(self, request: Request) -> Response:
         snap = self.sampler.snapshot()
         topics, page, pages = _page(snap.dead_letter_topics, _int_arg(request, "page"))
-        return self.render(request, "dead_letters.html", "dead-letters", topics=topics, page=page, pages=pages)
+        return self.render(
+            request, "dead_letters.html", "dead-letters", topics=topics, page=page, pages=pages
+        )
 
     async def dead_letter_records(self, request: Request) -> Response:
         topic = request.path_params["topic"]
@@ -210,10 +238,14 @@ class _Dashboard:
             try:
                 return parse_since(text)
             except CliError:
-                problems.append(f"{name}: expected an ISO 8601 time (2026-11-30T12:00:00Z) or epoch milliseconds")
+                problems.append(
+                    f"{name}: expected an ISO 8601 time (2026-11-30T12:00:00Z) or epoch milliseconds"
+                )
                 return None
 
-        filters = Filters(args.get("key", "").strip(), args.get("error", "").strip(), when("since"), when("until"))
+        filters = Filters(
+            args.get("key", "").strip(), args.get("error", "").strip(), when("since"), when("until")
+        )
         error = None
         records = []
         if topic not in self.sampler.snapshot().dead_letter_topics:  # only dead letters are read here
@@ -222,12 +254,25 @@ class _Dashboard:
             try:
                 records = await run_in_threadpool(self.dead_letters.records, topic)
             except KafkaClientError as exc:
-                error = f"topic {topic} does not exist (deleted?)" if exc.code == "UNKNOWN_TOPIC_OR_PART" else str(exc)
+                error = (
+                    f"topic {topic} does not exist (deleted?)"
+                    if exc.code == "UNKNOWN_TOPIC_OR_PART"
+                    else str(exc)
+                )
         matching = [d for d in records if filters.match(d)]
         rows, page, pages = _page(matching, _int_arg(request, "page"))
         return self.render(
-            request, "dead_letter_records.html", "dead-letters", topic=topic, rows=rows, page=page, pages=pages,
-            total=len(records), matching=len(matching), error=error, problems=problems,
+            request,
+            "dead_letter_records.html",
+            "dead-letters",
+            topic=topic,
+            rows=rows,
+            page=page,
+            pages=pages,
+            total=len(records),
+            matching=len(matching),
+            error=error,
+            problems=problems,
             f={k: args.get(k, "") for k in ("key", "error", "since", "until")},
         )
 
@@ -258,10 +303,14 @@ class _Dashboard:
 
     # -- actions ------------------------------------------------------------------------------------
 
-    async def _action(self, request: Request, name: str, run: Callable[[dict[str, Any]], _Result]) -> Response:
+    async def _action(
+        self, request: Request, name: str, run: Callable[[dict[str, Any]], _Result]
+    ) -> Response:
         client = request.client.host if request.client else "?"
         if not self.guard.enabled:
-            return JSONResponse({"ok": False, "message": "actions are off (start with --enable-actions)"}, 403)
+            return JSONResponse(
+                {"ok": False, "message": "actions are off (start with --enable-actions)"}, 403
+            )
         sid, authorization = request.cookies.get(COOKIE), request.headers.get("authorization")
         if not self.guard.allowed(sid, request.headers.get("x-csrf-token"), authorization):
             actions_log.warning("action %s refused from %s: not signed in or no CSRF token", name, client)
@@ -269,7 +318,7 @@ class _Dashboard:
         who = self.guard.who(sid, authorization)
         body: dict[str, Any] = {}
         try:
-            body = json.loads((await request.body())[:1 << 20] or b"{}")
+            body = json.loads((await request.body())[: 1 << 20] or b"{}")
             if not isinstance(body, dict):
                 body = {}
                 raise ValueError("expected a JSON object")
@@ -288,8 +337,12 @@ class _Dashboard:
         if self.audit is not None:
             key = fields.pop("key", None)
             records = [action_record(name, who, client, result, message, key, **fields)]
-            records += [action_record(name, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row)
-                        for k, row in sent]
+            records += [
+                action_record(
+                    name, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row
+                )
+                for k, row in sent
+            ]
             problem = await run_in_threadpool(self.audit.write, records)
             if problem is not None:
                 message += f" (NOT in the audit trail: {problem})"
@@ -306,7 +359,10 @@ class _Dashboard:
             raise ValueError("select 1 to 10000 records")
         result = replay_selected(self.o.conf, topic, records, timeout_s=max(30.0, self.o.timeout_s))
         self.dead_letters.forget(topic)
-        where = ", ".join(f"{r['dlq_partition']}@{r['dlq_offset']} -> {r['topic']}[{r['partition']}]@{r['offset']}" for r in result["records"][:20])
+        where = ", ".join(
+            f"{r['dlq_partition']}@{r['dlq_offset']} -> {r['topic']}[{r['partition']}]@{r['offset']}"
+            for r in result["records"][:20]
+        )
         message = (
             f"{topic}: replayed {result['sent']} of {len(records)} selected"
             + (f" ({where})" if where else "")
@@ -314,11 +370,23 @@ class _Dashboard:
             + (f"; without a target {result['no_target']}" if result["no_target"] else "")
             + (f"; error: {result['error']}" if result["error"] else "")
         )
-        fields = {"dlq_topic": topic, "selected": len(records), "records": [list(r) for r in sorted(records)[:1000]]}
+        fields = {
+            "dlq_topic": topic,
+            "selected": len(records),
+            "records": [list(r) for r in sorted(records)[:1000]],
+        }
         sent = [
-            (None if r["key"] is None else str(r["key"]).encode(),
-             {"dlq_topic": topic, "dlq_partition": r["dlq_partition"], "dlq_offset": r["dlq_offset"],
-              "topic": r["topic"], "partition": r["partition"], "offset": r["offset"]})
+            (
+                None if r["key"] is None else str(r["key"]).encode(),
+                {
+                    "dlq_topic": topic,
+                    "dlq_partition": r["dlq_partition"],
+                    "dlq_offset": r["dlq_offset"],
+                    "topic": r["topic"],
+                    "partition": r["partition"],
+                    "offset": r["offset"],
+                },
+            )
             for r in result["records"]
         ]
         return result["error"] is None and result["sent"] > 0, message, fields, sent
@@ -345,10 +413,26 @@ class _Dashboard:
         url, ns = self._redis_target(body)
         sid = str(body["id"])
         ok = cancel_scheduled(url, ns, sid)
-        shown: dict[str, Any] = next((m for m in self.sampler.snapshot().redis[ns].get("scheduled_messages", []) if m.get("id") == sid), {})
-        fields = {"namespace": ns, "scheduled_id": sid, "topic": shown.get("topic"),
-                  "key": None if shown.get("key") is None else str(shown["key"]).encode()}
-        return ok, f"{ns}: scheduled message {sid} cancelled" if ok else f"{ns}: {sid} is not scheduled (any more)", fields, []
+        shown: dict[str, Any] = next(
+            (
+                m
+                for m in self.sampler.snapshot().redis[ns].get("scheduled_messages", [])
+                if m.get("id") == sid
+            ),
+            {},
+        )
+        fields = {
+            "namespace": ns,
+            "scheduled_id": sid,
+            "topic": shown.get("topic"),
+            "key": None if shown.get("key") is None else str(shown["key"]).encode(),
+        }
+        return (
+            ok,
+            f"{ns}: scheduled message {sid} cancelled" if ok else f"{ns}: {sid} is not scheduled (any more)",
+            fields,
+            [],
+        )
 
     async def replay(self, request: Request) -> Response:
         return await self._action(request, "replay", self._replay)
@@ -372,7 +456,11 @@ def _asked(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_app(
-    options: WebOptions, *, sampler: Sampler | None = None, start_sampler: bool = True, audit: ActionAudit | None = None
+    options: WebOptions,
+    *,
+    sampler: Sampler | None = None,
+    start_sampler: bool = True,
+    audit: ActionAudit | None = None,
 ) -> Starlette:
     """The dashboard's ASGI app.
 

@@ -43,8 +43,19 @@ OUTCOME = "ACTION"
 #: 1,000 listed), ``dlq_partition`` and ``dlq_offset`` (one replayed dead letter, whose
 #: ``topic`` / ``partition`` / ``offset`` are where it was replayed to).
 ACTION_FIELDS = (
-    "action", "result", "message", "session", "client", "namespace", "lid", "scheduled_id", "dlq_topic",
-    "selected", "records", "dlq_partition", "dlq_offset",
+    "action",
+    "result",
+    "message",
+    "session",
+    "client",
+    "namespace",
+    "lid",
+    "scheduled_id",
+    "dlq_topic",
+    "selected",
+    "records",
+    "dlq_partition",
+    "dlq_offset",
 )
 
 
@@ -95,7 +106,11 @@ class ActionAudit:
     """
 
     def __init__(
-        self, conf: dict[str, Any], topic: str, *, timeout_s: float = 10.0,
+        self,
+        conf: dict[str, Any],
+        topic: str,
+        *,
+        timeout_s: float = 10.0,
         publisher: Callable[[], BatchPublisher] | None = None,
     ) -> None:
         self.topic = topic
@@ -118,7 +133,13 @@ class ActionAudit:
         for rec in records:
             rec.setdefault("instance", self.instance)
             key = rec.get("key")
-            raw = key.encode() if isinstance(key, str) else base64.b64decode(rec["key_b64"]) if rec.get("key_b64") else None
+            raw = (
+                key.encode()
+                if isinstance(key, str)
+                else base64.b64decode(rec["key_b64"])
+                if rec.get("key_b64")
+                else None
+            )
             batch.append((self.topic, raw, json.dumps(rec, separators=(",", ":")).encode(), None))
         try:
             with self._lock:
@@ -132,7 +153,12 @@ class ActionAudit:
             self.written += len(results) - len(errors)
             self.failed += len(errors)
         if errors:
-            log.error("%d action record(s) not written to the audit topic %s: %s", len(errors), self.topic, errors[0])
+            log.error(
+                "%d action record(s) not written to the audit topic %s: %s",
+                len(errors),
+                self.topic,
+                errors[0],
+            )
             return f"{len(errors)} of {len(batch)} record(s) not written to the audit topic {self.topic}: {errors[0]}"
         return None
 

@@ -56,7 +56,11 @@ class Guard:
         with self._lock:
             now = time.monotonic()
             self._sessions = {k: v for k, v in self._sessions.items() if v[1] > now}
-            self._sessions[sid] = (secrets.token_urlsafe(32), now + self.session_s, f"session-{secrets.token_hex(4)}")
+            self._sessions[sid] = (
+                secrets.token_urlsafe(32),
+                now + self.session_s,
+                f"session-{secrets.token_hex(4)}",
+            )
         return sid
 
     def close(self, sid: str | None) -> None:

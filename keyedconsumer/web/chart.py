@@ -22,7 +22,9 @@ class Chart:
     last_produced: float
 
 
-def throughput_chart(history: list[tuple[float, float, float]], width: int = 320, height: int = 64) -> Chart | None:
+def throughput_chart(
+    history: list[tuple[float, float, float]], width: int = 320, height: int = 64
+) -> Chart | None:
     """The chart of ``(time s, consumed/s, produced/s)`` samples; ``None`` with fewer than two."""
     if len(history) < 2:
         return None

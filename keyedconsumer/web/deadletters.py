@@ -68,7 +68,9 @@ class DeadLetter:
     def failed_at(self) -> str:
         if self.failed_at_ms is None:
             return "-"
-        return dt.datetime.fromtimestamp(self.failed_at_ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        return dt.datetime.fromtimestamp(self.failed_at_ms / 1000, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%SZ"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,9 @@ class DeadLetterReader:
         Bound of each broker answer.
     """
 
-    def __init__(self, conf: dict[str, Any], *, limit: int = 200, cache_s: float = 5.0, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, conf: dict[str, Any], *, limit: int = 200, cache_s: float = 5.0, timeout_s: float = 10.0
+    ) -> None:
         self.conf, self.limit, self.cache_s, self.timeout_s = conf, limit, cache_s, timeout_s
         dlt: Any = importlib.import_module("keyedconsumer.middleware.dead_letter")  # its header names
         self.h: Any = dlt
@@ -138,7 +142,10 @@ class DeadLetterReader:
     def _read(self, topic: str) -> list[DeadLetter]:
         reader = admin.TopicReader(self.conf, topic, marker_group_of(topic), self.timeout_s)
         try:
-            markers = {p: ReplayMarker.decode(c.offset, c.metadata) for p, c in reader.committed(stable=False).items()}
+            markers = {
+                p: ReplayMarker.decode(c.offset, c.metadata)
+                for p, c in reader.committed(stable=False).items()
+            }
             per = max(1, min(self.limit, MAX_READ // max(1, len(reader.partitions))))
             start = {p: max(reader.start_offsets[p], reader.end_offsets[p] - per) for p in reader.partitions}
             rows = [self._row(r, markers[r.partition]) for r in reader.read(start)]

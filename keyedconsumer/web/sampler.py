@@ -92,7 +92,9 @@ class _History:
         self.moved: dict[TP, tuple[int | None, float]] = {}
         self.history_s = history_s
         self.ages_read_s = -AGES_EVERY_S  # monotonic time of the last read of the ages
-        self.ages: dict[TP, tuple[float, float, int | None]] = {}  # partition -> (age s, when read, committed then)
+        self.ages: dict[
+            TP, tuple[float, float, int | None]
+        ] = {}  # partition -> (age s, when read, committed then)
 
     def ages_due(self, now: float) -> bool:
         return now - self.ages_read_s >= AGES_EVERY_S
@@ -102,8 +104,11 @@ class _History:
         where the committed offset has not moved (the same record), as read where it has."""
         if fresh:
             self.ages_read_s = now
-            self.ages = {(r["topic"], r["partition"]): (r["oldest_unfinished_age_s"], now, r["committed_offset"])
-                         for r in rows if r["oldest_unfinished_age_s"] is not None}
+            self.ages = {
+                (r["topic"], r["partition"]): (r["oldest_unfinished_age_s"], now, r["committed_offset"])
+                for r in rows
+                if r["oldest_unfinished_age_s"] is not None
+            }
             return
         for r in rows:
             tp = (r["topic"], r["partition"])
@@ -247,21 +252,31 @@ class Sampler:
         try:
             snap.topics = self._all_topics()
             if not groups:
-                listed = {g: st for g, st in admin.list_groups(self.conf, self.timeout_s).items() if not g.startswith(_TOOL_GROUPS)}
+                listed = {
+                    g: st
+                    for g, st in admin.list_groups(self.conf, self.timeout_s).items()
+                    if not g.startswith(_TOOL_GROUPS)
+                }
                 with self._lock:
                     now = time.monotonic()
                     self._watched = {g: t for g, t in self._watched.items() if now - t < WATCH_S}
                     watched = set(self._watched)
-                groups = [g for g in listed if g in watched] + [g for g in listed if g not in watched][:MAX_LISTED_GROUPS]
+                groups = [g for g in listed if g in watched] + [g for g in listed if g not in watched][
+                    :MAX_LISTED_GROUPS
+                ]
         except KafkaClientError as exc:
             snap.kafka_error = str(exc)
-        snap.dead_letter_topics = self.fixed_dead_letter_topics or sorted(t for t in snap.topics if is_dead_letter_topic(t))
+        snap.dead_letter_topics = self.fixed_dead_letter_topics or sorted(
+            t for t in snap.topics if is_dead_letter_topic(t)
+        )
         if snap.kafka_error is None:
             for group in groups:
                 snap.groups[group] = self._group(group, snap.topics)
             for group, state in listed.items():
                 if group not in snap.groups:
-                    snap.groups[group] = GroupSnapshot(group, state=state, detailed=False, sampled_s=snap.sampled_s)
+                    snap.groups[group] = GroupSnapshot(
+                        group, state=state, detailed=False, sampled_s=snap.sampled_s
+                    )
         for gone in set(self._histories) - set(groups):
             del self._histories[gone]
         if self.redis_url:
@@ -291,7 +306,9 @@ class Sampler:
                 committed = admin.committed_offsets(self.conf, group, None, self.timeout_s)
                 had = sorted({t for t, _ in committed})
                 gone = [t for t in had if t not in topics]
-                desc, rows = group_rows(self.conf, group, [t for t in had if t in topics], self.timeout_s, max_ages)
+                desc, rows = group_rows(
+                    self.conf, group, [t for t in had if t in topics], self.timeout_s, max_ages
+                )
                 out.note = f"topic(s) deleted: {', '.join(gone)}" if gone else None
                 self._topics = None  # read the topics again next time
         except KafkaClientError as exc:

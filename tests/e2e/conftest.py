@@ -40,8 +40,16 @@ def browser() -> Iterator[Any]:
         _unavailable("Chromium")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900", "--disable-extensions", "--no-first-run", "--password-store=basic"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--disable-extensions",
+        "--no-first-run",
+        "--password-store=basic",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
@@ -68,7 +76,9 @@ class Dashboard:
         base = {k: v for k, v in os.environ.items() if not k.upper().startswith("KEYEDCONSUMER_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "keyedconsumer", "web", "--port", str(self.port), *args],
-            env={**base, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**base, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

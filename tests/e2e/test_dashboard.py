@@ -45,7 +45,9 @@ class Scene:
         self.dlq = f"{self.topic}.dlq"
         self.audit_topic = f"web-audit-{tag}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = admin.create_topics([NewTopic(self.topic, 2, 1), NewTopic(self.dlq, 1, 1), NewTopic(self.audit_topic, 2, 1)])
+        futures = admin.create_topics(
+            [NewTopic(self.topic, 2, 1), NewTopic(self.dlq, 1, 1), NewTopic(self.audit_topic, 2, 1)]
+        )
         for f in futures.values():
             f.result(timeout=30)
         self.fail_poison = True
@@ -54,9 +56,16 @@ class Scene:
         self.lock = threading.Lock()
         self.seq = RedisSequencer(redis_url, self.group, lease_ttl_s=5.0)
         self.consumer = KeyedConsumer(
-            name=self.group, handler=self.handle, brokers=[bootstrap], topics=[self.topic], concurrency=4,
+            name=self.group,
+            handler=self.handle,
+            brokers=[bootstrap],
+            topics=[self.topic],
+            concurrency=4,
             sequencer=self.seq,
-            middlewares=[DeadLetter(brokers=[bootstrap]), Retry(max_attempts=None, initial_delay_s=600, max_delay_s=600, jitter=0, park=True)],
+            middlewares=[
+                DeadLetter(brokers=[bootstrap]),
+                Retry(max_attempts=None, initial_delay_s=600, max_delay_s=600, jitter=0, park=True),
+            ],
         )
         self.running = Running(self.consumer)
 
@@ -80,16 +89,29 @@ class Scene:
 def scene(kafka_bootstrap: str, redis_url: str) -> Iterator[Scene]:
     s = Scene(kafka_bootstrap, redis_url)
     try:
-        records: list[tuple[bytes | None, bytes | None, int | None]] = [(f"k{i}".encode(), f"v{i}".encode(), None) for i in range(40)]
-        records += [(b"stuck", b"pay 42 EUR", None), (b"poison-1", b"not json 1", None), (b"poison-2", b"not json 2", None)]
+        records: list[tuple[bytes | None, bytes | None, int | None]] = [
+            (f"k{i}".encode(), f"v{i}".encode(), None) for i in range(40)
+        ]
+        records += [
+            (b"stuck", b"pay 42 EUR", None),
+            (b"poison-1", b"not json 1", None),
+            (b"poison-2", b"not json 2", None),
+        ]
         produce(kafka_bootstrap, s.topic, records)
         from confluent_kafka import Producer
 
         p = Producer({"bootstrap.servers": kafka_bootstrap})
-        p.produce(s.topic, key=XSS_KEY, value=XSS_VALUE, headers=[("x-note", XSS_HEADER), ("<b>name</b>", b"<i>v</i>")])
+        p.produce(
+            s.topic,
+            key=XSS_KEY,
+            value=XSS_VALUE,
+            headers=[("x-note", XSS_HEADER), ("<b>name</b>", b"<i>v</i>")],
+        )
         p.flush(10)
         assert wait_until(lambda: end_offsets(kafka_bootstrap, s.dlq, 1)[0] == 3, 60), "3 dead letters"
-        assert wait_until(lambda: any(pk["key"] == "stuck" for pk in inspect_redis(redis_url, s.group)["parked"]), 30)
+        assert wait_until(
+            lambda: any(pk["key"] == "stuck" for pk in inspect_redis(redis_url, s.group)["parked"]), 30
+        )
         s.scheduled_id = s.seq.schedule(s.topic, b"later", b"remind me", delay_s=600)
         yield s
     finally:
@@ -99,8 +121,23 @@ def scene(kafka_bootstrap: str, redis_url: str) -> Iterator[Scene]:
 @pytest.fixture(scope="module")
 def dashboard(scene: Scene, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     d = Dashboard(
-        ["--brokers", scene.bootstrap, "--group", scene.group, "--redis", redis_url, "--dead-letter-topic", scene.dlq,
-         "--enable-actions", "--refresh", "1", "--stall-after", "30", "--audit-topic", scene.audit_topic],
+        [
+            "--brokers",
+            scene.bootstrap,
+            "--group",
+            scene.group,
+            "--redis",
+            redis_url,
+            "--dead-letter-topic",
+            scene.dlq,
+            "--enable-actions",
+            "--refresh",
+            "1",
+            "--stall-after",
+            "30",
+            "--audit-topic",
+            scene.audit_topic,
+        ],
         {"KEYEDCONSUMER_WEB_TOKEN": TOKEN},
         tmp_path_factory.mktemp("web") / "dashboard.log",
     )
@@ -117,8 +154,12 @@ def _wait(driver: Any, pred: Any, timeout_s: float = 20.0, what: str = "") -> An
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(driver, timeout_s, poll_frequency=0.2,
-                         ignored_exceptions=(StaleElementReferenceException, NoSuchElementException))
+    wait = WebDriverWait(
+        driver,
+        timeout_s,
+        poll_frequency=0.2,
+        ignored_exceptions=(StaleElementReferenceException, NoSuchElementException),
+    )
     return wait.until(lambda d: pred(d), what)
 
 
@@ -144,46 +185,107 @@ def _shot(driver: Any, name: str) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_the_group_page_shows_members_offsets_and_throughput_and_refreshes_live(scene: Scene, dashboard: Dashboard, browser: Any) -> None:
+def test_the_group_page_shows_members_offsets_and_throughput_and_refreshes_live(
+    scene: Scene, dashboard: Dashboard, browser: Any
+) -> None:
     # when a person opens the groups overview
     browser.get(dashboard.url + "/groups")
     _wait(browser, lambda d: scene.group in _text(d), what="the group is listed")
-    _wait(browser, lambda d: "stable" in d.find_element("css selector", f'tr[data-group="{scene.group}"]').text, what="stable")
+    _wait(
+        browser,
+        lambda d: "stable" in d.find_element("css selector", f'tr[data-group="{scene.group}"]').text,
+        what="stable",
+    )
     # and the group's page
     browser.get(f"{dashboard.url}/groups/{scene.group}")
     browser.execute_script("window.__same_page = 1")
-    _wait(browser, lambda d: len(d.find_elements("css selector", "table.partitions tbody tr")) == 2, what="two partitions")
+    _wait(
+        browser,
+        lambda d: len(d.find_elements("css selector", "table.partitions tbody tr")) == 2,
+        what="two partitions",
+    )
     # then it shows the member, its partitions, the committed and end offsets: the consumer caught up
     text = _text(browser)
     assert "Members" in text and f"{scene.topic}[0]" in text and f"{scene.topic}[1]" in text
-    _wait(browser, lambda d: all("caught up" in r.text for r in d.find_elements("css selector", "table.partitions tbody tr")),
-          30, "both partitions caught up (the parked key let its partition move on)")
+    _wait(
+        browser,
+        lambda d: all(
+            "caught up" in r.text for r in d.find_elements("css selector", "table.partitions tbody tr")
+        ),
+        30,
+        "both partitions caught up (the parked key let its partition move on)",
+    )
     # and the throughput chart fills in by itself, without a reload (messages keep coming meanwhile)
     trickle = threading.Thread(
-        target=lambda: [(produce(scene.bootstrap, scene.topic, [(f"k{i}".encode(), b"more", None)] * 50), time.sleep(0.4))
-                        for i in range(12)], daemon=True)
+        target=lambda: [
+            (produce(scene.bootstrap, scene.topic, [(f"k{i}".encode(), b"more", None)] * 50), time.sleep(0.4))
+            for i in range(12)
+        ],
+        daemon=True,
+    )
     trickle.start()
-    _wait(browser, lambda d: d.find_elements("css selector", "figure.chart polyline.consumed"), 20, "the chart")
-    _wait(browser, lambda d: int(d.find_element("id", "live").get_attribute("data-refreshed") or 0) >= 2, 10, "live refreshes")
+    _wait(
+        browser, lambda d: d.find_elements("css selector", "figure.chart polyline.consumed"), 20, "the chart"
+    )
+    _wait(
+        browser,
+        lambda d: int(d.find_element("id", "live").get_attribute("data-refreshed") or 0) >= 2,
+        10,
+        "live refreshes",
+    )
     assert browser.execute_script("return window.__same_page") == 1, "refreshed in place, not reloaded"
-    _wait(browser, lambda d: "consumed 0.0/s" not in d.find_element("css selector", "figure.chart").text, 20, "a rate")
+    _wait(
+        browser,
+        lambda d: "consumed 0.0/s" not in d.find_element("css selector", "figure.chart").text,
+        20,
+        "a rate",
+    )
     _shot(browser, "group")
     trickle.join(30)
     browser.get(dashboard.url + "/groups")
-    _wait(browser, lambda d: d.find_elements("css selector", f'tr[data-group="{scene.group}"] figure.chart'), 20, "overview chart")
+    _wait(
+        browser,
+        lambda d: d.find_elements("css selector", f'tr[data-group="{scene.group}"] figure.chart'),
+        20,
+        "overview chart",
+    )
     _shot(browser, "groups")
 
 
 @pytest.mark.timeout(60)
-def test_the_keys_page_shows_the_parked_key_its_lease_and_the_instance(scene: Scene, dashboard: Dashboard, browser: Any) -> None:
+def test_the_keys_page_shows_the_parked_key_its_lease_and_the_instance(
+    scene: Scene, dashboard: Dashboard, browser: Any
+) -> None:
     browser.get(dashboard.url + "/keys")
-    _wait(browser, lambda d: d.find_elements("css selector", 'table.parked tr[data-key="stuck"]'), what="the parked key")
-    cells = _wait(browser, lambda d: [c.text for c in d.find_element("css selector", 'table.parked tr[data-key="stuck"]').find_elements("tag name", "td")])
-    assert cells[1] == "1" and cells[2].startswith("in ") and cells[4] == "2", cells  # depth 1, due later, attempt 2 next
+    _wait(
+        browser,
+        lambda d: d.find_elements("css selector", 'table.parked tr[data-key="stuck"]'),
+        what="the parked key",
+    )
+    cells = _wait(
+        browser,
+        lambda d: [
+            c.text
+            for c in d.find_element("css selector", 'table.parked tr[data-key="stuck"]').find_elements(
+                "tag name", "td"
+            )
+        ],
+    )
+    assert cells[1] == "1" and cells[2].startswith("in ") and cells[4] == "2", (
+        cells
+    )  # depth 1, due later, attempt 2 next
     # and the error that parked it, stored with the key in Redis
-    assert cells[5].startswith("builtins.ConnectionError: the payments service is down") and "attempt 1" in cells[5], cells
+    assert (
+        cells[5].startswith("builtins.ConnectionError: the payments service is down")
+        and "attempt 1" in cells[5]
+    ), cells
     assert "Instances (1)" in _text(browser) and "Scheduled messages (1)" in _text(browser)
-    _wait(browser, lambda d: scene.scheduled_id in d.find_element("css selector", 'table.scheduled tr[data-key="later"]').text)
+    _wait(
+        browser,
+        lambda d: (
+            scene.scheduled_id in d.find_element("css selector", 'table.scheduled tr[data-key="later"]').text
+        ),
+    )
     assert scene.seq.instance_id in _text(browser)
     _shot(browser, "keys")
     # and the search keeps only matching keys
@@ -194,18 +296,31 @@ def test_the_keys_page_shows_the_parked_key_its_lease_and_the_instance(scene: Sc
 
 
 @pytest.mark.timeout(60)
-def test_dead_letters_are_listed_with_their_failure_headers_escaped(scene: Scene, dashboard: Dashboard, browser: Any) -> None:
+def test_dead_letters_are_listed_with_their_failure_headers_escaped(
+    scene: Scene, dashboard: Dashboard, browser: Any
+) -> None:
     browser.get(dashboard.url + "/dead-letters")
     _wait(browser, lambda d: scene.dlq in _text(d), what="the dead-letter topic")
     browser.get(f"{dashboard.url}/dead-letters/{scene.dlq}")
-    _wait(browser, lambda d: len(d.find_elements("css selector", "table.dead-letters tr[data-record]")) == 3, what="3 records")
+    _wait(
+        browser,
+        lambda d: len(d.find_elements("css selector", "table.dead-letters tr[data-record]")) == 3,
+        what="3 records",
+    )
     text = _text(browser)
     assert "poison-1" in text and "PermanentError" in text and "cannot parse b'not json 1'" in text
     assert f"{scene.topic}[" in text, "the original topic and partition"
     # the payloads are shown as text, never run
-    browser.execute_script("document.querySelectorAll('details').forEach((d) => { d.open = true; })")  # also pauses the refresh
+    browser.execute_script(
+        "document.querySelectorAll('details').forEach((d) => { d.open = true; })"
+    )  # also pauses the refresh
     text = _text(browser)
-    assert XSS_KEY.decode() in text and XSS_VALUE.decode() in text and XSS_HEADER.decode() in text and "<b>name</b>" in text
+    assert (
+        XSS_KEY.decode() in text
+        and XSS_VALUE.decode() in text
+        and XSS_HEADER.decode() in text
+        and "<b>name</b>" in text
+    )
     assert "Traceback" in text and "kafka_dlt-exception-fqcn" in text
     source = browser.page_source
     assert "<script>window.__xss" not in source and "&lt;script&gt;window.__xss=1&lt;/script&gt;" in source
@@ -234,12 +349,18 @@ def _sign_in(browser: Any, dashboard: Dashboard) -> None:
 
 
 def _confirm(browser: Any) -> None:
-    _wait(browser, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="confirmation")
+    _wait(
+        browser,
+        lambda d: d.find_element("id", "confirm").get_attribute("open") is not None,
+        what="confirmation",
+    )
     browser.find_element("id", "confirm-ok").click()
 
 
 @pytest.mark.timeout(90)
-def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene, dashboard: Dashboard, browser: Any) -> None:
+def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(
+    scene: Scene, dashboard: Dashboard, browser: Any
+) -> None:
     # given the handler now accepts the poison messages, and no action is possible before signing in
     scene.fail_poison = False
     browser.get(f"{dashboard.url}/dead-letters/{scene.dlq}")
@@ -252,9 +373,19 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene
     assert "Replay 1 dead letter(s)" in browser.find_element("id", "confirm-text").text
     _confirm(browser)
     # then it is sent once, consumed again by the running consumer, and shown as replayed
-    _wait(browser, lambda d: "replayed 1 of 1 selected" in d.find_element("id", "flash").text, 40, "the replay's answer")
+    _wait(
+        browser,
+        lambda d: "replayed 1 of 1 selected" in d.find_element("id", "flash").text,
+        40,
+        "the replay's answer",
+    )
     assert wait_until(lambda: scene.values_seen(b"not json 1") == 2, 30), scene.seen
-    _wait(browser, lambda d: "replayed" in d.find_element("css selector", "tr[data-record]").text, 20, "replayed status")
+    _wait(
+        browser,
+        lambda d: "replayed" in d.find_element("css selector", "tr[data-record]").text,
+        20,
+        "replayed status",
+    )
     assert scene.values_seen(b"not json 2") == 1, "the others stay in the dead-letter topic"
     _shot(browser, "replayed")
     # when they un-park the parked key now and confirm
@@ -275,33 +406,67 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(scene: Scene
     _wait(browser, lambda d: "Scheduled messages (0)" in _text(d), 20, "the page shows it gone")
     # and each action was logged, without the token
     log = dashboard.log()
-    assert "action replay" in log and "action unpark" in log and "action cancel-scheduled" in log and "sign-in refused" in log
+    assert (
+        "action replay" in log
+        and "action unpark" in log
+        and "action cancel-scheduled" in log
+        and "sign-in refused" in log
+    )
     assert TOKEN not in log
     # and written to the audit topic: by the one session, what, which key and offsets, the result
     from keyedconsumer.cli.audit import find
 
-    records = list(find({"bootstrap.servers": scene.bootstrap}, scene.audit_topic, outcome="ACTION", timeout_s=30))
+    records = list(
+        find({"bootstrap.servers": scene.bootstrap}, scene.audit_topic, outcome="ACTION", timeout_s=30)
+    )
     got = sorted((r["action"], r["key"] or "", r["result"]) for r in records)
-    assert got == [("cancel-scheduled", "later", "done"), ("replay", "", "done"), ("replay", "poison-1", "done"),
-                   ("unpark", "stuck", "done")], records
+    assert got == [
+        ("cancel-scheduled", "later", "done"),
+        ("replay", "", "done"),
+        ("replay", "poison-1", "done"),
+        ("unpark", "stuck", "done"),
+    ], records
     assert len({r["session"] for r in records}) == 1 and records[0]["session"].startswith("session-")
     assert f"by {records[0]['session']} from" in log
     summary = next(r for r in records if r["action"] == "replay" and r["key"] is None)
     sent = next(r for r in records if r["key"] == "poison-1")
-    assert summary["dlq_topic"] == scene.dlq and summary["selected"] == 1 and summary["records"] == [[0, sent["dlq_offset"]]]
+    assert (
+        summary["dlq_topic"] == scene.dlq
+        and summary["selected"] == 1
+        and summary["records"] == [[0, sent["dlq_offset"]]]
+    )
     assert sent["topic"] == scene.topic and sent["offset"] is not None
 
 
 @pytest.mark.timeout(60)
-def test_with_redis_down_the_kafka_views_still_work_and_say_so(scene: Scene, browser: Any, tmp_path: Path) -> None:
-    d = Dashboard(["--brokers", scene.bootstrap, "--group", scene.group, "--redis", "redis://:sekret-pw@127.0.0.1:1/0", "--refresh", "1"],
-                  {}, tmp_path / "down.log")
+def test_with_redis_down_the_kafka_views_still_work_and_say_so(
+    scene: Scene, browser: Any, tmp_path: Path
+) -> None:
+    d = Dashboard(
+        [
+            "--brokers",
+            scene.bootstrap,
+            "--group",
+            scene.group,
+            "--redis",
+            "redis://:sekret-pw@127.0.0.1:1/0",
+            "--refresh",
+            "1",
+        ],
+        {},
+        tmp_path / "down.log",
+    )
     try:
         browser.get(d.url + "/keys")
         _wait(browser, lambda b: "did not answer" in _text(b), 20, "Redis down")
         assert "the Kafka views still work" in _text(browser) and "sekret-pw" not in browser.page_source
         browser.get(f"{d.url}/groups/{scene.group}")
-        _wait(browser, lambda b: len(b.find_elements("css selector", "table.partitions tbody tr")) == 2, 20, "Kafka still shown")
+        _wait(
+            browser,
+            lambda b: len(b.find_elements("css selector", "table.partitions tbody tr")) == 2,
+            20,
+            "Kafka still shown",
+        )
         assert "read-only" in _text(browser)
     finally:
         d.stop()

@@ -47,9 +47,11 @@ class RunRec:
     cut: str | None = None  # killed | exited | None
 
     def brief(self) -> str:
-        return (f"pid {self.pid} p{self.p}@{self.o} {self.key}#{self.seq} token {self.token} attempt {self.attempt} "
-                f"[{self.start}, {self.end}] {self.kind}{'/' + self.write if self.write else ''}"
-                f"{' cut:' + self.cut if self.cut else ''}")
+        return (
+            f"pid {self.pid} p{self.p}@{self.o} {self.key}#{self.seq} token {self.token} attempt {self.attempt} "
+            f"[{self.start}, {self.end}] {self.kind}{'/' + self.write if self.write else ''}"
+            f"{' cut:' + self.cut if self.cut else ''}"
+        )
 
 
 @dataclasses.dataclass
@@ -109,11 +111,19 @@ class Logs:
                 self.termed.setdefault(int(pid), t)
             elif kind == "stop":
                 self.stops[int(pid)].append([t, INF])
-            if kind in ("cont", "term_end", "kill") and self.stops.get(int(pid)) and self.stops[int(pid)][-1][1] == INF:
+            if (
+                kind in ("cont", "term_end", "kill")
+                and self.stops.get(int(pid))
+                and self.stops[int(pid)][-1][1] == INF
+            ):
                 self.stops[int(pid)][-1][1] = t
             if kind == "cut":
                 self.cuts[int(pid)].append([t, INF])
-            elif kind in ("heal", "term_end", "kill") and self.cuts.get(int(pid)) and self.cuts[int(pid)][-1][1] == INF:
+            elif (
+                kind in ("heal", "term_end", "kill")
+                and self.cuts.get(int(pid))
+                and self.cuts[int(pid)][-1][1] == INF
+            ):
                 self.cuts[int(pid)][-1][1] = t
             if kind == "redis_kill":
                 self.redis_windows.append((t, INF))
@@ -127,7 +137,9 @@ class Logs:
         self.runs: list[RunRec] = []
         self.dead: list[tuple[int, int, int, int]] = []  # (p, o, pid, ns)
         self.parked: dict[tuple[int, int], int] = {}  # (p, o) -> when its parking was acknowledged
-        self.parkings: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (p, o) -> [(ns, pid)]
+        self.parkings: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(
+            list
+        )  # (p, o) -> [(ns, pid)]
         self.double_starts: list[str] = []
         self.last_ns: dict[int, int] = {}
         for f in sorted((d / "events").glob("*.log")):
@@ -184,7 +196,9 @@ class Logs:
                     continue
                 self.samples += 1
                 recv = int(x[1])
-                meta = dict(item.split("=", 1) for item in x[3].split(";")) if len(x) > 3 and x[3] != "-" else {}
+                meta = (
+                    dict(item.split("=", 1) for item in x[3].split(";")) if len(x) > 3 and x[3] != "-" else {}
+                )
                 if x[2] != "-":
                     for item in x[2].split(","):
                         p, o = item.split(":")
@@ -201,7 +215,6 @@ class Logs:
             return -1
         i = bisect.bisect_left(ts, t)
         return self.commit_max[p][i - 1] if i > 0 else -1
-
 
     def covered_before(self, p: int, o: int, t: float) -> bool:
         """Whether offset ``o`` of ``p`` was covered by the group's commit as last observed (sample
@@ -241,13 +254,20 @@ def check_lost(g: Logs) -> Check:
     ended = {(r.p, r.o) for r in g.runs if r.kind == "E" and r.write == "ok"}
     dead = {(p, o) for p, o, _pid, _t in g.dead} | {(p, o) for p, o, _k in g.dlq}
     missing = sorted(set(g.acked) - ended - dead)
-    ev = [f"lost: p{p}@{o} {g.acked[(p, o)][0]}#{g.acked[(p, o)][1]} (no accepted end record, no dead letter)"
-          for p, o in missing[:50]]
+    ev = [
+        f"lost: p{p}@{o} {g.acked[(p, o)][0]}#{g.acked[(p, o)][1]} (no accepted end record, no dead letter)"
+        for p, o in missing[:50]
+    ]
     refused_only = [k for k in missing if any(r.p == k[0] and r.o == k[1] and r.kind == "E" for r in g.runs)]
-    return Check(1, "no message lost", not missing and bool(g.acked),
-                 f"{_n(len(g.acked))} acked, {_n(len(ended & set(g.acked)))} with an accepted end record, "
-                 f"{_n(len(dead & set(g.acked)))} dead-lettered, {_n(len(missing))} missing"
-                 f"{f' ({len(refused_only)} of them only ran with refused writes)' if refused_only else ''}", ev)
+    return Check(
+        1,
+        "no message lost",
+        not missing and bool(g.acked),
+        f"{_n(len(g.acked))} acked, {_n(len(ended & set(g.acked)))} with an accepted end record, "
+        f"{_n(len(dead & set(g.acked)))} dead-lettered, {_n(len(missing))} missing"
+        f"{f' ({len(refused_only)} of them only ran with refused writes)' if refused_only else ''}",
+        ev,
+    )
 
 
 def check_final_commits(g: Logs) -> Check:
@@ -256,9 +276,14 @@ def check_final_commits(g: Logs) -> Check:
     bad = [(p, com.get(p), e) for p, e in sorted(end.items()) if com.get(p) != e]
     lag = sum(e - (com.get(p) or 0) for p, e in end.items())
     ev = [f"p{p}: committed {c}, end offset {e}" for p, c, e in bad]
-    return Check(2, "final commits = end offsets", bool(end) and not bad,
-                 f"{len(end) - len(bad)}/{len(end)} partitions equal, total lag {_n(lag)}, "
-                 f"drain {'reached lag 0' if g.final.get('drained') else 'TIMED OUT'}", ev)
+    return Check(
+        2,
+        "final commits = end offsets",
+        bool(end) and not bad,
+        f"{len(end) - len(bad)}/{len(end)} partitions equal, total lag {_n(lag)}, "
+        f"drain {'reached lag 0' if g.final.get('drained') else 'TIMED OUT'}",
+        ev,
+    )
 
 
 def check_commits_safe(g: Logs) -> Check:
@@ -292,19 +317,23 @@ def check_commits_safe(g: Logs) -> Check:
             if spans and (c, spans) != last_named:  # the metadata names only finished offsets
                 last_named = (c, spans)
                 for lo, hi in spans:
-                    for o in offs[bisect.bisect_left(offs, lo): bisect.bisect_left(offs, hi)]:
+                    for o in offs[bisect.bisect_left(offs, lo) : bisect.bisect_left(offs, hi)]:
                         if first_done.get((p, o), INF) > recv:
                             named += 1
                             if len(ev) < 40:
                                 key, seq, _f = g.acked[(p, o)]
-                                ev.append(f"named finished: p{p} committed {c} at {_sec(recv, t0)} with metadata "
-                                          f"naming p{p}@{o} ({key}#{seq}) finished, which it was not "
-                                          f"(first done {_sec(first_done.get((p, o), INF), t0)})")
+                                ev.append(
+                                    f"named finished: p{p} committed {c} at {_sec(recv, t0)} with metadata "
+                                    f"naming p{p}@{o} ({key}#{seq}) finished, which it was not "
+                                    f"(first done {_sec(first_done.get((p, o), INF), t0)})"
+                                )
             if c < prev and _coordinator_moving(g, recv):
                 moving += 1
                 if len(ev) < 40:
-                    ev.append(f"backwards while the group coordinator moved (excused): p{p} committed {prev} then "
-                              f"{c} (sample at {_sec(recv, t0)})")
+                    ev.append(
+                        f"backwards while the group coordinator moved (excused): p{p} committed {prev} then "
+                        f"{c} (sample at {_sec(recv, t0)})"
+                    )
             elif c < prev:
                 backwards += 1
                 if len(ev) < 40:
@@ -316,15 +345,21 @@ def check_commits_safe(g: Logs) -> Check:
                 if len(ev) < 40:
                     o = next(o for o in offs[: i + 1] if first_done.get((p, o), INF) > recv)
                     key, seq, _f = g.acked[(p, o)]
-                    ev.append(f"ahead: p{p} committed {c} at {_sec(recv, t0)} while p{p}@{o} ({key}#{seq}) was "
-                              f"unfinished (first done {_sec(first_done.get((p, o), INF), t0)})")
+                    ev.append(
+                        f"ahead: p{p} committed {c} at {_sec(recv, t0)} while p{p}@{o} ({key}#{seq}) was "
+                        f"unfinished (first done {_sec(first_done.get((p, o), INF), t0)})"
+                    )
     n = sum(len(v) for v in g.commits.values())
-    return Check(3, "commits never ahead of an unfinished message, never backwards",
-                 ahead == 0 and backwards == 0 and named == 0 and n > 0,
-                 f"{_n(g.samples)} samples ({_n(n)} partition offsets, {_n(g.sample_errors)} failed while the broker "
-                 f"was down), {_n(ahead)} ahead of an unfinished message, {_n(named)} unfinished named finished "
-                 f"by the commit metadata, {_n(backwards)} backwards (+ {_n(moving)} read while a killed broker's group "
-                 f"coordinator moved, KAFKA-20634)", ev)
+    return Check(
+        3,
+        "commits never ahead of an unfinished message, never backwards",
+        ahead == 0 and backwards == 0 and named == 0 and n > 0,
+        f"{_n(g.samples)} samples ({_n(n)} partition offsets, {_n(g.sample_errors)} failed while the broker "
+        f"was down), {_n(ahead)} ahead of an unfinished message, {_n(named)} unfinished named finished "
+        f"by the commit metadata, {_n(backwards)} backwards (+ {_n(moving)} read while a killed broker's group "
+        f"coordinator moved, KAFKA-20634)",
+        ev,
+    )
 
 
 def check_order(g: Logs) -> Check:
@@ -344,7 +379,9 @@ def check_order(g: Logs) -> Check:
             if r.seq < last:
                 disorder += 1
                 if len(ev) < 20:
-                    ev.append(f"order: {key}#{r.seq} first ran at {_sec(r.start, t0)} after #{last} ({r.brief()})")
+                    ev.append(
+                        f"order: {key}#{r.seq} first ran at {_sec(r.start, t0)} after #{last} ({r.brief()})"
+                    )
             last = max(last, r.seq)
     starts: dict[tuple[int, int], int] = defaultdict(int)
     reruns, early = 0, 0
@@ -357,11 +394,18 @@ def check_order(g: Logs) -> Check:
         if r.o < c and not g.parked.get((r.p, r.o), INF) < r.start:  # a parked one runs from Redis
             early += 1
             if len(ev) < 40:
-                ev.append(f"behind the commit: p{r.p}@{r.o} started at {_sec(r.start, t0)} after commit {c} was "
-                          f"observed ({r.brief()})")
-    return Check(4, "per-key order; re-runs start at or after the committed point", disorder == 0 and early == 0,
-                 f"{_n(len(by_key))} keys, {_n(disorder)} sequence numbers first seen out of order; {_n(reruns)} "
-                 f"re-deliveries, {_n(early)} runs started below an observed commit", ev)
+                ev.append(
+                    f"behind the commit: p{r.p}@{r.o} started at {_sec(r.start, t0)} after commit {c} was "
+                    f"observed ({r.brief()})"
+                )
+    return Check(
+        4,
+        "per-key order; re-runs start at or after the committed point",
+        disorder == 0 and early == 0,
+        f"{_n(len(by_key))} keys, {_n(disorder)} sequence numbers first seen out of order; {_n(reruns)} "
+        f"re-deliveries, {_n(early)} runs started below an observed commit",
+        ev,
+    )
 
 
 def _stopped_during(g: Logs, pid: int, a: float, b: float) -> bool:
@@ -440,7 +484,9 @@ def check_exclusive(g: Logs) -> Check:
             if t < top_w:
                 stale_writes += 1
                 if len(ev_writes) < 20:
-                    ev_writes.append(f"stale write accepted: {key} version {v} with token {t} after token {top_w}")
+                    ev_writes.append(
+                        f"stale write accepted: {key} version {v} with token {t} after token {top_w}"
+                    )
             top_w = max(top_w, t)
     t0 = min((t for t, *_ in g.faults), default=0)
     overlaps, excused, stale, stale_excused, unended, ev = 0, 0, 0, 0, 0, []
@@ -458,31 +504,42 @@ def check_exclusive(g: Logs) -> Check:
                 stale_excused += ok
                 stale += not ok
                 if not ok and len(ev) < 60:
-                    ev.append(f"stale start: {r.brief()} at {_sec(r.start, t0)} after token {top} "
-                              f"({top_run.brief() if top_run else ''})")
+                    ev.append(
+                        f"stale start: {r.brief()} at {_sec(r.start, t0)} after token {top} "
+                        f"({top_run.brief() if top_run else ''})"
+                    )
             if r.token > top:
                 top, top_run = r.token, r
             active = [a for a in active if a.end > r.start]
             for a in active:
                 low, high = (a, r) if a.token <= r.token else (r, a)
-                zombie = (_stopped_during(g, low.pid, low.start, low.end) or _redis_out_during(g, low.start, low.end)
-                          or (low is r and _resumed_just_before(g, r, ends_by_pid_key)))
+                zombie = (
+                    _stopped_during(g, low.pid, low.start, low.end)
+                    or _redis_out_during(g, low.start, low.end)
+                    or (low is r and _resumed_just_before(g, r, ends_by_pid_key))
+                )
                 if low.token < high.token and zombie and _harmless_write(low, writes[key]):
                     excused += 1
                 else:
                     overlaps += 1
                     if len(ev) < 60:
-                        ev.append(f"overlap: {key}: {a.brief()} at {_sec(a.start, t0)}-{_sec(a.end, t0)} and "
-                                  f"{r.brief()} at {_sec(r.start, t0)}-{_sec(r.end, t0)}")
+                        ev.append(
+                            f"overlap: {key}: {a.brief()} at {_sec(a.start, t0)}-{_sec(a.end, t0)} and "
+                            f"{r.brief()} at {_sec(r.start, t0)}-{_sec(r.end, t0)}"
+                        )
             active.append(r)
     killed_cut = sum(1 for r in g.runs if r.cut == "killed")
-    return Check(5, "no two runs of one key at once",
-                 overlaps == 0 and stale == 0 and unended == 0 and stale_writes == 0,
-                 f"{_n(len(g.runs))} runs, {_n(overlaps)} overlaps + {_n(stale)} stale-token starts not excused; "
-                 f"{_n(excused)} overlaps by zombies of a SIGSTOP, a host cut or a Redis outage (lower token, write refused or before the newer "
-                 f"token's) + {_n(stale_excused)} excused stale starts; {_n(killed_cut)} runs cut by SIGKILL; "
-                 f"{_n(refused)} writes refused, {_n(stale_writes)} accepted after a higher token; "
-                 f"{_n(unended)} runs never ended", ev_writes + ev)
+    return Check(
+        5,
+        "no two runs of one key at once",
+        overlaps == 0 and stale == 0 and unended == 0 and stale_writes == 0,
+        f"{_n(len(g.runs))} runs, {_n(overlaps)} overlaps + {_n(stale)} stale-token starts not excused; "
+        f"{_n(excused)} overlaps by zombies of a SIGSTOP, a host cut or a Redis outage (lower token, write refused or before the newer "
+        f"token's) + {_n(stale_excused)} excused stale starts; {_n(killed_cut)} runs cut by SIGKILL; "
+        f"{_n(refused)} writes refused, {_n(stale_writes)} accepted after a higher token; "
+        f"{_n(unended)} runs never ended",
+        ev_writes + ev,
+    )
 
 
 def check_duplicates(g: Logs) -> Check:
@@ -563,15 +620,20 @@ def check_duplicates(g: Logs) -> Check:
             t2 = st[i] if i < len(st) else t2c
             # a SIGSTOP zombie's run that ends after the new owner's (check 5 judges it) counts for the stop
             zombie = _stopped_during(g, pid2, s2, t2c)
-            why = ("cut" if any(s < t2c and c > s2 for s, c in g.cuts.get(pid2, [])) else "stop") if zombie \
+            why = (
+                ("cut" if any(s < t2c and c > s2 for s, c in g.cuts.get(pid2, [])) else "stop")
+                if zombie
                 else cause(p, o, t1, pid1, t2, s1)
+            )
             dups[why or "graceful"] += 1
             if why is None and len(ev) < 40:
                 terms = [f"term/leave of {q} at {_sec(t, t0)}" for q, t in g.termed.items() if t1 <= t <= t2]
                 joins = [f"join of {q} at {_sec(t, t0)}" for q, t in g.started.items() if t1 <= t <= t2]
                 key, seq, _f = g.acked.get((p, o), ("?", 0, ""))
-                ev.append(f"duplicate without a kill: p{p}@{o} {key}#{seq} done by pid {pid1} at {_sec(t1, t0)}, "
-                          f"again by pid {pid2} (started {_sec(t2, t0)}); between: {'; '.join(terms + joins) or 'nothing'}")
+                ev.append(
+                    f"duplicate without a kill: p{p}@{o} {key}#{seq} done by pid {pid1} at {_sec(t1, t0)}, "
+                    f"again by pid {pid2} (started {_sec(t2, t0)}); between: {'; '.join(terms + joins) or 'nothing'}"
+                )
     # the bound: per kill-type event, the completions at risk (done, not yet committed, by its victims)
     by_pid: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     every: list[tuple[float, int, int]] = []
@@ -592,20 +654,31 @@ def check_duplicates(g: Logs) -> Check:
                 redis_runs[pid].append(t)
     bounds: dict[str, int] = defaultdict(int)
     for pid, k in kills.items():
-        bounds["kill"] += sum(1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k))
-        bounds["kill"] += sum(1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k))
+        bounds["kill"] += sum(
+            1 for t, p, o in by_pid.get(pid, []) if t <= k and not g.covered_before(p, o, k)
+        )
+        bounds["kill"] += sum(
+            1 for t, p, o in parked_by.get(pid, []) if t <= k and not g.covered_before(p, o, k)
+        )
         bounds["kill"] += sum(1 for t in redis_runs.get(pid, []) if k - PARKED_SETTLE_NS <= t <= k)
     for kind, pauses in (("stop", g.stops), ("cut", g.cuts)):
         for pid, ivs in pauses.items():
             for s, c in ivs:
-                bounds[kind] += sum(1 for t, p, o in by_pid.get(pid, [])
-                                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
-                bounds[kind] += sum(1 for t, p, o in parked_by.get(pid, [])
-                                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s)))
+                bounds[kind] += sum(
+                    1
+                    for t, p, o in by_pid.get(pid, [])
+                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s))
+                )
+                bounds[kind] += sum(
+                    1
+                    for t, p, o in parked_by.get(pid, [])
+                    if t <= c + max_run and (t >= s or not g.covered_before(p, o, s))
+                )
                 bounds[kind] += sum(1 for t in redis_runs.get(pid, []) if s - PARKED_SETTLE_NS <= t <= s)
     for k2, up in g.kafka_windows:
-        bounds["broker"] += sum(1 for t, p, o in every
-                                if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2))
+        bounds["broker"] += sum(
+            1 for t, p, o in every if t <= up + session + 10 * S_NS and not g.covered_before(p, o, k2)
+        )
     for k3, up in g.redis_windows:
         bounds["redis"] += sum(1 for t, _p, _o in every if k3 <= t <= up + ttl + 2 * S_NS)
         bounds["redis"] += sum(1 for ts in redis_runs.values() for t in ts if k3 - PARKED_SETTLE_NS <= t < k3)
@@ -614,11 +687,16 @@ def check_duplicates(g: Logs) -> Check:
     graceful = dups.get("graceful", 0)
     parts = ", ".join(f"{k} {_n(v)}" for k, v in sorted(dups.items()) if k != "graceful") or "none"
     bound_parts = ", ".join(f"{k} {_n(v)}" for k, v in sorted(bounds.items())) or "none"
-    return Check(6, "duplicates only from kills, within the bound", graceful == 0 and total <= bound,
-                 f"{_n(total)} duplicate completions ({parts}); {_n(graceful)} not explained by a kill "
-                 f"(after SIGTERM/join/leave or nothing; must be 0); "
-                 f"bound {_n(bound)} ({bound_parts}) = messages done and not covered by the commit "
-                 f"(offset or metadata) when a kill hit", ev)
+    return Check(
+        6,
+        "duplicates only from kills, within the bound",
+        graceful == 0 and total <= bound,
+        f"{_n(total)} duplicate completions ({parts}); {_n(graceful)} not explained by a kill "
+        f"(after SIGTERM/join/leave or nothing; must be 0); "
+        f"bound {_n(bound)} ({bound_parts}) = messages done and not covered by the commit "
+        f"(offset or metadata) when a kill hit",
+        ev,
+    )
 
 
 def check_memory(g: Logs) -> Check:
@@ -660,14 +738,21 @@ def check_memory(g: Logs) -> Check:
         worst = max(worst, growth / 1024)
         if growth > max(16 * 1024, 0.10 * first):
             grown += 1
-            ev.append(f"pid {pid}: RSS {first / 1024:.0f} MiB in the first third of the backlog, "
-                      f"{last / 1024:.0f} MiB in the last ({len(pts)} samples)")
-    return Check(7, "RSS plateaus during the backlog", judged > 0 and grown == 0,
-                 f"backlog phase {phase:.0f} s (judged over {(end - start) / S_NS if end != INF else INF:.0f} s), "
-                 f"{judged} consumer processes judged, largest growth "
-                 f"{worst:.1f} MiB (limit max(16 MiB, 10%)), {grown} growing; peak RSS {peak / 1024:.0f} MiB; "
-                 f"Redis used_memory peak {max(redis_mem, default=0) / 2**20:.1f} MiB, "
-                 f"end {(redis_mem[-1] if redis_mem else 0) / 2**20:.1f} MiB", ev)
+            ev.append(
+                f"pid {pid}: RSS {first / 1024:.0f} MiB in the first third of the backlog, "
+                f"{last / 1024:.0f} MiB in the last ({len(pts)} samples)"
+            )
+    return Check(
+        7,
+        "RSS plateaus during the backlog",
+        judged > 0 and grown == 0,
+        f"backlog phase {phase:.0f} s (judged over {(end - start) / S_NS if end != INF else INF:.0f} s), "
+        f"{judged} consumer processes judged, largest growth "
+        f"{worst:.1f} MiB (limit max(16 MiB, 10%)), {grown} growing; peak RSS {peak / 1024:.0f} MiB; "
+        f"Redis used_memory peak {max(redis_mem, default=0) / 2**20:.1f} MiB, "
+        f"end {(redis_mem[-1] if redis_mem else 0) / 2**20:.1f} MiB",
+        ev,
+    )
 
 
 #: What may stay in the namespace after the end: fencing counters (must never repeat), the
@@ -686,17 +771,26 @@ def check_clean_end(g: Logs) -> Check:
     dlq_distinct = {(p, o) for p, o, _k in g.dlq}
     not_poison = [x for x in g.dlq if x[2] not in g.poison]
     ok = bool(red) and leases == 0 and not left and dlq_distinct == poison_msgs and not not_poison
-    ev = [f"left in Redis: {name}" for kind, names in red.get("examples", {}).items()
-          if kind not in ALLOWED_LEFT for name in names]
+    ev = [
+        f"left in Redis: {name}"
+        for kind, names in red.get("examples", {}).items()
+        if kind not in ALLOWED_LEFT
+        for name in names
+    ]
     ev += [f"dead-lettered but not poison: p{p}@{o} {k}" for p, o, k in not_poison[:20]]
     ev += [f"poison message not dead-lettered: p{p}@{o}" for p, o in sorted(poison_msgs - dlq_distinct)[:20]]
     other = ", ".join(f"{k} {v}" for k, v in sorted(left.items())) or "none"
     kept = ", ".join(f"{k} {kinds[k]}" for k in sorted(ALLOWED_LEFT) if kinds.get(k)) or "none"
-    return Check(8, "clean end", ok,
-                 f"{leases} leases left; parked/scheduled/other keys left: {other}; parked-totals counter "
-                 f"left at {drift}; "
-                 f"kept: {kept}; {len(dlq_distinct)} distinct dead letters ({len(g.dlq)} records) for "
-                 f"{len(poison_msgs)} poison messages, {len(not_poison)} not poison", ev)
+    return Check(
+        8,
+        "clean end",
+        ok,
+        f"{leases} leases left; parked/scheduled/other keys left: {other}; parked-totals counter "
+        f"left at {drift}; "
+        f"kept: {kept}; {len(dlq_distinct)} distinct dead letters ({len(g.dlq)} records) for "
+        f"{len(poison_msgs)} poison messages, {len(not_poison)} not poison",
+        ev,
+    )
 
 
 def check_all(d: Path) -> tuple[str, list[Check], bool]:
@@ -704,20 +798,32 @@ def check_all(d: Path) -> tuple[str, list[Check], bool]:
     kinds: dict[str, int] = defaultdict(int)
     for _t, kind, _pid, _detail in g.faults:
         kinds[kind] += 1
-    faults = ", ".join(f"{k} {kinds[k]}" for k in ("kill", "term", "stop", "cut", "join", "leave", "redis_kill",
-                                                                  "kafka_kill")
-                       if kinds[k])
+    faults = ", ".join(
+        f"{k} {kinds[k]}"
+        for k in ("kill", "term", "stop", "cut", "join", "leave", "redis_kill", "kafka_kill")
+        if kinds[k]
+    )
     unexpected = g.final.get("unexpected_exits", 0)
     deaths = g.final.get("thread_deaths", [])
-    header = (f"run: {g.cfg['size']} seed {g.cfg['seed']} bug {g.cfg.get('bug') or 'none'} faults "
-              f"{g.cfg.get('faults')}{' park' if g.cfg.get('park') else ''}; {_n(len(g.acked))} acked "
-              f"({_n(g.cfg['backlog'])} backlog), {g.nacks} not acked; {g.cfg['partitions']} partitions, "
-              f"{g.size.keys} keys; {_n(len(g.parked))} parked; faults: {faults or 'none'}; "
-              f"unexpected consumer exits {unexpected}; consumer threads died {len(deaths)}"
-              f"{' (' + ', '.join(deaths[:4]) + ')' if deaths else ''}; "
-              f"{g.final.get('seconds', '?')} s")
-    checks = [check_lost(g), check_final_commits(g), check_commits_safe(g), check_order(g), check_exclusive(g),
-              check_duplicates(g), check_memory(g), check_clean_end(g)]
+    header = (
+        f"run: {g.cfg['size']} seed {g.cfg['seed']} bug {g.cfg.get('bug') or 'none'} faults "
+        f"{g.cfg.get('faults')}{' park' if g.cfg.get('park') else ''}; {_n(len(g.acked))} acked "
+        f"({_n(g.cfg['backlog'])} backlog), {g.nacks} not acked; {g.cfg['partitions']} partitions, "
+        f"{g.size.keys} keys; {_n(len(g.parked))} parked; faults: {faults or 'none'}; "
+        f"unexpected consumer exits {unexpected}; consumer threads died {len(deaths)}"
+        f"{' (' + ', '.join(deaths[:4]) + ')' if deaths else ''}; "
+        f"{g.final.get('seconds', '?')} s"
+    )
+    checks = [
+        check_lost(g),
+        check_final_commits(g),
+        check_commits_safe(g),
+        check_order(g),
+        check_exclusive(g),
+        check_duplicates(g),
+        check_memory(g),
+        check_clean_end(g),
+    ]
     if g.double_starts:
         checks[4].ok = False
         checks[4].figures += f"; {len(g.double_starts)} runs started twice in one process"
@@ -739,11 +845,20 @@ def main(argv: list[str] | None = None) -> int:
             if c.evidence:
                 f.write(f"== {c.line()}\n" + "\n".join(c.evidence) + "\n")
     (d / "checks.txt").write_text("\n".join(lines) + "\n")
-    (d / "checks.json").write_text(json.dumps(
-        {"header": header, "clean_run": clean,
-         "checks": {str(c.n): {"ok": c.ok, "line": c.line()} for c in checks}}, indent=1))
+    (d / "checks.json").write_text(
+        json.dumps(
+            {
+                "header": header,
+                "clean_run": clean,
+                "checks": {str(c.n): {"ok": c.ok, "line": c.line()} for c in checks},
+            },
+            indent=1,
+        )
+    )
     if not clean:
-        print("RUN FAIL: a consumer exited unexpectedly, or one of its threads died (see faults.log and logs/)")
+        print(
+            "RUN FAIL: a consumer exited unexpectedly, or one of its threads died (see faults.log and logs/)"
+        )
     return 0 if clean and all(c.ok for c in checks) else 1
 
 

@@ -30,6 +30,7 @@ def _redis_ports(base: int) -> list[int]:
 
 def pick_bases(preferred: tuple[int, int] = (19092, 17000)) -> tuple[int, int]:
     """``(kafka base, redis base)``: the preferred ones if all their ports are free, else free ones."""
+
     def free(kafka: int, redis: int) -> bool:
         return all(stable_port(p) for p in _kafka_ports(kafka) + _redis_ports(redis))
 
@@ -38,7 +39,10 @@ def pick_bases(preferred: tuple[int, int] = (19092, 17000)) -> tuple[int, int]:
     rng = random.Random()
     for _ in range(200):
         # below the ephemeral range (see services.ephemeral_start); a Redis node's bus port is +10000
-        kafka, redis = rng.randrange(22000, min(30000, ephemeral_start() - 100), 10), rng.randrange(10000, 11900, 10)
+        kafka, redis = (
+            rng.randrange(22000, min(30000, ephemeral_start() - 100), 10),
+            rng.randrange(10000, 11900, 10),
+        )
         if free(kafka, redis):
             return kafka, redis
     raise RuntimeError("no free ports for the test cluster")
@@ -62,8 +66,12 @@ class Cluster:
         self.run_dir = run_dir
         self.kafka_base, self.redis_base = bases
         self.host = host
-        self.env = services_env(run_dir, CLUSTER_KAFKA_BASE=self.kafka_base, CLUSTER_REDIS_BASE=self.redis_base,
-                                KC_SERVICES_HOST=host)
+        self.env = services_env(
+            run_dir,
+            CLUSTER_KAFKA_BASE=self.kafka_base,
+            CLUSTER_REDIS_BASE=self.redis_base,
+            KC_SERVICES_HOST=host,
+        )
         self.log_path = run_dir / "services.out"
 
     @property
@@ -95,7 +103,9 @@ class Cluster:
 
     def redis_pid(self, node: int) -> int:
         """The pid of Redis node ``node`` (1..6), from its pid file."""
-        return int((self.run_dir / "cluster" / f"redis-{node}" / "redis" / "redis.pid").read_text().split()[0])
+        return int(
+            (self.run_dir / "cluster" / f"redis-{node}" / "redis" / "redis.pid").read_text().split()[0]
+        )
 
     def _run(self, *args: str, timeout_s: float = 300.0) -> None:
         run_services(self.env, self.log_path, *args, timeout_s=timeout_s)

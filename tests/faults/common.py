@@ -79,20 +79,52 @@ class Size:
 
 
 SIZES = {
-    "full": Size("full", partitions=12, keys=2000, messages=150_000, fault_window_s=210.0,
-                 consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=240.0),
-    "ci": Size("ci", partitions=12, keys=300, messages=15_000, fault_window_s=75.0,
-               consumer_fault_every_s=(9.0, 12.0), drain_timeout_s=120.0),
+    "full": Size(
+        "full",
+        partitions=12,
+        keys=2000,
+        messages=150_000,
+        fault_window_s=210.0,
+        consumer_fault_every_s=(15.0, 25.0),
+        drain_timeout_s=240.0,
+    ),
+    "ci": Size(
+        "ci",
+        partitions=12,
+        keys=300,
+        messages=15_000,
+        fault_window_s=75.0,
+        consumer_fault_every_s=(9.0, 12.0),
+        drain_timeout_s=120.0,
+    ),
     # the cluster run (--cluster): 3 brokers, a Redis Cluster, consumers on hosts; a longer window,
     # for the host cut and the failovers. 3 JVMs and 7 Redis servers share the 2 cores with the
     # consumers: a 6 s session timeout let the group coordinator drop members that no fault touched
     # (under a load of 30-40), so 10 s, and the pauses and cuts stay longer than that
-    "cluster-full": Size("cluster-full", partitions=12, keys=2000, messages=150_000, fault_window_s=240.0,
-                         consumer_fault_every_s=(15.0, 25.0), drain_timeout_s=300.0, session_timeout_ms=10_000,
-                         stop_s=(11.0, 13.0), cut_s=(16.0, 18.0)),
-    "cluster-ci": Size("cluster-ci", partitions=12, keys=300, messages=15_000, fault_window_s=90.0,
-                       consumer_fault_every_s=(10.0, 14.0), drain_timeout_s=150.0, session_timeout_ms=10_000,
-                       stop_s=(11.0, 13.0), cut_s=(16.0, 18.0)),
+    "cluster-full": Size(
+        "cluster-full",
+        partitions=12,
+        keys=2000,
+        messages=150_000,
+        fault_window_s=240.0,
+        consumer_fault_every_s=(15.0, 25.0),
+        drain_timeout_s=300.0,
+        session_timeout_ms=10_000,
+        stop_s=(11.0, 13.0),
+        cut_s=(16.0, 18.0),
+    ),
+    "cluster-ci": Size(
+        "cluster-ci",
+        partitions=12,
+        keys=300,
+        messages=15_000,
+        fault_window_s=90.0,
+        consumer_fault_every_s=(10.0, 14.0),
+        drain_timeout_s=150.0,
+        session_timeout_ms=10_000,
+        stop_s=(11.0, 13.0),
+        cut_s=(16.0, 18.0),
+    ),
 }
 
 
@@ -122,7 +154,13 @@ def plan(size: Size, seed: int, hold_index: int | None = None) -> list[Planned]:
         key = rng.choice(hot) if rng.random() < size.hot_share else rng.choice(cold)
         seq = seqs[key] = seqs.get(key, 0) + 1
         r = rng.random()
-        flag = OVERRUN if r < size.overrun_share else ONCE if r < size.overrun_share + size.fail_once_share else ""
+        flag = (
+            OVERRUN
+            if r < size.overrun_share
+            else ONCE
+            if r < size.overrun_share + size.fail_once_share
+            else ""
+        )
         out.append(Planned(key, seq, f"{seed}-{i}", flag))
     if hold_index is not None:
         i = next(j for j in range(hold_index, len(out)) if out[j].key in cold[size.poison_keys :])

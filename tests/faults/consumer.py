@@ -74,8 +74,10 @@ def record_parking(rec: Any, pid: int) -> None:
                 key, seq = v["k"], v["s"]
             except (ValueError, KeyError):
                 key, seq = "-", 0
-            rec(f"K {pid} {msg.partition} {msg.offset} {key} {seq} {msg.fencing_token} {msg.attempt} "
-                f"{time.monotonic_ns()}")
+            rec(
+                f"K {pid} {msg.partition} {msg.offset} {key} {seq} {msg.fencing_token} {msg.attempt} "
+                f"{time.monotonic_ns()}"
+            )
         original(self, ds)
 
     dispatcher.Dispatcher.parked_locked = parked_locked  # type: ignore[method-assign]
@@ -98,7 +100,9 @@ def main() -> int:
     bug = cfg.get("bug") or ""
     rec(f"P {pid} {time.monotonic_ns()} start {bug or '-'}")
     hold = cfg.get("hold") or {}
-    ext = connect(cfg.get("db_url") or cfg["redis_url"], 2.0)  # the handler's database (cluster runs: its own)
+    ext = connect(
+        cfg.get("db_url") or cfg["redis_url"], 2.0
+    )  # the handler's database (cluster runs: its own)
     fenced = ext.register_script(UNFENCED_WRITE if cfg.get("harness_skip_fencing") else FENCED_WRITE)
     ns = cfg["namespace"]
 
@@ -109,8 +113,13 @@ def main() -> int:
         while True:
             try:
                 return int(fenced(keys=[f"ext:{ns}:{key}"], args=[token, seq]))
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.exceptions.ClusterError,
-                    redis.exceptions.RedisClusterException):
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+                redis.BusyLoadingError,
+                redis.exceptions.ClusterError,
+                redis.exceptions.RedisClusterException,
+            ):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
@@ -145,19 +154,30 @@ def main() -> int:
             handler(msg)
             if msg.state.get("dead_lettered"):
                 v = json.loads(msg.value or b"{}")
-                rec(f"D {pid} {msg.partition} {msg.offset} {v['k']} {v['s']} {msg.fencing_token} "
-                    f"{msg.attempt} {time.monotonic_ns()}")
+                rec(
+                    f"D {pid} {msg.partition} {msg.offset} {v['k']} {v['s']} {msg.fencing_token} "
+                    f"{msg.attempt} {time.monotonic_ns()}"
+                )
 
         return wrapped
 
     if cfg.get("park"):
         record_parking(rec, pid)
-    retry_options: dict[str, Any] = {"max_attempts": 3, "initial_delay_s": 0.05, "multiplier": 2.0,
-                                     "max_delay_s": 1.0, "jitter": 0.1}
+    retry_options: dict[str, Any] = {
+        "max_attempts": 3,
+        "initial_delay_s": 0.05,
+        "multiplier": 2.0,
+        "max_delay_s": 1.0,
+        "jitter": 0.1,
+    }
     if cfg.get("park"):
         retry_options["park"] = True  # ordered non-blocking retries in Redis (parking)
-    sequencer = RedisSequencer(cfg["redis_url"], ns, lease_ttl_s=size.lease_ttl_s,
-                               require_durable=not cfg.get("nondurable_redis", False))
+    sequencer = RedisSequencer(
+        cfg["redis_url"],
+        ns,
+        lease_ttl_s=size.lease_ttl_s,
+        require_durable=not cfg.get("nondurable_redis", False),
+    )
     if bug == "skip_fencing":
         bugs.plant_skip_fencing()
     consumer = KeyedConsumer(

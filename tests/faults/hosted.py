@@ -40,7 +40,9 @@ FAILOVER_WAIT_S = 30.0
 
 
 def _redis_cli(host: str, port: int, *args: str) -> str:
-    r = subprocess.run(["redis-cli", "-h", host, "-p", str(port), *args], capture_output=True, text=True, timeout=5)
+    r = subprocess.run(
+        ["redis-cli", "-h", host, "-p", str(port), *args], capture_output=True, text=True, timeout=5
+    )
     return r.stdout
 
 
@@ -67,7 +69,9 @@ class ClusterServices:
         except BaseException:
             self.hosts.close()
             raise
-        self.db_env = services_env(run_dir / "db", REDIS_PORT=self.db_port, KC_SERVICES_HOST=self.hosts.address)
+        self.db_env = services_env(
+            run_dir / "db", REDIS_PORT=self.db_port, KC_SERVICES_HOST=self.hosts.address
+        )
         self.kafka_victim = 0
         self.redis_victim = 0
 
@@ -87,9 +91,15 @@ class ClusterServices:
 
     def describe(self) -> dict[str, Any]:
         """What the watchdog needs to clean up (:func:`cleanup`), and where things run."""
-        return {"cluster": True, "hosts_tag": self.hosts.tag, "services_host": self.hosts.address,
-                "bases": [self.cluster.kafka_base, self.cluster.redis_base], "db_port": self.db_port,
-                "db_url": self.db_url, "slot_hosts": SLOT_HOSTS}
+        return {
+            "cluster": True,
+            "hosts_tag": self.hosts.tag,
+            "services_host": self.hosts.address,
+            "bases": [self.cluster.kafka_base, self.cluster.redis_base],
+            "db_port": self.db_port,
+            "db_url": self.db_url,
+            "slot_hosts": SLOT_HOSTS,
+        }
 
     def exec_prefix(self, slot: str) -> list[str]:
         """The command prefix that runs a process of ``slot`` on its host."""
@@ -146,7 +156,9 @@ class ClusterServices:
         sizes = {}
         for node in self._masters():
             with contextlib.suppress(ValueError):
-                sizes[node] = int(_redis_cli(self.cluster.host, self.cluster.redis_port(node), "dbsize").strip())
+                sizes[node] = int(
+                    _redis_cli(self.cluster.host, self.cluster.redis_port(node), "dbsize").strip()
+                )
         node = max(sorted(sizes), key=lambda n: sizes[n]) if sizes else 1
         self.redis_victim = node
         self.log("redis_victim", "-", f"node{node}:keys:{sizes.get(node, 0)}")
@@ -158,8 +170,11 @@ class ClusterServices:
         while time.monotonic() - t0 < FAILOVER_WAIT_S:
             masters = self._masters()
             if len(masters) == 3 and node not in masters:
-                self.log("redis_failover", "-", f"node{node}:{time.monotonic() - t0:.1f}s:masters:"
-                         + ",".join(map(str, sorted(masters))))
+                self.log(
+                    "redis_failover",
+                    "-",
+                    f"node{node}:{time.monotonic() - t0:.1f}s:masters:" + ",".join(map(str, sorted(masters))),
+                )
                 break
             time.sleep(0.2)
         else:
@@ -190,7 +205,9 @@ def cleanup(cfg: dict[str, Any]) -> None:
     try:
         if svc_dir.exists():
             Cluster(svc_dir, tuple(cfg["bases"]), host=cfg["services_host"]).kill_all()
-            env = services_env(svc_dir / "db", REDIS_PORT=cfg["db_port"], KC_SERVICES_HOST=cfg["services_host"])
+            env = services_env(
+                svc_dir / "db", REDIS_PORT=cfg["db_port"], KC_SERVICES_HOST=cfg["services_host"]
+            )
             run_services(env, svc_dir / "services.out", "redis-kill", timeout_s=60)
     finally:
         hosts.destroy(cfg["hosts_tag"])

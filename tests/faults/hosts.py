@@ -114,8 +114,10 @@ def clean_stale() -> list[str]:
 
 def _subnets_in_use() -> set[int]:
     """The X of every 10.200.X.0/24 an address or route of the root namespace, or a live run, uses."""
-    text = ip("-o", "-4", "addr", "show", check=False).stdout + ip("-4", "route", "show", "table", "all",
-                                                                      check=False).stdout
+    text = (
+        ip("-o", "-4", "addr", "show", check=False).stdout
+        + ip("-4", "route", "show", "table", "all", check=False).stdout
+    )
     used = {int(x) for x in re.findall(r"\b10\.200\.(\d+)\.", text)}
     used |= {int(str(e["subnet"])) for e in _registered().values() if "subnet" in e}
     return used
@@ -152,7 +154,8 @@ class Hosts:
                 self.tag = uuid.uuid4().hex[:5]
             pid = owner_pid or os.getpid()
             (REGISTRY / f"{self.tag}.json").write_text(
-                json.dumps({"pid": pid, "start": _start_time(pid), "subnet": self.subnet, "n": n}))
+                json.dumps({"pid": pid, "start": _start_time(pid), "subnet": self.subnet, "n": n})
+            )
         try:
             self._build()
         except BaseException:

@@ -33,14 +33,16 @@ def main() -> int:
     first = 0 if phase == "backlog" else split
     ack_fd = os.open(run_dir / f"acks-{phase}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     nack_fd = os.open(run_dir / f"nacks-{phase}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    p = Producer({
-        "bootstrap.servers": cfg["bootstrap"],
-        "acks": "all",
-        "enable.idempotence": True,
-        "linger.ms": 5,
-        "message.timeout.ms": 600_000,  # outlives a broker restart
-        "log_level": 3,
-    })
+    p = Producer(
+        {
+            "bootstrap.servers": cfg["bootstrap"],
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 600_000,  # outlives a broker restart
+            "log_level": 3,
+        }
+    )
     failed = 0
 
     def on_delivery(i: int, err: KafkaError | None, m) -> None:  # type: ignore[no-untyped-def]
@@ -66,15 +68,22 @@ def main() -> int:
                 p.poll(min(left, 0.05))
         while True:
             try:
-                p.produce(cfg["topic"], key=pl.key.encode(), value=encode_value(pl, size.value_bytes),
-                          on_delivery=functools.partial(on_delivery, i))
+                p.produce(
+                    cfg["topic"],
+                    key=pl.key.encode(),
+                    value=encode_value(pl, size.value_bytes),
+                    on_delivery=functools.partial(on_delivery, i),
+                )
                 break
             except BufferError:
                 p.poll(0.1)
         p.poll(0)
     left = p.flush(900)
-    print(f"producer {phase}: {len(todo)} records, {failed} failed, {left} unflushed, "
-          f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"producer {phase}: {len(todo)} records, {failed} failed, {left} unflushed, "
+        f"{time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0 if failed == 0 and left == 0 else 1
 
 

@@ -87,8 +87,9 @@ class Interrupted(Exception):
 
 
 # ------------------------------------------------------------------------------------------- plan
-def fault_schedule(size: Size, seed: int, faults: str, window_s: float,
-                   cluster: bool = False) -> list[tuple[float, str]]:
+def fault_schedule(
+    size: Size, seed: int, faults: str, window_s: float, cluster: bool = False
+) -> list[tuple[float, str]]:
     """``[(seconds after the consumers started, kind)]``, sorted. Kinds: ``kill``, ``term``,
     ``stop`` (a consumer), ``join``, ``leave``, ``redis``, ``kafka``; with ``cluster``, also ``cut``
     (a consumer's host off the network, with no consumer fault from 12 s before it until 3 s after
@@ -113,10 +114,17 @@ def fault_schedule(size: Size, seed: int, faults: str, window_s: float,
             cuts = [rng.uniform(0.10, 0.14) * window_s]
             if window_s >= 200:  # the full size: a second cut, Redis master and broker
                 cuts.append(rng.uniform(0.44, 0.48) * window_s)
-                out += [(rng.uniform(0.78, 0.81) * window_s, "redis"), (rng.uniform(0.86, 0.89) * window_s, "kafka")]
+                out += [
+                    (rng.uniform(0.78, 0.81) * window_s, "redis"),
+                    (rng.uniform(0.86, 0.89) * window_s, "kafka"),
+                ]
             # no consumer fault from shortly before a cut until after its heal: the others take over
             quiet = [(c - 12.0, c + size.cut_s[1] + 3.0) for c in cuts]
-            out = [(t, k) for t, k in out if k not in ("kill", "term", "stop") or not any(a <= t <= b for a, b in quiet)]
+            out = [
+                (t, k)
+                for t, k in out
+                if k not in ("kill", "term", "stop") or not any(a <= t <= b for a, b in quiet)
+            ]
             out += [(c, "cut") for c in cuts]
     elif faults not in TARGETED:
         raise ValueError(f"unknown --faults {faults!r}")
@@ -158,8 +166,11 @@ class Run:
         self.size = SIZES[f"cluster-{args.size}" if self.cluster else args.size]
         self.out: Path = args.out.resolve()
         self.bug: str = args.bug or ""
-        self.faults: str = args.faults or {"commit_on_poll": "kills", "skip_fencing": "stops",
-                                             "no_aof": "redis"}.get(self.bug, "all")
+        self.faults: str = args.faults or {
+            "commit_on_poll": "kills",
+            "skip_fencing": "stops",
+            "no_aof": "redis",
+        }.get(self.bug, "all")
         targeted = self.faults != "all"
         self.window_s = 45.0 if targeted else self.size.fault_window_s
         self.stop_s = self.size.stop_s
@@ -209,14 +220,25 @@ class Run:
         msgs = plan(self.size, self.args.seed, hold_index)
         backlog = int(len(msgs) * self.size.backlog_share)
         self.cfg: dict[str, Any] = {
-            "size": self.size.name, "seed": self.args.seed, "bug": self.bug or None,
-            "faults": self.faults, "park": self.park, "nondurable_redis": self.bug == "no_aof",
+            "size": self.size.name,
+            "seed": self.args.seed,
+            "bug": self.bug or None,
+            "faults": self.faults,
+            "park": self.park,
+            "nondurable_redis": self.bug == "no_aof",
             "harness_skip_fencing": bool(self.args.harness_skip_fencing),
-            "bootstrap": self.svc.bootstrap, "redis_url": self.svc.redis_url,
-            "services_dir": str(self.svc_dir), "ports": list(ports),
-            "topic": self.topic, "dlq_topic": f"{self.topic}.dlq", "group": f"g-{tag}",
-            "namespace": f"f{tag}", "partitions": self.size.partitions,
-            "messages": len(msgs), "backlog": backlog, "window_s": self.window_s,
+            "bootstrap": self.svc.bootstrap,
+            "redis_url": self.svc.redis_url,
+            "services_dir": str(self.svc_dir),
+            "ports": list(ports),
+            "topic": self.topic,
+            "dlq_topic": f"{self.topic}.dlq",
+            "group": f"g-{tag}",
+            "namespace": f"f{tag}",
+            "partitions": self.size.partitions,
+            "messages": len(msgs),
+            "backlog": backlog,
+            "window_s": self.window_s,
             "steady_s": max(5.0, self.window_s - 6.0),
             "schedule": fault_schedule(self.size, self.args.seed, self.faults, self.window_s, self.cluster),
             "size_params": {k: v for k, v in vars(self.size).items()},
@@ -230,8 +252,9 @@ class Run:
             if session_ms:
                 self.cfg["session_timeout_ms"] = session_ms
         self.write_cfg()
-        watchdog = self.spawn(["tests.faults.watchdog", str(os.getpid()), str(self.out)], "watchdog.err",
-                              new_session=True)
+        watchdog = self.spawn(
+            ["tests.faults.watchdog", str(os.getpid()), str(self.out)], "watchdog.err", new_session=True
+        )
         self.flog("watchdog", watchdog.pid)
 
     def stop_sampler(self) -> None:
@@ -253,7 +276,9 @@ class Run:
         self.flog("services_up")
         admin = AdminClient({"bootstrap.servers": self.svc.bootstrap})
         # the brokers' default replication: 1 on the single broker, 3 on the cluster
-        fs = admin.create_topics([NewTopic(self.topic, self.size.partitions), NewTopic(self.cfg["dlq_topic"], 1)])
+        fs = admin.create_topics(
+            [NewTopic(self.topic, self.size.partitions), NewTopic(self.cfg["dlq_topic"], 1)]
+        )
         for f in fs.values():
             f.result(60)
 
@@ -291,13 +316,25 @@ class Run:
                 self.svc_cv.wait(0.5)
 
     # -- samplers -------------------------------------------------------------------------------
-    def spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None,
-              new_session: bool = False, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        argv: list[str],
+        log_name: str,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+        prefix: tuple[str, ...] = (),
+    ) -> subprocess.Popen[bytes]:
         """Start a harness program (listed in pids.txt for the watchdog); ``prefix`` runs it on a
         host (``ip netns exec NS``, which execs it: the pid is the program's)."""
         with open(self.out / "logs" / log_name, "ab") as err:
-            popen = subprocess.Popen([*prefix, PY, "-m", *argv], cwd=REPO, env=env, stdout=err, stderr=err,
-                                     start_new_session=new_session)
+            popen = subprocess.Popen(
+                [*prefix, PY, "-m", *argv],
+                cwd=REPO,
+                env=env,
+                stdout=err,
+                stderr=err,
+                start_new_session=new_session,
+            )
         with open(self.out / "pids.txt", "a") as f:
             f.write(f"{popen.pid}\n")
         return popen
@@ -318,7 +355,11 @@ class Run:
         for line in reversed(lines[1:] or lines):
             x = line.split()
             if len(x) >= 3 and x[2] != "ERR":
-                return {int(a): int(b) for a, b in (i.split(":") for i in x[2].split(","))} if x[2] != "-" else {}
+                return (
+                    {int(a): int(b) for a, b in (i.split(":") for i in x[2].split(","))}
+                    if x[2] != "-"
+                    else {}
+                )
         return {}
 
     def sample_resources(self) -> None:
@@ -343,8 +384,13 @@ class Run:
     # -- consumers ------------------------------------------------------------------------------
     def start_consumer(self, slot: str, role: str = "base") -> Proc:
         prefix = tuple(self.svc.exec_prefix(slot)) if isinstance(self.svc, ClusterServices) else ()
-        popen = self.spawn(["tests.faults.consumer", str(self.out)], f"consumer-{slot}-{time.monotonic_ns()}.err",
-                           None, new_session=True, prefix=prefix)
+        popen = self.spawn(
+            ["tests.faults.consumer", str(self.out)],
+            f"consumer-{slot}-{time.monotonic_ns()}.err",
+            None,
+            new_session=True,
+            prefix=prefix,
+        )
         p = Proc(role, popen)
         self.procs[slot] = p
         self.all_procs.append(p)
@@ -390,13 +436,21 @@ class Run:
                 open_runs.discard((x[2], x[3]))
         return bool(open_runs)
 
-    def victim(self, rng: random.Random, busy_only: bool = False, running: bool = False) -> tuple[str, Proc] | None:
+    def victim(
+        self, rng: random.Random, busy_only: bool = False, running: bool = False
+    ) -> tuple[str, Proc] | None:
         """A live base consumer, preferring one that has partitions (a fault on an idle member
         proves little); with ``busy_only``, only one that has partitions; with ``running`` too, only
         one with a handler run in progress."""
-        live = [(s, p) for s, p in sorted(self.procs.items())
-                if s.startswith("c") and p.exited_ns is None and not p.stopped and not p.isolated
-                and not p.expect_exit]
+        live = [
+            (s, p)
+            for s, p in sorted(self.procs.items())
+            if s.startswith("c")
+            and p.exited_ns is None
+            and not p.stopped
+            and not p.isolated
+            and not p.expect_exit
+        ]
         busy = [(s, p) for s, p in live if self.assigned(p) and (not running or self.running_now(p))]
         if busy_only:
             return rng.choice(busy) if busy else None
@@ -480,6 +534,7 @@ class Run:
                 self.flog("leave", p4.pid)
                 self.say(f"leave (pid {p4.pid})")
         elif action == "redis":
+
             def redis_fault() -> None:
                 self.flog("redis_kill")
                 self.svc.redis_kill()
@@ -487,9 +542,11 @@ class Run:
                 time.sleep(self.size.redis_down_s)
                 self.svc.redis_start()
                 self.flog("redis_up")
+
             self.svc_do("redis", redis_fault)
             self.say("redis kill")
         elif action == "kafka":
+
             def kafka_fault() -> None:
                 self.flog("kafka_kill")
                 self.svc.kafka_kill()
@@ -497,6 +554,7 @@ class Run:
                 time.sleep(self.size.kafka_down_s)
                 self.svc.kafka_start()
                 self.flog("kafka_up")
+
             self.svc_do("kafka", kafka_fault)
             self.say("kafka kill")
 
@@ -585,7 +643,9 @@ class Run:
         self.say(f"hold message {key}#{seq} at partition {part} offset {off}")
         committed_past = lambda: self.last_commit().get(part, -1) > off  # noqa: E731
         if self.faults == "kills":
-            pid = yield from self.wait_for("the hold message to start", lambda: self.find_event("S", part, off))
+            pid = yield from self.wait_for(
+                "the hold message to start", lambda: self.find_event("S", part, off)
+            )
             if pid is None:
                 return
             # the engine never commits past a running message: then the kill lands after COMMIT_WAIT_S
@@ -596,10 +656,17 @@ class Run:
                 self.signal(p, signal.SIGKILL)
                 self.flog("kill", p.pid, "hold")
                 self.say(f"kill pid {pid} (running the hold message)")
-                self.at(self.rng.uniform(*self.size.restart_after_s), "restart",
-                        next(s for s, q in self.procs.items() if q is p))
+                self.at(
+                    self.rng.uniform(*self.size.restart_after_s),
+                    "restart",
+                    next(s for s, q in self.procs.items() if q is p),
+                )
         elif self.faults == "redis":
-            if (yield from self.wait_for("the hold message to be parked", lambda: self.find_event("K", part, off))) is None:
+            if (
+                yield from self.wait_for(
+                    "the hold message to be parked", lambda: self.find_event("K", part, off)
+                )
+            ) is None:
                 return
             yield from self.wait_for("a commit past the parked hold message", committed_past, COMMIT_WAIT_S)
             self.do("redis", None, self.rng)
@@ -642,17 +709,22 @@ class Run:
         end = time.monotonic() + 3.0  # the resumed process's late write is refused meanwhile
         while time.monotonic() < end:
             yield
-        release = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+        release = (
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+        )
         r.eval(release, 1, lease_key, owner)
         self.flog("takeover_released", "-", key)
 
     # -- end state ------------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
-        c = Consumer({"bootstrap.servers": self.svc.bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
-                      "log_level": 0})
+        c = Consumer(
+            {"bootstrap.servers": self.svc.bootstrap, "group.id": f"probe-{uuid.uuid4().hex}", "log_level": 0}
+        )
         try:
-            return {p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                    for p in range(self.size.partitions)}
+            return {
+                p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in range(self.size.partitions)
+            }
         finally:
             c.close()
 
@@ -673,15 +745,24 @@ class Run:
         from confluent_kafka import ConsumerGroupTopicPartitions
 
         admin = AdminClient({"bootstrap.servers": self.svc.bootstrap})
-        req = [ConsumerGroupTopicPartitions(self.cfg["group"],
-                                            [TopicPartition(self.topic, p) for p in range(self.size.partitions)])]
+        req = [
+            ConsumerGroupTopicPartitions(
+                self.cfg["group"], [TopicPartition(self.topic, p) for p in range(self.size.partitions)]
+            )
+        ]
         res = admin.list_consumer_group_offsets(req, request_timeout=10)[self.cfg["group"]].result(15)
         return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
 
     def dump_dlq(self) -> int:
         topic = self.cfg["dlq_topic"]
-        c = Consumer({"bootstrap.servers": self.svc.bootstrap, "group.id": f"dlq-{uuid.uuid4().hex}",
-                      "enable.auto.commit": False, "log_level": 0})
+        c = Consumer(
+            {
+                "bootstrap.servers": self.svc.bootstrap,
+                "group.id": f"dlq-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
         n = 0
         try:
             high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
@@ -693,8 +774,10 @@ class Run:
                         if m.error() is not None:
                             continue
                         h = {k: (v or b"").decode() for k, v in (m.headers() or [])}
-                        f.write(f"{h.get('kafka_dlt-original-partition')} {h.get('kafka_dlt-original-offset')} "
-                                f"{(m.key() or b'-').decode()} {h.get('kafka_dlt-attempts')}\n")
+                        f.write(
+                            f"{h.get('kafka_dlt-original-partition')} {h.get('kafka_dlt-original-offset')} "
+                            f"{(m.key() or b'-').decode()} {h.get('kafka_dlt-attempts')}\n"
+                        )
                         n += 1
         finally:
             c.close()
@@ -729,8 +812,13 @@ class Run:
         totals = {k.decode(): v.decode() for k, v in r.hgetall(f"kc:{nsp}:{{_sched}}:totals").items()}
         db = connect(self.cfg.get("db_url") or self.svc.redis_url, 5)  # the handler's database
         ext = sum(1 for _ in db.scan_iter(f"ext:{nsp}:*", count=1000))
-        return {"by_kind": kinds, "examples": names, "totals": totals, "ext_keys": ext,
-                "used_memory": used_memory(r)}
+        return {
+            "by_kind": kinds,
+            "examples": names,
+            "totals": totals,
+            "ext_keys": ext,
+            "used_memory": used_memory(r),
+        }
 
     def thread_deaths(self) -> list[str]:
         """``file: thread`` for every thread of a consumer that died of an exception (Python prints
@@ -740,7 +828,7 @@ class Run:
         for f in sorted((self.out / "logs").glob("consumer-*.err")):
             for line in f.read_text(errors="replace").splitlines():
                 if line.startswith("Exception in thread "):
-                    out.append(f"{f.name}: {line[len('Exception in thread '):].rstrip(':')}")
+                    out.append(f"{f.name}: {line[len('Exception in thread ') :].rstrip(':')}")
         return out
 
     # -- the run --------------------------------------------------------------------------------
@@ -756,8 +844,10 @@ class Run:
         steady: subprocess.Popen[bytes] | None = None
         try:
             self.start_services()
-            self.say(f"topic {self.topic}: {self.cfg['messages']} messages, backlog {self.cfg['backlog']}, "
-                     f"bug {self.bug or 'none'}, faults {self.faults}, window {self.window_s:.0f} s")
+            self.say(
+                f"topic {self.topic}: {self.cfg['messages']} messages, backlog {self.cfg['backlog']}, "
+                f"bug {self.bug or 'none'}, faults {self.faults}, window {self.window_s:.0f} s"
+            )
             backlog = self.spawn(["tests.faults.producer", str(self.out), "backlog"], "producer-backlog.err")
             if backlog.wait(600) != 0:
                 raise RuntimeError(f"the backlog producer failed (see {self.out}/logs/producer-backlog.err)")
@@ -876,8 +966,11 @@ class Run:
                 self.svc.down()
             except Exception as exc:
                 self.say(f"services down failed: {exc}")
-            for src, dst in (("kafka/logs/server.log", "kafka-server.log"), ("redis/redis.log", "redis.log"),
-                             ("services.out", "services.out")):
+            for src, dst in (
+                ("kafka/logs/server.log", "kafka-server.log"),
+                ("redis/redis.log", "redis.log"),
+                ("services.out", "services.out"),
+            ):
                 if (self.svc_dir / src).exists():
                     shutil.copy(self.svc_dir / src, self.out / "logs" / dst)
             if not self.args.keep_services_dir:
@@ -891,13 +984,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="ci")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bug", choices=BUGS, default=None, help="negative control: a deliberate bug")
-    ap.add_argument("--faults", choices=("all", "kills", "stops", "redis"), default=None,
-                    help="all (default), or one kind for a targeted control run (default for --bug)")
-    ap.add_argument("--park", action="store_true", help="Retry(..., park=True): ordered retries parked in Redis")
-    ap.add_argument("--harness-skip-fencing", action="store_true",
-                    help="the handler's own fenced write skips its token check (fails check 5 whatever the engine does)")
-    ap.add_argument("--cluster", action="store_true",
-                    help="3 brokers, a Redis Cluster, consumers on network-namespace hosts, host cuts (needs root)")
+    ap.add_argument(
+        "--faults",
+        choices=("all", "kills", "stops", "redis"),
+        default=None,
+        help="all (default), or one kind for a targeted control run (default for --bug)",
+    )
+    ap.add_argument(
+        "--park", action="store_true", help="Retry(..., park=True): ordered retries parked in Redis"
+    )
+    ap.add_argument(
+        "--harness-skip-fencing",
+        action="store_true",
+        help="the handler's own fenced write skips its token check (fails check 5 whatever the engine does)",
+    )
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="3 brokers, a Redis Cluster, consumers on network-namespace hosts, host cuts (needs root)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--kafka-port", type=int, default=24092)
     ap.add_argument("--redis-port", type=int, default=24379)

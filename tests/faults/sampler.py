@@ -33,13 +33,23 @@ def main() -> int:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
+
     def new_admin() -> AdminClient:
-        return AdminClient({"bootstrap.servers": cfg["bootstrap"], "log_level": 0,
-                            "socket.connection.setup.timeout.ms": 1000})
+        return AdminClient(
+            {
+                "bootstrap.servers": cfg["bootstrap"],
+                "log_level": 0,
+                "socket.connection.setup.timeout.ms": 1000,
+            }
+        )
 
     admin = new_admin()
     failures = 0
-    req = [ConsumerGroupTopicPartitions(cfg["group"], [TopicPartition(cfg["topic"], p) for p in range(cfg["partitions"])])]
+    req = [
+        ConsumerGroupTopicPartitions(
+            cfg["group"], [TopicPartition(cfg["topic"], p) for p in range(cfg["partitions"])]
+        )
+    ]
     with open(run_dir / "commits.log", "a", buffering=1) as f:
         while not stop:
             t0 = time.monotonic()
@@ -47,7 +57,9 @@ def main() -> int:
             try:
                 res = admin.list_consumer_group_offsets(req, request_timeout=2.0)[cfg["group"]].result(3.0)
                 got = {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
-                meta = {tp.partition: tp.metadata for tp in res.topic_partitions if tp.offset >= 0 and tp.metadata}
+                meta = {
+                    tp.partition: tp.metadata for tp in res.topic_partitions if tp.offset >= 0 and tp.metadata
+                }
                 offsets = ",".join(f"{p}:{o}" for p, o in sorted(got.items())) or "-"
                 metadata = ";".join(f"{p}={m}" for p, m in sorted(meta.items())) or "-"
                 f.write(f"{sent} {time.monotonic_ns()} {offsets} {metadata}\n")

@@ -120,8 +120,12 @@ class Services:
         self.run_dir = run_dir
         self.kafka_port, self.controller_port, self.redis_port = ports
         self.durable_redis = durable_redis
-        self.env = services_env(run_dir, KAFKA_PORT=self.kafka_port, KAFKA_CONTROLLER_PORT=self.controller_port,
-                                REDIS_PORT=self.redis_port)
+        self.env = services_env(
+            run_dir,
+            KAFKA_PORT=self.kafka_port,
+            KAFKA_CONTROLLER_PORT=self.controller_port,
+            REDIS_PORT=self.redis_port,
+        )
         self.log_path = run_dir / "services.out"
 
     @property
@@ -161,14 +165,33 @@ class Services:
         rdir = self.run_dir / "redis"
         rdir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", str(self.redis_port),
-             "--dir", str(rdir), "--pidfile", str(rdir / "redis.pid"), "--logfile", str(rdir / "redis.log"),
-             "--appendonly", "no", "--save", ""],
-            check=True, timeout=30,
+            [
+                "redis-server",
+                "--daemonize",
+                "yes",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.redis_port),
+                "--dir",
+                str(rdir),
+                "--pidfile",
+                str(rdir / "redis.pid"),
+                "--logfile",
+                str(rdir / "redis.log"),
+                "--appendonly",
+                "no",
+                "--save",
+                "",
+            ],
+            check=True,
+            timeout=30,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            r = subprocess.run(["redis-cli", "-p", str(self.redis_port), "ping"], capture_output=True, text=True)
+            r = subprocess.run(
+                ["redis-cli", "-p", str(self.redis_port), "ping"], capture_output=True, text=True
+            )
             if r.stdout.strip() == "PONG":
                 return
             time.sleep(0.1)

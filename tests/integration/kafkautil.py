@@ -9,7 +9,9 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None, int | None]]) -> list[tuple[int, int]]:
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None, int | None]]
+) -> list[tuple[int, int]]:
     """Produce ``(key, value, partition)`` records with acks=all; return their (partition, offset)."""
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
     acked: list[tuple[int, int]] = []
@@ -34,7 +36,9 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
     try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)
+        }
     finally:
         c.close()
 
@@ -42,11 +46,17 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
 # the errors librdkafka returns while the group coordinator loads or moves (the KafkaError of
 # Consumer.committed() does not carry retriable(): the codes are named)
 _COORDINATOR_NOT_READY = frozenset(
-    {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
 )
 
 
-def committed(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float = 30.0) -> dict[int, int | None]:
+def committed(
+    bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float = 30.0
+) -> dict[int, int | None]:
     """The group's committed offsets (``None``: nothing committed).
 
     An error saying the group coordinator is not ready (loading or moved, e.g. just after a broker was
@@ -79,8 +89,14 @@ def wait_until(pred, timeout_s: float, interval_s: float = 0.05) -> bool:  # typ
 
 def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
     """Read ``topic`` from the beginning until ``expect`` records arrived or ``timeout_s`` passed."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out = []
     deadline = time.monotonic() + timeout_s

@@ -141,7 +141,9 @@ def test_two_concurrent_run_async_calls_are_refused(kafka_bootstrap: str, new_to
 
 
 @pytest.mark.timeout(40)
-def test_async_handler_raising_cancelled_error_fails_its_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_async_handler_raising_cancelled_error_fails_its_message(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 6 messages of one key, and an async handler that raises CancelledError at offset 2
     # (e.g. it awaited a future some other task cancelled)
     topic = new_topic(1)
@@ -167,7 +169,9 @@ def test_async_handler_raising_cancelled_error_fails_its_message(kafka_bootstrap
 
 
 @pytest.mark.timeout(40)
-def test_async_handler_raising_cancelled_error_goes_to_error_handler(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_async_handler_raising_cancelled_error_goes_to_error_handler(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given an error_handler, and an async handler that raises CancelledError at offset 1 of key k
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), 0) for i in range(5)])
@@ -180,8 +184,14 @@ def test_async_handler_raising_cancelled_error_goes_to_error_handler(kafka_boots
         if msg.offset == 1:
             raise asyncio.CancelledError()
 
-    c = consumer(kafka_bootstrap, topic, group, handle, concurrency=2,
-                 error_handler=lambda e, m: handled.append((type(e).__name__, m.offset if m else -1)))
+    c = consumer(
+        kafka_bootstrap,
+        topic,
+        group,
+        handle,
+        concurrency=2,
+        error_handler=lambda e, m: handled.append((type(e).__name__, m.offset if m else -1)),
+    )
     r = start(c)
     # then the failure is handled (error_handler called) and the key's later messages still run
     ok = wait_until(lambda: sorted(seen) == [0, 1, 2, 3, 4], 5)
@@ -198,7 +208,9 @@ def test_async_handler_raising_cancelled_error_goes_to_error_handler(kafka_boots
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_stop_returns_in_bounded_time_with_many_hung_handlers(kafka_bootstrap: str, new_topic, start, is_async: bool) -> None:  # type: ignore[no-untyped-def]
+def test_stop_returns_in_bounded_time_with_many_hung_handlers(
+    kafka_bootstrap: str, new_topic, start, is_async: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given 5 messages of key "a" (10 ms each), then 6 messages of 6 other keys whose handlers hang
     topic = new_topic(1)
     records = [(b"a", b"x", 0)] * 5 + [(f"h{i}".encode(), b"x", 0) for i in range(6)]
@@ -208,6 +220,7 @@ def test_stop_returns_in_bounded_time_with_many_hung_handlers(kafka_bootstrap: s
     started: set[int] = set()
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             if msg.key == b"a":
                 await asyncio.sleep(0.01)
@@ -216,6 +229,7 @@ def test_stop_returns_in_bounded_time_with_many_hung_handlers(kafka_bootstrap: s
             while not release.is_set():
                 await asyncio.sleep(0.05)
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             if msg.key == b"a":
                 time.sleep(0.01)
@@ -243,7 +257,9 @@ def test_stop_returns_in_bounded_time_with_many_hung_handlers(kafka_bootstrap: s
 
 
 @pytest.mark.timeout(60)
-def test_late_failure_of_a_previous_runs_handler_does_not_stop_the_next_run(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_late_failure_of_a_previous_runs_handler_does_not_stop_the_next_run(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given a first run whose handler of offset 0 hangs past shutdown_timeout_s (it fails later)
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), 0) for i in range(5)])
@@ -281,7 +297,9 @@ def test_late_failure_of_a_previous_runs_handler_does_not_stop_the_next_run(kafk
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_one_slow_key_does_not_block_other_keys_with_idle_workers(kafka_bootstrap: str, new_topic, start, is_async: bool) -> None:  # type: ignore[no-untyped-def]
+def test_one_slow_key_does_not_block_other_keys_with_idle_workers(
+    kafka_bootstrap: str, new_topic, start, is_async: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given 4,000 messages of 4,000 distinct keys and concurrency 8; after a warm-up of fast
     # messages, the messages of 2 keys block until released
     topic = new_topic(1)
@@ -294,6 +312,7 @@ def test_one_slow_key_does_not_block_other_keys_with_idle_workers(kafka_bootstra
     lock = threading.Lock()
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             if msg.offset in slow_offsets:
                 while not release.is_set():
@@ -301,6 +320,7 @@ def test_one_slow_key_does_not_block_other_keys_with_idle_workers(kafka_bootstra
             with lock:
                 done.add(msg.offset)
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             if msg.offset in slow_offsets:
                 release.wait(30)
@@ -346,7 +366,9 @@ def test_stop_from_inside_a_handler_starts_nothing_new(kafka_bootstrap: str, new
     r = start(c)
     assert r.join(15) and r.error is None
     # then no handler started after stop() returned ("nothing new starts"), and the commit is 101
-    assert after_stop == [], f"{len(after_stop)} messages started after stop(): {after_stop[:3]}...{after_stop[-1:]}"
+    assert after_stop == [], (
+        f"{len(after_stop)} messages started after stop(): {after_stop[:3]}...{after_stop[-1:]}"
+    )
     assert committed(kafka_bootstrap, group, topic, 1) == {0: 101}
 
 
@@ -357,8 +379,13 @@ def test_stop_from_inside_a_handler_starts_nothing_new(kafka_bootstrap: str, new
 
 @pytest.mark.timeout(30)
 def test_wrong_broker_address_raises_within_startup_timeout(new_topic) -> None:  # type: ignore[no-untyped-def]
-    c = KeyedConsumer(name=gid("nobroker"), handler=lambda m: None, brokers=["127.0.0.1:1"],
-                      topics=["whatever"], startup_timeout_s=2.0)
+    c = KeyedConsumer(
+        name=gid("nobroker"),
+        handler=lambda m: None,
+        brokers=["127.0.0.1:1"],
+        topics=["whatever"],
+        startup_timeout_s=2.0,
+    )
     t0 = time.monotonic()
     with pytest.raises(KafkaClientError):
         c.run()
@@ -404,11 +431,16 @@ def test_rerun_same_object_after_stop_processes_only_the_rest(kafka_bootstrap: s
 
 
 @pytest.mark.timeout(40)
-def test_error_handler_that_raises_stops_and_never_commits_past_the_failure(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_error_handler_that_raises_stops_and_never_commits_past_the_failure(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 2 partitions; p0 fails at offset 3, p1 is all good
     topic = new_topic(2)
-    produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"x", 0) for i in range(10)]
-            + [(f"j{i}".encode(), b"x", 1) for i in range(10)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(f"k{i}".encode(), b"x", 0) for i in range(10)] + [(f"j{i}".encode(), b"x", 1) for i in range(10)],
+    )
     group = gid("eh-raises")
 
     def handle(msg: Message) -> None:
@@ -427,7 +459,9 @@ def test_error_handler_that_raises_stops_and_never_commits_past_the_failure(kafk
 
 
 @pytest.mark.timeout(40)
-def test_unhandled_failure_lets_other_running_handlers_finish_and_commits_them(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_unhandled_failure_lets_other_running_handlers_finish_and_commits_them(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given p1's offset 0 running for 1 s when p0's offset 1 fails (no error_handler)
     topic = new_topic(2)
     produce(kafka_bootstrap, topic, [(b"a", b"x", 0), (b"b", b"x", 0), (b"c", b"x", 1), (b"c", b"x", 1)])
@@ -455,17 +489,21 @@ def test_unhandled_failure_lets_other_running_handlers_finish_and_commits_them(k
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt, GeneratorExit])
-def test_base_exception_from_a_handler_fails_its_message(kafka_bootstrap: str, new_topic, start, is_async: bool, exc_type: type) -> None:  # type: ignore[no-untyped-def]
+def test_base_exception_from_a_handler_fails_its_message(
+    kafka_bootstrap: str, new_topic, start, is_async: bool, exc_type: type
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), 0) for i in range(5)])
     group = gid("baseexc")
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             await asyncio.sleep(0)
             if msg.offset == 2:
                 raise exc_type()
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             if msg.offset == 2:
                 raise exc_type()
@@ -508,6 +546,7 @@ def test_ack_combinations(kafka_bootstrap: str, new_topic, start, is_async: bool
             handled.append(msg.offset)
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             try:
                 body(msg)
@@ -515,6 +554,7 @@ def test_ack_combinations(kafka_bootstrap: str, new_topic, start, is_async: bool
                 with lock:
                     statuses[msg.offset] = msg
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             try:
                 body(msg)
@@ -539,7 +579,9 @@ def test_ack_combinations(kafka_bootstrap: str, new_topic, start, is_async: bool
 
 
 @pytest.mark.timeout(40)
-def test_run_async_handler_that_never_awaits_does_not_starve_the_callers_loop(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
+def test_run_async_handler_that_never_awaits_does_not_starve_the_callers_loop(
+    kafka_bootstrap: str, new_topic
+) -> None:  # type: ignore[no-untyped-def]
     # 6,000 handlers of 0.5 ms CPU each, no await, at concurrency 8 (at concurrency 1 the worst
     # gap is ~0.4 s; it must not grow with concurrency)
     topic = new_topic(1)
@@ -574,7 +616,9 @@ def test_run_async_handler_that_never_awaits_does_not_starve_the_callers_loop(ka
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_cancelling_run_async_stops_gracefully_and_reraises(kafka_bootstrap: str, new_topic, is_async: bool) -> None:  # type: ignore[no-untyped-def]
+def test_cancelling_run_async_stops_gracefully_and_reraises(
+    kafka_bootstrap: str, new_topic, is_async: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given one key, and the handler of offset 0 taking 1 s
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), 0) for i in range(5)])
@@ -582,12 +626,14 @@ def test_cancelling_run_async_stops_gracefully_and_reraises(kafka_bootstrap: str
     started, finished = threading.Event(), []
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             started.set()
             if msg.offset == 0:
                 await asyncio.sleep(1.0)
             finished.append(msg.offset)
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             started.set()
             if msg.offset == 0:
@@ -683,7 +729,9 @@ def test_manual_commit_is_exact_after_each_advance(kafka_bootstrap: str, new_top
 def test_manual_commit_never_passes_an_unfinished_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     # offset 0 (key "slow") blocks while offsets 1..49 of other keys all end
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"slow", b"x", 0)] + [(f"k{i}".encode(), b"x", 0) for i in range(1, 50)])
+    produce(
+        kafka_bootstrap, topic, [(b"slow", b"x", 0)] + [(f"k{i}".encode(), b"x", 0) for i in range(1, 50)]
+    )
     group = gid("manual-hold")
     release = threading.Event()
     done: set[int] = set()
@@ -730,13 +778,19 @@ def test_backpressure_in_bytes_bounds_buffered_bytes(kafka_bootstrap: str, new_t
     release.set()
     assert r.stop() and r.error is None
     # then the buffer stayed about the bound (pausing at it), not the whole topic
-    assert peak * (size + 1) <= bound + 2 * (size + 1), f"{peak} messages ({peak * size // 1024} KiB) buffered, bound 256 KiB"
+    assert peak * (size + 1) <= bound + 2 * (size + 1), (
+        f"{peak} messages ({peak * size // 1024} KiB) buffered, bound 256 KiB"
+    )
 
 
 @pytest.mark.timeout(60)
 def test_24_partitions_at_concurrency_1(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(24)
-    produce(kafka_bootstrap, topic, [(f"k{i % 5}".encode(), str(i).encode(), p) for p in range(24) for i in range(30)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(f"k{i % 5}".encode(), str(i).encode(), p) for p in range(24) for i in range(30)],
+    )
     group = gid("p24")
     order: dict[tuple[int, bytes | None], list[int]] = {}
     running = [0]
@@ -783,7 +837,15 @@ def test_memory_does_not_grow_with_distinct_keys(kafka_bootstrap: str, new_topic
         pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
         done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())
         flow = d.flow
-        assert (lanes, flow.buffered, flow.buffered_bytes, flow.running, len(d.queue), pending, done_sets) == (0, 0, 0, 0, 0, 0, 0)
+        assert (
+            lanes,
+            flow.buffered,
+            flow.buffered_bytes,
+            flow.running,
+            len(d.queue),
+            pending,
+            done_sets,
+        ) == (0, 0, 0, 0, 0, 0, 0)
     finally:
         assert r.stop()
 
@@ -849,8 +911,12 @@ def test_sigterm_during_run_async_stops_gracefully(kafka_bootstrap: str, new_top
     group = gid("sigterm-async")
     script, marker = tmp_path / "c.py", tmp_path / "ready"
     script.write_text(ASYNC_SIGTERM_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), kafka_bootstrap, topic, group, str(marker)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), kafka_bootstrap, topic, group, str(marker)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert wait_until(marker.exists, 30)
         proc.send_signal(signal.SIGTERM)
@@ -858,7 +924,9 @@ def test_sigterm_during_run_async_stops_gracefully(kafka_bootstrap: str, new_top
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, f"rc={proc.returncode}: SIGTERM killed the run_async() process without a graceful stop"
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}: SIGTERM killed the run_async() process without a graceful stop"
+    )
     processed = int(out.split()[-1])
     assert committed(kafka_bootstrap, group, topic, 1) == {0: processed}
 
@@ -898,7 +966,9 @@ def test_run_async_returns_in_bounded_time_with_a_hung_async_handler(kafka_boots
 
 
 @pytest.mark.timeout(30)
-def test_async_one_hung_handler_does_not_block_another_key_with_a_free_worker(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_async_one_hung_handler_does_not_block_another_key_with_a_free_worker(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given concurrency 2 and 4 messages: a, a, a, then h whose handler hangs
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", b"x", 0)] * 3 + [(b"h", b"x", 0)])
@@ -960,7 +1030,9 @@ def test_handler_reassigning_msg_key_does_not_break_its_lane(kafka_bootstrap: st
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("manual_commit", [False, True], ids=["auto", "manual"])
-def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(kafka_bootstrap: str, new_topic, start, manual_commit: bool) -> None:  # type: ignore[no-untyped-def]
+def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(
+    kafka_bootstrap: str, new_topic, start, manual_commit: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given 1,500 messages on 4 partitions (30 keys), handlers of 2-12 ms at concurrency 8
     import random
 
@@ -990,8 +1062,15 @@ def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(k
         return handle
 
     def make(who: str) -> KeyedConsumer:
-        return consumer(kafka_bootstrap, topic, group, handler(who), concurrency=8, manual_commit=manual_commit,
-                        config={"heartbeat.interval.ms": 500})
+        return consumer(
+            kafka_bootstrap,
+            topic,
+            group,
+            handler(who),
+            concurrency=8,
+            manual_commit=manual_commit,
+            config={"heartbeat.interval.ms": 500},
+        )
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     samples: list[dict[int, int | None]] = []
@@ -1026,4 +1105,6 @@ def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(k
     assert committed(kafka_bootstrap, group, topic, 4) == end_offsets(kafka_bootstrap, topic, 4)
     for p in range(4):
         seq = [s[p] for s in samples if s.get(p) is not None and s[p] >= 0]
-        assert all(y >= x for x, y in zip(seq, seq[1:], strict=False)), f"p{p} committed offset moved back: {seq}"
+        assert all(y >= x for x, y in zip(seq, seq[1:], strict=False)), (
+            f"p{p} committed offset moved back: {seq}"
+        )

@@ -26,16 +26,23 @@ ROOT = Path(__file__).resolve().parents[2]
 def _audit_cli(bootstrap: str, *args: str) -> list[dict[str, object]]:
     out = subprocess.run(
         [sys.executable, "-m", "keyedconsumer", "audit", "--brokers", bootstrap, "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=90,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
-def test_audit_records_every_attempt_and_the_cli_finds_them(kafka_bootstrap: str, new_topic: Callable[..., str]) -> None:
+def test_audit_records_every_attempt_and_the_cli_finds_them(
+    kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
     # given an input topic with 300 records of 30 keys, one of which ("bad") always fails
     topic, audit_topic, dlq = new_topic(3), new_topic(3, prefix="audit"), new_topic(1, prefix="dlq")
-    records = [(f"k{i % 30}".encode(), str(i).encode(), None) for i in range(300)] + [(b"bad", b"poison", None)]
+    records = [(f"k{i % 30}".encode(), str(i).encode(), None) for i in range(300)] + [
+        (b"bad", b"poison", None)
+    ]
     produce(kafka_bootstrap, topic, records)
     group = f"audit-{uuid.uuid4().hex[:8]}"
     started = int(time.time() * 1000)
@@ -46,15 +53,25 @@ def test_audit_records_every_attempt_and_the_cli_finds_them(kafka_bootstrap: str
 
     audit = Audit(topic=audit_topic, brokers=[kafka_bootstrap], flush_interval_s=0.05)
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=8,
-        middlewares=[audit, DeadLetter(brokers=[kafka_bootstrap], topic=dlq), Retry(max_attempts=2, initial_delay_s=0.1)],
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        middlewares=[
+            audit,
+            DeadLetter(brokers=[kafka_bootstrap], topic=dlq),
+            Retry(max_attempts=2, initial_delay_s=0.1),
+        ],
     )
     import threading
 
     t = threading.Thread(target=consumer.run, daemon=True)
     t.start()
     try:
-        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 3) == end_offsets(kafka_bootstrap, topic, 3), 90)
+        assert wait_until(
+            lambda: committed(kafka_bootstrap, group, topic, 3) == end_offsets(kafka_bootstrap, topic, 3), 90
+        )
     finally:
         consumer.stop()
         t.join(60)
@@ -69,12 +86,26 @@ def test_audit_records_every_attempt_and_the_cli_finds_them(kafka_bootstrap: str
     ]
     k7 = _audit_cli(kafka_bootstrap, "--topic", audit_topic, "--key", "k7")
     assert len(k7) == 10 and {r["outcome"] for r in k7} == {"SUCCESS"}
-    assert [r["offset"] for r in k7] == sorted(r["offset"] for r in k7)  # one partition: a key's records in order
+    assert [r["offset"] for r in k7] == sorted(
+        r["offset"] for r in k7
+    )  # one partition: a key's records in order
     # by offset of the input topic, by outcome, and by time
-    one = _audit_cli(kafka_bootstrap, "--topic", audit_topic, "--source-topic", topic,
-                     "--partition", str(k7[3]["partition"]), "--offset", str(k7[3]["offset"]))
+    one = _audit_cli(
+        kafka_bootstrap,
+        "--topic",
+        audit_topic,
+        "--source-topic",
+        topic,
+        "--partition",
+        str(k7[3]["partition"]),
+        "--offset",
+        str(k7[3]["offset"]),
+    )
     assert [(r["key"], r["outcome"]) for r in one] == [("k7", "SUCCESS")]
     dead = _audit_cli(kafka_bootstrap, "--topic", audit_topic, "--outcome", "dead_lettered")
     assert [r["key"] for r in dead] == ["bad"]
     assert len(_audit_cli(kafka_bootstrap, "--topic", audit_topic, "--since", str(started))) == 302
-    assert _audit_cli(kafka_bootstrap, "--topic", audit_topic, "--since", str(int(time.time() * 1000) + 60_000)) == []
+    assert (
+        _audit_cli(kafka_bootstrap, "--topic", audit_topic, "--since", str(int(time.time() * 1000) + 60_000))
+        == []
+    )

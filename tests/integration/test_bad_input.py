@@ -99,8 +99,9 @@ def create_topic(bootstrap: str, name: str, config: dict[str, str] | None = None
 Headers = list[tuple[str, bytes | None]]
 
 
-def produce_with_headers(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, Headers]],
-                         **conf: Any) -> list[int]:
+def produce_with_headers(
+    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None, Headers]], **conf: Any
+) -> list[int]:
     """Produce ``(key, value, headers)`` to partition 0 in order; return their offsets."""
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, **conf})
     offsets: list[int] = []
@@ -125,6 +126,7 @@ class Payment(BaseModel):
 # A raw Kafka producer: confluent-kafka cannot write a header *name* that is not UTF-8 (it sends
 # str(bytes) instead), so one record is written with the Produce API (v3, record batch v2) by hand.
 # ------------------------------------------------------------------------------------------------
+
 
 def _crc32c_table() -> list[int]:
     table = []
@@ -172,7 +174,9 @@ def _recv(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+def produce_raw(
+    bootstrap: str, topic: str, key: bytes, value: bytes, headers: list[tuple[bytes, bytes]]
+) -> int:
     """Write one record with raw header-name bytes to partition 0 (acks=all); return its offset."""
     ts = int(time.time() * 1000)
     body = b"\x00" + _varint(0) + _varint(0) + _vbytes(key) + _vbytes(value) + _varint(len(headers))
@@ -189,7 +193,7 @@ def produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes, headers: l
         s.sendall(struct.pack(">i", len(req)) + req)
         resp = _recv(s, struct.unpack(">i", _recv(s, 4))[0])
     at = 8 + 2 + struct.unpack(">h", resp[8:10])[0] + 4  # correlation id, topics[1], name, partitions[1]
-    _partition, error, offset = struct.unpack(">ihq", resp[at:at + 14])
+    _partition, error, offset = struct.unpack(">ihq", resp[at : at + 14])
     assert error == 0, f"produce error code {error}"
     return int(offset)
 
@@ -200,13 +204,20 @@ def produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes, headers: l
 
 
 @pytest.mark.timeout(40)
-def test_odd_keys_and_values_reach_the_handler_as_the_exact_bytes(kafka_bootstrap: str, new_topic, start, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_odd_keys_and_values_reach_the_handler_as_the_exact_bytes(
+    kafka_bootstrap: str, new_topic, start, caplog
+) -> None:  # type: ignore[no-untyped-def]
     # given a null key, an empty key, a key that is not UTF-8, tombstones and an empty value
     caplog.set_level(logging.INFO, logger="keyedconsumer.messages")
     topic = new_topic(1)
     records: list[tuple[bytes | None, bytes | None]] = [
-        (None, b"null-key"), (b"", b"empty-key"), (b"\xff\xfe\x00k", b"non-utf8-key"), (b"t", None), (b"e", b""),
-        (None, None), (b"", None),
+        (None, b"null-key"),
+        (b"", b"empty-key"),
+        (b"\xff\xfe\x00k", b"non-utf8-key"),
+        (b"t", None),
+        (b"e", b""),
+        (None, None),
+        (b"", None),
     ]
     produce(kafka_bootstrap, topic, [(k, v, 0) for k, v in records])
     group = gid("keys")
@@ -223,13 +234,19 @@ def test_odd_keys_and_values_reach_the_handler_as_the_exact_bytes(kafka_bootstra
     assert seen == dict(enumerate(records))
     assert committed(kafka_bootstrap, group, topic, 1) == {0: len(records)}
     # and the Logging middleware logged the non-UTF-8 key escaped, without failing the message
-    logged = {rec.keyedconsumer["offset"]: rec.keyedconsumer for rec in caplog.records if hasattr(rec, "keyedconsumer")}
+    logged = {
+        rec.keyedconsumer["offset"]: rec.keyedconsumer
+        for rec in caplog.records
+        if hasattr(rec, "keyedconsumer")
+    }
     assert logged[2]["key"] == "\\xff\\xfe\x00k" and logged[2]["outcome"] == "SUCCESS"
     assert logged[0]["key"] is None and logged[1]["key"] == ""
 
 
 @pytest.mark.timeout(60)
-def test_bad_payloads_are_dead_lettered_unchanged_naming_the_field(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_bad_payloads_are_dead_lettered_unchanged_naming_the_field(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given valid payloads around an undecodable one and three schema violations, with a header each
     topic = new_topic(1)
     dlq = create_topic(kafka_bootstrap, f"{topic}.dlq")
@@ -266,8 +283,11 @@ def test_bad_payloads_are_dead_lettered_unchanged_naming_the_field(kafka_bootstr
         h = m.headers()
         assert m.value() == value and h[0] == ("trace", m.key())
         hd = dict(h)
-        assert (hd["kafka_dlt-original-topic"], hd["kafka_dlt-original-partition"], hd["kafka_dlt-original-offset"]) == (
-            topic.encode(), b"0", str(offset).encode())
+        assert (
+            hd["kafka_dlt-original-topic"],
+            hd["kafka_dlt-original-partition"],
+            hd["kafka_dlt-original-offset"],
+        ) == (topic.encode(), b"0", str(offset).encode())
         assert hd["kafka_dlt-original-consumer-group"] == group.encode()
         assert hd["kafka_dlt-attempts"] == b"1"  # a decode error is never retried
         assert hd["kafka_dlt-exception-fqcn"].endswith(b".DecodeError")
@@ -281,10 +301,19 @@ def test_bad_payloads_are_dead_lettered_unchanged_naming_the_field(kafka_bootstr
 
 
 @pytest.mark.timeout(40)
-def test_schema_violation_without_dead_letter_stops_naming_the_message_and_the_field(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_schema_violation_without_dead_letter_stops_naming_the_message_and_the_field(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"a", b'{"account": "a", "cents": 1}', 0),
-                                     (b"b", b'{"account": "b", "cents": "lots"}', 0), (b"c", b'{"account": "c", "cents": 3}', 0)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [
+            (b"a", b'{"account": "a", "cents": 1}', 0),
+            (b"b", b'{"account": "b", "cents": "lots"}', 0),
+            (b"c", b'{"account": "c", "cents": 3}', 0),
+        ],
+    )
     group = gid("typed-stop")
     calls: list[int] = []
     mws = [Retry(max_attempts=3, initial_delay_s=0.01), Typed(Payment)]
@@ -301,15 +330,25 @@ def test_schema_violation_without_dead_letter_stops_naming_the_message_and_the_f
 
 
 @pytest.mark.timeout(40)
-def test_odd_headers_and_keys_reach_handler_and_dead_letter_unchanged(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_odd_headers_and_keys_reach_handler_and_dead_letter_unchanged(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given headers whose values are not UTF-8 or null, duplicated names, an empty and a non-ASCII
     # name; one record is processed, three fail: a non-UTF-8 key, an empty key and a null key
     topic = new_topic(1)
     dlq = create_topic(kafka_bootstrap, f"{topic}.dlq")
-    headers: Headers = [("dup", b"1"), ("bin", b"\xff\xfe\x00"), ("dup", b"2"), ("none", None), ("", b"empty-name"),
-                        ("\u00fcn\u00efc\u00f6de", b"\x80")]
+    headers: Headers = [
+        ("dup", b"1"),
+        ("bin", b"\xff\xfe\x00"),
+        ("dup", b"2"),
+        ("none", None),
+        ("", b"empty-name"),
+        ("\u00fcn\u00efc\u00f6de", b"\x80"),
+    ]
     failing: list[bytes | None] = [b"\xfe\xff", b"", None]
-    produce_with_headers(kafka_bootstrap, topic, [(b"ok", b"v", headers)] + [(k, b"v", headers) for k in failing])
+    produce_with_headers(
+        kafka_bootstrap, topic, [(b"ok", b"v", headers)] + [(k, b"v", headers) for k in failing]
+    )
     group = gid("headers")
     seen: dict[int, tuple[Headers, bytes | None]] = {}
     dl = DeadLetter(brokers=[kafka_bootstrap], timeout_s=20)
@@ -331,12 +370,14 @@ def test_odd_headers_and_keys_reach_handler_and_dead_letter_unchanged(kafka_boot
     assert [m.key() for m in dead] == failing
     for m in dead:
         assert m.headers()[: len(headers)] == headers
-        assert all(k.startswith("kafka_dlt-") for k, _ in m.headers()[len(headers):])
+        assert all(k.startswith("kafka_dlt-") for k, _ in m.headers()[len(headers) :])
     assert committed(kafka_bootstrap, group, topic, 1) == {0: 4}
 
 
 @pytest.mark.timeout(40)
-def test_header_name_not_utf8_is_processed_or_stops_naming_the_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_header_name_not_utf8_is_processed_or_stops_naming_the_message(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given offset 1 with a header whose *name* is not UTF-8, between two plain records
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", b"0", 0)])
@@ -353,12 +394,16 @@ def test_header_name_not_utf8_is_processed_or_stops_naming_the_message(kafka_boo
         assert committed(kafka_bootstrap, group, topic, 1) == {0: 3}
     else:  # or a clear error naming the message, and it is not skipped
         assert isinstance(r.error, KeyedConsumerError), repr(r.error)
-        assert f"topic={topic}" in str(r.error) and "partition=0" in str(r.error) and "offset=1" in str(r.error)
+        assert (
+            f"topic={topic}" in str(r.error) and "partition=0" in str(r.error) and "offset=1" in str(r.error)
+        )
         assert committed(kafka_bootstrap, group, topic, 1) == {0: 1}
 
 
 @pytest.mark.timeout(40)
-def test_malformed_attempt_headers_are_not_parsed_attempts_count_from_1(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_attempt_headers_are_not_parsed_attempts_count_from_1(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given records carrying a malformed kafka_dlt-attempts header (as a re-consumed dead letter
     # would) and a generic "attempt" header: abc, -1, 2**63; "ok-*" fails once, "dead-*" always
     topic = new_topic(1)
@@ -421,17 +466,27 @@ def big_topic(kafka_bootstrap: str) -> str:
     [({}, 64 * MIB), ({"fetch.max.bytes": MIB, "max.partition.fetch.bytes": MIB}, MIB)],
     ids=["consumer-defaults", "fetch-limits-and-in-flight-bytes-1MiB"],
 )
-def test_5mb_message_is_processed(kafka_bootstrap: str, start, config: dict[str, int], max_in_flight_bytes: int) -> None:  # type: ignore[no-untyped-def]
+def test_5mb_message_is_processed(
+    kafka_bootstrap: str, start, config: dict[str, int], max_in_flight_bytes: int
+) -> None:  # type: ignore[no-untyped-def]
     topic = big_topic(kafka_bootstrap)
-    produce_with_headers(kafka_bootstrap, topic, [(b"k", b"small-0", []), (b"big", BIG, []), (b"k", b"small-2", [])],
-                         **BIG_PRODUCER)
+    produce_with_headers(
+        kafka_bootstrap,
+        topic,
+        [(b"k", b"small-0", []), (b"big", BIG, []), (b"k", b"small-2", [])],
+        **BIG_PRODUCER,
+    )
     group = gid("big")
     seen: dict[int, tuple[bytes | None, str]] = {}
 
     def handle(msg: Message) -> None:
         seen[msg.offset] = (msg.key, hashlib.sha256(msg.value or b"").hexdigest())
 
-    r = start(consumer(kafka_bootstrap, topic, group, handle, config=config, max_in_flight_bytes=max_in_flight_bytes))
+    r = start(
+        consumer(
+            kafka_bootstrap, topic, group, handle, config=config, max_in_flight_bytes=max_in_flight_bytes
+        )
+    )
     ok = wait_until(lambda: len(seen) == 3, 30)
     assert r.stop() and r.error is None, r.error
     assert ok, sorted(seen)
@@ -447,9 +502,14 @@ def test_5mb_message_above_receive_message_max_bytes_is_never_skipped(kafka_boot
     group = gid("big-recv")
     seen: list[int] = []
     errors: list[BaseException] = []
-    c = consumer(kafka_bootstrap, topic, group, lambda m: seen.append(m.offset),
-                 config={"receive.message.max.bytes": 2_000_000, "fetch.max.bytes": 1_000_000},
-                 error_handler=lambda e, m: errors.append(e))
+    c = consumer(
+        kafka_bootstrap,
+        topic,
+        group,
+        lambda m: seen.append(m.offset),
+        config={"receive.message.max.bytes": 2_000_000, "fetch.max.bytes": 1_000_000},
+        error_handler=lambda e, m: errors.append(e),
+    )
     r = start(c)
     assert wait_until(lambda: seen == [0] and c.partition_status()[0].stored_offset == 1, 20)
     # when the 5 MB message and one more arrive
@@ -466,12 +526,20 @@ def test_5mb_message_above_receive_message_max_bytes_is_never_skipped(kafka_boot
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("producer_config", [BIG_PRODUCER, {}], ids=["dead-letter-producer-raised", "dead-letter-producer-default"])
-def test_5mb_failed_message_is_dead_lettered_whole_or_stops_naming_it(kafka_bootstrap: str, start, producer_config: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "producer_config", [BIG_PRODUCER, {}], ids=["dead-letter-producer-raised", "dead-letter-producer-default"]
+)
+def test_5mb_failed_message_is_dead_lettered_whole_or_stops_naming_it(
+    kafka_bootstrap: str, start, producer_config: dict[str, int]
+) -> None:  # type: ignore[no-untyped-def]
     topic = big_topic(kafka_bootstrap)
     dlq = create_topic(kafka_bootstrap, f"{topic}.dlq", BIG_TOPIC)
-    produce_with_headers(kafka_bootstrap, topic, [(b"k", b"small-0", []), (b"big", BIG, []), (b"k", b"small-2", [])],
-                         **BIG_PRODUCER)
+    produce_with_headers(
+        kafka_bootstrap,
+        topic,
+        [(b"k", b"small-0", []), (b"big", BIG, []), (b"k", b"small-2", [])],
+        **BIG_PRODUCER,
+    )
     group = gid("big-dlq")
     seen: list[int] = []
     dl = DeadLetter(brokers=[kafka_bootstrap], producer_config=producer_config, timeout_s=20)
@@ -507,7 +575,9 @@ def test_5mb_failed_message_is_dead_lettered_whole_or_stops_naming_it(kafka_boot
 
 
 @pytest.mark.timeout(40)
-def test_hung_handler_does_not_delay_an_error_stop_beyond_shutdown_timeout(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_hung_handler_does_not_delay_an_error_stop_beyond_shutdown_timeout(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given key h whose handler hangs at offset 0, and key f failing at offset 1 (no error_handler)
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"h", b"x", 0), (b"f", b"x", 0), (b"g", b"x", 0)])
@@ -539,7 +609,9 @@ def test_hung_handler_does_not_delay_an_error_stop_beyond_shutdown_timeout(kafka
 
 
 @pytest.mark.timeout(40)
-def test_always_raising_handler_with_retry_stops_after_max_attempts_naming_the_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_always_raising_handler_with_retry_stops_after_max_attempts_naming_the_message(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", str(i).encode(), 0) for i in range(3)])
     group = gid("always-stop")
@@ -561,7 +633,9 @@ def test_always_raising_handler_with_retry_stops_after_max_attempts_naming_the_m
 
 
 @pytest.mark.timeout(40)
-def test_always_raising_handler_with_error_handler_reports_every_message_once(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_always_raising_handler_with_error_handler_reports_every_message_once(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", b"0", 0), (b"a", b"1", 0), (b"b", b"2", 0), (None, b"3", 0)])
     group = gid("always-eh")
@@ -580,7 +654,11 @@ def test_always_raising_handler_with_error_handler_reports_every_message_once(ka
             reported.append((msg.offset, str(err)))
 
     mws = [Retry(max_attempts=2, initial_delay_s=0.01, jitter=0.0)]
-    r = start(consumer(kafka_bootstrap, topic, group, handle, concurrency=2, middlewares=mws, error_handler=error_handler))
+    r = start(
+        consumer(
+            kafka_bootstrap, topic, group, handle, concurrency=2, middlewares=mws, error_handler=error_handler
+        )
+    )
     ok = wait_until(lambda: len(reported) == 4, 15)
     assert r.stop() and r.error is None, r.error
     assert ok, reported
@@ -596,7 +674,9 @@ class CustomBaseError(BaseException):
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_custom_base_exception_passes_middleware_and_stops_naming_the_message(kafka_bootstrap: str, new_topic, start, is_async: bool) -> None:  # type: ignore[no-untyped-def]
+def test_custom_base_exception_passes_middleware_and_stops_naming_the_message(
+    kafka_bootstrap: str, new_topic, start, is_async: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given the full middleware stack, and a handler raising a custom BaseException at offset 1
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), 0) for i in range(3)])
@@ -610,10 +690,12 @@ def test_custom_base_exception_passes_middleware_and_stops_naming_the_message(ka
             raise CustomBaseError("not an Exception")
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             await asyncio.sleep(0)
             body(msg)
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             body(msg)
 
@@ -631,9 +713,16 @@ def test_custom_base_exception_passes_middleware_and_stops_naming_the_message(ka
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-def test_base_exceptions_with_error_handler_do_not_kill_the_only_worker(kafka_bootstrap: str, new_topic, start, is_async: bool) -> None:  # type: ignore[no-untyped-def]
+def test_base_exceptions_with_error_handler_do_not_kill_the_only_worker(
+    kafka_bootstrap: str, new_topic, start, is_async: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given one worker (concurrency 1), one key, and BaseExceptions raised at odd offsets
-    raises: dict[int, type[BaseException]] = {1: KeyboardInterrupt, 3: SystemExit, 5: GeneratorExit, 7: CustomBaseError}
+    raises: dict[int, type[BaseException]] = {
+        1: KeyboardInterrupt,
+        3: SystemExit,
+        5: GeneratorExit,
+        7: CustomBaseError,
+    }
     if is_async:
         raises[9] = asyncio.CancelledError
     n = 11
@@ -650,10 +739,12 @@ def test_base_exceptions_with_error_handler_do_not_kill_the_only_worker(kafka_bo
             raise exc()
 
     if is_async:
+
         async def handle(msg: Message) -> None:
             await asyncio.sleep(0)
             body(msg)
     else:
+
         def handle(msg: Message) -> None:  # type: ignore[misc]
             body(msg)
 
@@ -672,7 +763,9 @@ def test_base_exceptions_with_error_handler_do_not_kill_the_only_worker(kafka_bo
 
 
 @pytest.mark.timeout(60)
-def test_sync_handler_returning_a_coroutine_stops_naming_the_message(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_sync_handler_returning_a_coroutine_stops_naming_the_message(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given one message, a plain handler that forgets to await an async def function, DeadLetter +
     # Retry around it, and an error_handler that would mark any failure handled
     import warnings
@@ -690,8 +783,14 @@ def test_sync_handler_returning_a_coroutine_stops_naming_the_message(kafka_boots
     def error_handler(err: BaseException, msg: Message | None) -> None:
         reported.append(err)
 
-    c = consumer(kafka_bootstrap, topic, group, lambda m: handle_async(m), error_handler=error_handler,
-                 middlewares=[dl, Retry(max_attempts=3, initial_delay_s=0.01)])
+    c = consumer(
+        kafka_bootstrap,
+        topic,
+        group,
+        lambda m: handle_async(m),
+        error_handler=error_handler,
+        middlewares=[dl, Retry(max_attempts=3, initial_delay_s=0.01)],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         r = start(c)
@@ -763,8 +862,13 @@ def test_wrong_broker_address_raises_naming_brokers_within_startup_timeout(fake_
         "silent-listener": lambda: fake_broker(None),  # accepts, never answers: must not hang
         "not-kafka": lambda: fake_broker(b"-ERR unknown command\r\n" * 4),  # e.g. Redis on the Kafka port
     }[kind]()
-    c = KeyedConsumer(name=gid("wrong-broker"), handler=lambda m: None, brokers=[address], topics=["t"],
-                      startup_timeout_s=2.0)
+    c = KeyedConsumer(
+        name=gid("wrong-broker"),
+        handler=lambda m: None,
+        brokers=[address],
+        topics=["t"],
+        startup_timeout_s=2.0,
+    )
     t0 = time.monotonic()
     with pytest.raises(KafkaClientError) as info:
         c.run()
@@ -778,8 +882,13 @@ def test_topic_regex_librdkafka_refuses_is_a_clear_error(kafka_bootstrap: str) -
     # given a regex Python compiles (so the config accepts it) but librdkafka's regex engine does not
     regex = "^(?:orders|payments)"
     with pytest.raises((ValidationError, KeyedConsumerError)) as info:
-        KeyedConsumer(name=gid("regex"), handler=lambda m: None, brokers=[kafka_bootstrap], topics=[regex],
-                      startup_timeout_s=5.0).run()
+        KeyedConsumer(
+            name=gid("regex"),
+            handler=lambda m: None,
+            brokers=[kafka_bootstrap],
+            topics=[regex],
+            startup_timeout_s=5.0,
+        ).run()
     assert "topics" in str(info.value) or regex in str(info.value)
 
 
@@ -788,19 +897,37 @@ def test_sasl_password_in_no_log_line_error_or_repr(kafka_bootstrap: str, caplog
     # given SASL credentials against the PLAINTEXT broker (authentication fails), librdkafka's own
     # debug output on stderr, every logger at DEBUG, and a DeadLetter producer with the same secret
     caplog.set_level(logging.DEBUG)
-    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
-            "sasl.password": SECRET}
+    sasl = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
+        "sasl.password": SECRET,
+    }
     dl = DeadLetter(brokers=[kafka_bootstrap], producer_config={**sasl, "debug": "conf,security"})
-    c = KeyedConsumer(name=gid("sasl"), handler=lambda m: None, brokers=[kafka_bootstrap], topics=["t"],
-                      startup_timeout_s=2.0, config={**sasl, "debug": "conf,security,broker"}, middlewares=[dl])
+    c = KeyedConsumer(
+        name=gid("sasl"),
+        handler=lambda m: None,
+        brokers=[kafka_bootstrap],
+        topics=["t"],
+        startup_timeout_s=2.0,
+        config={**sasl, "debug": "conf,security,broker"},
+        middlewares=[dl],
+    )
     with pytest.raises(KafkaClientError) as info:
         c.run()
-    texts = {"consumer repr": repr(c), "config repr": repr(c.config), "config str": str(c.config),
-             "error": str(info.value), "error repr": repr(info.value)}
+    texts = {
+        "consumer repr": repr(c),
+        "config repr": repr(c.config),
+        "config str": str(c.config),
+        "error": str(info.value),
+        "error repr": repr(info.value),
+    }
     del info, c, dl  # destroy the clients now, so their last debug lines are captured too
     gc.collect()
     out, err = capfd.readouterr()
-    texts.update({"log": caplog.text, "log args": repr([r.args for r in caplog.records]), "stdout": out, "stderr": err})
+    texts.update(
+        {"log": caplog.text, "log args": repr([r.args for r in caplog.records]), "stdout": out, "stderr": err}
+    )
     # (the captures are live: librdkafka listed its configuration on stderr, and the client's
     # authentication errors were logged)
     assert "sasl.password" in err
@@ -824,7 +951,9 @@ def free_port() -> int:
 
 @pytest.mark.redis
 @pytest.mark.timeout(60)
-def test_redis_down_at_start_waits_then_processes_everything(kafka_bootstrap: str, new_topic, start, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_redis_down_at_start_waits_then_processes_everything(
+    kafka_bootstrap: str, new_topic, start, tmp_path: Path, caplog
+) -> None:  # type: ignore[no-untyped-def]
     # given a Redis sequencer whose (password-protected) Redis is not running yet
     caplog.set_level(logging.DEBUG)
     port = free_port()
@@ -846,19 +975,43 @@ def test_redis_down_at_start_waits_then_processes_everything(kafka_bootstrap: st
     r = start(c)
     redis_proc: subprocess.Popen[bytes] | None = None
     try:
+
         def waiting() -> int:
-            return sum(1 for rec in caplog.records if rec.name == "keyedconsumer.redis" and "unavailable" in rec.getMessage())
+            return sum(
+                1
+                for rec in caplog.records
+                if rec.name == "keyedconsumer.redis" and "unavailable" in rec.getMessage()
+            )
 
         # then it waits: every message received, Redis retried with back-off, nothing run or committed
-        assert wait_until(lambda: c.in_flight == len(records) and waiting() >= 4, 20), (c.in_flight, waiting())
+        assert wait_until(lambda: c.in_flight == len(records) and waiting() >= 4, 20), (
+            c.in_flight,
+            waiting(),
+        )
         assert r.thread.is_alive() and r.error is None
         assert seen == []
         assert committed(kafka_bootstrap, group, topic, 1)[0] in (None, 0)
         # when Redis comes up
         redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes", "--appendfsync", "always",
-             "--dir", str(tmp_path), "--requirepass", SECRET, "--save", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(tmp_path),
+                "--requirepass",
+                SECRET,
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         # then everything runs, each key in offset order
         assert wait_until(lambda: len(seen) == len(records), 20), seen

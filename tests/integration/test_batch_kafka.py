@@ -30,7 +30,9 @@ class Batches:
         self.running: set[bytes | None] = set()
         self.overlaps: list[bytes | None] = []
         self.order: dict[bytes | None, list[int]] = defaultdict(list)  # values of done messages, per key
-        self.attempts: dict[bytes | None, list[int]] = defaultdict(list)  # attempts of failing runs, per value
+        self.attempts: dict[bytes | None, list[int]] = defaultdict(
+            list
+        )  # attempts of failing runs, per value
 
     def enter(self, msgs: list[Message]) -> None:
         keys = [m.key for m in msgs]
@@ -99,15 +101,24 @@ def test_batches_of_many_keys_keep_key_order_and_dead_letter_one_failure_alone( 
 
     group = f"batch-{uuid.uuid4().hex[:8]}"
     consumer = KeyedConsumer(
-        name=group, batch_handler=ahandle if is_async else handle, brokers=[kafka_bootstrap], topics=[topic],
-        concurrency=4, handler_batch_size=50,
-        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=3, initial_delay_s=0.2, jitter=0.0)],
+        name=group,
+        batch_handler=ahandle if is_async else handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        handler_batch_size=50,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(max_attempts=3, initial_delay_s=0.2, jitter=0.0),
+        ],
     )
     # when it runs until every offset is committed
     r = start(consumer)
     ends_at = end_offsets(kafka_bootstrap, topic, 4)
     assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 4, 10) == ends_at, 120, 0.5), (
-        committed(kafka_bootstrap, group, topic, 4), ends_at)
+        committed(kafka_bootstrap, group, topic, 4),
+        ends_at,
+    )
     assert r.stop(30) and r.error is None
     # then batches held several keys, never two messages of one key, and no key ran in two at once
     assert max(rec.sizes) > 1 and max(rec.sizes) <= 50
@@ -150,8 +161,13 @@ def test_batches_under_redis_leases_park_one_key_and_keep_order(  # type: ignore
     group = f"g-{ns}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
     consumer = KeyedConsumer(
-        name=group, batch_handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4,
-        handler_batch_size=20, sequencer=seq,
+        name=group,
+        batch_handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        handler_batch_size=20,
+        sequencer=seq,
         middlewares=[Retry(max_attempts=None, initial_delay_s=0.5, multiplier=1, jitter=0, park=True)],
     )
     # when it runs until everything is committed and the parked key drained
@@ -160,9 +176,15 @@ def test_batches_under_redis_leases_park_one_key_and_keep_order(  # type: ignore
     per_key: dict[bytes, int] = defaultdict(int)
     for k, _, _ in records:
         per_key[k] += 1
-    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2, 10) == ends_at
-                      and len(rec.order[b"k3"]) == per_key[b"k3"] and not seq.parker.draining, 120, 0.5), (
-        committed(kafka_bootstrap, group, topic, 2), ends_at, rec.order[b"k3"])
+    assert wait_until(
+        lambda: (
+            committed(kafka_bootstrap, group, topic, 2, 10) == ends_at
+            and len(rec.order[b"k3"]) == per_key[b"k3"]
+            and not seq.parker.draining
+        ),
+        120,
+        0.5,
+    ), (committed(kafka_bootstrap, group, topic, 2), ends_at, rec.order[b"k3"])
     assert r.stop(30) and r.error is None
     # then the key was parked (its messages went to Redis and came back), and every key kept its order
     assert seq.parker.parked >= 1 and seq.parker.drained >= 1

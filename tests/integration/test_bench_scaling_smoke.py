@@ -22,26 +22,52 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)
 def test_scaling_ci_size_runs_and_drains(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "bench/scaling.py", "--size", "ci", "--brokers", kafka_bootstrap, "--redis-url", redis_url,
-         "--engine", "worktree", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "bench/scaling.py",
+            "--size",
+            "ci",
+            "--brokers",
+            kafka_bootstrap,
+            "--redis-url",
+            redis_url,
+            "--engine",
+            "worktree",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
 
     res = json.loads((tmp_path / "scaling.json").read_text())
     n = res["size_settings"]["messages"]
     ids = [r["id"] for r in res["runs"]]
-    assert ids == ["raw/n1", "keyedconsumer/n1", "keyedconsumer-redis/n1", "keyedconsumer/n2",
-                   "keyedconsumer-redis/n2"], ids
+    assert ids == [
+        "raw/n1",
+        "keyedconsumer/n1",
+        "keyedconsumer-redis/n1",
+        "keyedconsumer/n2",
+        "keyedconsumer-redis/n2",
+    ], ids
     for r in res["runs"]:
         assert not r["error"], (r["id"], r["error"])
         assert r["drained"] and r["lag_at_end"] == 0 and r["handled_total"] >= n, r
         assert len(r["per_instance"]) == r["instances"], r["id"]
-        assert r["cpu"]["machine_cores_busy"] is not None and r["cpu"]["instances_cores"] is not None, r["cpu"]
+        assert r["cpu"]["machine_cores_busy"] is not None and r["cpu"]["instances_cores"] is not None, r[
+            "cpu"
+        ]
         if r["contender"] != "raw":
             assert r["order_backward"] == 0, (r["id"], r["order_backward"])
     assert {(s["contender"], s["instances"]) for s in res["summary"]} == {
-        ("raw", 1), ("keyedconsumer", 1), ("keyedconsumer", 2), ("keyedconsumer-redis", 1),
-        ("keyedconsumer-redis", 2)}
+        ("raw", 1),
+        ("keyedconsumer", 1),
+        ("keyedconsumer", 2),
+        ("keyedconsumer-redis", 1),
+        ("keyedconsumer-redis", 2),
+    }
     md = (tmp_path / "scaling.md").read_text()
     assert "| contender | N | msg/s | ideal | of ideal | ratio to linear |" in md

@@ -19,9 +19,25 @@ ROOT = Path(__file__).resolve().parents[2]
 PEERS_PY = ROOT / "bench" / ".venv-peers" / "bin" / "python"
 
 RUN_FIELDS = {
-    "id", "contender", "ordering", "concurrency", "mode", "handled", "target", "complete", "seconds",
-    "msg_per_s", "lat_p50_ms", "lat_p99_ms", "aligned_p50_ms", "aligned_p99_ms", "order_violations",
-    "peak_rss_mb", "rss_samples", "wall_s", "settings",
+    "id",
+    "contender",
+    "ordering",
+    "concurrency",
+    "mode",
+    "handled",
+    "target",
+    "complete",
+    "seconds",
+    "msg_per_s",
+    "lat_p50_ms",
+    "lat_p99_ms",
+    "aligned_p50_ms",
+    "aligned_p99_ms",
+    "order_violations",
+    "peak_rss_mb",
+    "rss_samples",
+    "wall_s",
+    "settings",
 }
 
 
@@ -34,8 +50,20 @@ def _has_matplotlib() -> bool:
 @pytest.mark.timeout(180)
 def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "bench/run.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "bench/run.py",
+            "--size",
+            "ci",
+            "--brokers",
+            kafka_bootstrap,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
 
@@ -89,7 +117,9 @@ def test_bench_ci_size_runs_and_writes_results(kafka_bootstrap: str, tmp_path: P
     rows = [g["row"] for g in res["goals"]]
     assert len(rows) == 9 and rows[0] == "W1 no-op, key, c1 sync" and rows[-1].startswith("Redis sequencer")
     assert all(g["met"] is not None for g in res["goals"][:-1]), res["goals"]
-    assert "c64/sync: " in res["goals"][-1]["result"] and "c64/sync: not run" not in res["goals"][-1]["result"]
+    assert (
+        "c64/sync: " in res["goals"][-1]["result"] and "c64/sync: not run" not in res["goals"][-1]["result"]
+    )
 
     md = (tmp_path / "results.md").read_text()
     assert "| contender | workload | ordering | concurrency | sync/async |" in md
@@ -104,8 +134,20 @@ def test_eos_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> None:
     # bench/eos_cost.py at its smoke size: every contender handled every message and each producing
     # one's results were all read back with read_committed; no speed is asserted
     out = subprocess.run(
-        [sys.executable, "bench/eos_cost.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "bench/eos_cost.py",
+            "--size",
+            "ci",
+            "--brokers",
+            kafka_bootstrap,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads((tmp_path / "eos_cost.json").read_text())
@@ -122,14 +164,31 @@ def test_features_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> No
     # bench/features_cost.py at its smoke size: every contender finished every message, no audit
     # record was refused, and without conflation every message called the handler; no speed is asserted
     out = subprocess.run(
-        [sys.executable, "bench/features_cost.py", "--size", "ci", "--brokers", kafka_bootstrap, "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "bench/features_cost.py",
+            "--size",
+            "ci",
+            "--brokers",
+            kafka_bootstrap,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads((tmp_path / "features_cost.json").read_text())
     assert res["ok"]
     assert {(r["workload"], r["contender"]) for r in res["runs"]} == {
-        ("audit", "raw"), ("audit", "kc"), ("audit", "kc+audit"), ("conflation", "kc"), ("conflation", "kc+conflate")}
+        ("audit", "raw"),
+        ("audit", "kc"),
+        ("audit", "kc+audit"),
+        ("conflation", "kc"),
+        ("conflation", "kc+conflate"),
+    }
     calls = res["conflation_handler_calls"]
     assert calls["kc"] == res["conflation_messages"] and calls["kc+conflate"] <= calls["kc"]
     assert (tmp_path / "features_cost.md").exists()

@@ -77,9 +77,21 @@ def _topic(bootstrap: str, partitions: int) -> str:
 def _start(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     err = open(log.with_suffix(f".{time.monotonic_ns()}.err"), "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.stop_consumer", bootstrap, topic, group, str(log),
-         "--shutdown-s", str(SHUTDOWN_S), *extra],
-        cwd=ROOT, stdout=err, stderr=err,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.stop_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            "--shutdown-s",
+            str(SHUTDOWN_S),
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=err,
+        stderr=err,
     )
 
 
@@ -105,11 +117,14 @@ def _term_and_time(proc: subprocess.Popen[bytes]) -> float:
 
 
 def _stderr(log: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(log.parent.glob(log.name.split(".")[0] + ".*.err")))
+    return "".join(
+        p.read_text(errors="replace") for p in sorted(log.parent.glob(log.name.split(".")[0] + ".*.err"))
+    )
 
 
-def _assert_commits_cover_only_finished(bootstrap: str, group: str, topic: str, partitions: int,
-                                        ends: set[tuple[int, int]]) -> None:
+def _assert_commits_cover_only_finished(
+    bootstrap: str, group: str, topic: str, partitions: int, ends: set[tuple[int, int]]
+) -> None:
     for p, off in committed(bootstrap, group, topic, partitions).items():
         if off is not None:
             missing = [o for o in range(off) if (p, o) not in ends]
@@ -162,7 +177,9 @@ def test_sigterm_returns_within_the_bound_when_the_broker_is_gone(own_kafka, tmp
 
 @pytest.mark.redis
 @pytest.mark.timeout(420)
-def test_sigterm_during_joins_and_leaves_returns_within_the_bound_every_time(kafka_bootstrap, redis_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_during_joins_and_leaves_returns_within_the_bound_every_time(
+    kafka_bootstrap, redis_url, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # given two members with the Redis sequencer on a 4-partition topic with a steady backlog
     rng = random.Random(7)
     topic = _topic(kafka_bootstrap, 4)
@@ -220,14 +237,19 @@ def test_finished_work_never_runs_again_under_kip848_membership_churn(kafka_boot
     assert _term_and_time(a) <= BOUND_S and a.returncode == 0
     # then every message ran, and none ran twice: each revoke's commit (with the metadata of what
     # finished above it) was accepted, even when the group had moved to a new member epoch meanwhile
-    runs = [(int(x[2]), int(x[3])) for x in (ln.split() for ln in log.read_text().splitlines()) if x and x[0] == "E"]
+    runs = [
+        (int(x[2]), int(x[3]))
+        for x in (ln.split() for ln in log.read_text().splitlines())
+        if x and x[0] == "E"
+    ]
     twice = len(runs) - len(set(runs))
     assert len(set(runs)) == n and twice == 0, (twice, len(set(runs)), _stderr(log)[-3000:])
 
 
-
 @pytest.mark.timeout(240)
-def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_within_the_bound(own_kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_within_the_bound(
+    own_kafka, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # given a member running all four messages of a 2-partition topic at once: each partition's
     # second message runs long (a revoke waits revoke_timeout_s for it, then commits) and its first
     # one ends just after the revoke started (so the revoke has a new offset to commit)
@@ -236,9 +258,20 @@ def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_wit
     produce(bootstrap, topic, [(f"k{i}".encode(), b"x", i // 2) for i in range(4)])
     err = open(tmp_path / "revoke.err", "wb")
     member = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.revoke_consumer", bootstrap, topic, group, str(log),
-         "--shutdown-s", str(SHUTDOWN_S)],
-        cwd=ROOT, stdout=err, stderr=err,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.revoke_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            "--shutdown-s",
+            str(SHUTDOWN_S),
+        ],
+        cwd=ROOT,
+        stdout=err,
+        stderr=err,
     )
 
     def lines(kind: str) -> list[str]:
@@ -264,5 +297,8 @@ def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_wit
             member.kill()
             member.wait(10)
     # then it exited cleanly within the documented bound, though the revoke's commit got no answer
-    assert member.returncode == 0 and elapsed <= BOUND_S, (elapsed, member.returncode,
-                                                           (tmp_path / "revoke.err").read_text()[-3000:])
+    assert member.returncode == 0 and elapsed <= BOUND_S, (
+        elapsed,
+        member.returncode,
+        (tmp_path / "revoke.err").read_text()[-3000:],
+    )

@@ -78,7 +78,9 @@ def group_offsets(admin: AdminClient, group: str, topic: str, partitions: int) -
 class CommitSampler:
     """Reads the group's committed offsets (AdminClient) every ``interval_s`` in a thread."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int, interval_s: float = 0.05) -> None:
+    def __init__(
+        self, bootstrap: str, group: str, topic: str, partitions: int, interval_s: float = 0.05
+    ) -> None:
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.args = (group, topic, partitions)
         self.interval_s = interval_s
@@ -138,8 +140,14 @@ def test_c1_stop_mid_run_commits_first_unfinished_offset(kafka_bootstrap: str, n
         with lock:
             finished1.add(msg.offset)
 
-    first = KeyedConsumer(name=group, handler=slow, brokers=[kafka_bootstrap], topics=[topic],
-                          concurrency=4, max_in_flight=10_000)
+    first = KeyedConsumer(
+        name=group,
+        handler=slow,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        max_in_flight=10_000,
+    )
     run1 = start(first)
     assert wait_until(lambda: len(finished1) >= 40 and first.in_flight > 100, 20)
 
@@ -180,7 +188,9 @@ def test_c1_stop_mid_run_commits_first_unfinished_offset(kafka_bootstrap: str, n
 
 
 @pytest.mark.timeout(60)
-def test_c1_stop_while_a_handler_still_runs_commits_first_unfinished_offset(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_c1_stop_while_a_handler_still_runs_commits_first_unfinished_offset(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 400 messages of distinct keys on one partition; the handler returns at once, except on
     # offset 300 where it takes 5 s; concurrency 4
     n, slow_at, slow_s = 400, 300, 5.0
@@ -198,8 +208,14 @@ def test_c1_stop_while_a_handler_still_runs_commits_first_unfinished_offset(kafk
         with lock:
             finished.add(msg.offset)
 
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                             concurrency=4, shutdown_timeout_s=1)
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        shutdown_timeout_s=1,
+    )
     run = start(consumer)
     # when the slow handler has run for 2 s (the 3 other workers are free for everything else)
     assert slow_started.wait(20)
@@ -223,8 +239,9 @@ def test_c1_stop_while_a_handler_still_runs_commits_first_unfinished_offset(kafk
         problems.append(f"committed {got[0]}, but every offset before {first_unfinished} had finished")
     # and no message of another key waited for the slow one while workers were free
     if not all_others_ran:
-        problems.append(f"{len(waited)} message(s) of other keys did not run while the slow one ran: "
-                        f"{waited[:5]}...")
+        problems.append(
+            f"{len(waited)} message(s) of other keys did not run while the slow one ran: {waited[:5]}..."
+        )
     assert problems == []
     assert first_unfinished == slow_at
 
@@ -239,8 +256,11 @@ def join_mid_run(kafka_bootstrap: str, topic: str, group: str, config: dict[str,
     across the two consumers, and committed == end offsets at the end.
     """
     per_partition = 120
-    produce(kafka_bootstrap, topic,
-            [(f"p{p}-k{i % 2}".encode(), str(i).encode(), p) for p in (0, 1) for i in range(per_partition)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(f"p{p}-k{i % 2}".encode(), str(i).encode(), p) for p in (0, 1) for i in range(per_partition)],
+    )
     everything = {(p, o) for p in (0, 1) for o in range(per_partition)}
     rec = Intervals()
     all_done = threading.Event()
@@ -256,10 +276,22 @@ def join_mid_run(kafka_bootstrap: str, topic: str, group: str, config: dict[str,
 
         return handle
 
-    a = KeyedConsumer(name=group, handler=handler("A"), brokers=[kafka_bootstrap], topics=[topic],
-                      concurrency=4, config=config)
-    b = KeyedConsumer(name=group, handler=handler("B"), brokers=[kafka_bootstrap], topics=[topic],
-                      concurrency=4, config=config)
+    a = KeyedConsumer(
+        name=group,
+        handler=handler("A"),
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        config=config,
+    )
+    b = KeyedConsumer(
+        name=group,
+        handler=handler("B"),
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        config=config,
+    )
     with CommitSampler(kafka_bootstrap, group, topic, 2) as sampler:
         run_a = start(a)
         # given A owns both partitions and has processed some of each
@@ -269,7 +301,10 @@ def join_mid_run(kafka_bootstrap: str, topic: str, group: str, config: dict[str,
         # when B joins the group mid-run, while A's handlers run
         joining.set()
         run_b = start(b)
-        assert wait_until(lambda: len(b.assignment) == 1 and len(a.assignment) == 1, 20), (a.assignment, b.assignment)
+        assert wait_until(lambda: len(b.assignment) == 1 and len(a.assignment) == 1, 20), (
+            a.assignment,
+            b.assignment,
+        )
         joining.clear()
         moved = b.assignment[0][1]
         assert a.assignment == [(topic, 1 - moved)]
@@ -292,7 +327,8 @@ def join_mid_run(kafka_bootstrap: str, topic: str, group: str, config: dict[str,
     assert sampler.backwards() == {}
     # and B started exactly at A's first unfinished offset: nothing A finished ran again
     assert b_start == min(set(range(per_partition)) - by_a), (
-        f"B started at {b_start}, A had finished up to {max(by_a)}")
+        f"B started at {b_start}, A had finished up to {max(by_a)}"
+    )
     # and no key ever ran twice at once, across both consumers
     assert rec.overlaps() == []
     # and the group committed everything
@@ -311,7 +347,9 @@ def test_c1_second_consumer_joins_mid_run_cooperative(kafka_bootstrap: str, new_
 
 
 @pytest.mark.timeout(60)
-def test_c3_transactional_offsets_commit_past_last_data_offset(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_c3_transactional_offsets_commit_past_last_data_offset(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 4 data messages written in 4 transactions (a commit marker after each)
     topic = new_topic(1)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex}"})
@@ -336,8 +374,15 @@ def test_c3_transactional_offsets_commit_past_last_data_offset(kafka_bootstrap: 
                 all_done.set()
 
     # when consumed read_committed (librdkafka's default), concurrency 4, no ordering
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                             concurrency=4, ordering="none", config={})
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        ordering="none",
+        config={},
+    )
     run = start(consumer)
     assert all_done.wait(20)
     assert run.stop(), "the consumer did not stop"
@@ -357,18 +402,27 @@ def test_c3_transactional_offsets_commit_past_last_data_offset(kafka_bootstrap: 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("returns_first", [False, True], ids=["finishes-while-at-B", "returns-to-A-before-finish"])
-def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(kafka_bootstrap: str, new_topic, start, returns_first: bool) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "returns_first", [False, True], ids=["finishes-while-at-B", "returns-to-A-before-finish"]
+)
+def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(
+    kafka_bootstrap: str, new_topic, start, returns_first: bool
+) -> None:  # type: ignore[no-untyped-def]
     # given 2 partitions of 20 messages; offset 2 of each is slow for consumer A, whose revoke waits
     # only 1 s for running handlers; offsets 2..19 share one key, so they wait behind the slow one
     # (A's tracker of the partition holds them unfinished when the partition moves)
     per_partition, slow_at = 20, 2
     slow_s = 8.0 if returns_first else 6.0
     topic = new_topic(2)
-    produce(kafka_bootstrap, topic, [
-        (f"p{p}-k{min(i, slow_at)}".encode(), (b"slow" if i == slow_at else str(i).encode()), p)
-        for p in (0, 1) for i in range(per_partition)
-    ])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [
+            (f"p{p}-k{min(i, slow_at)}".encode(), (b"slow" if i == slow_at else str(i).encode()), p)
+            for p in (0, 1)
+            for i in range(per_partition)
+        ],
+    )
     everything = {(p, o) for p in (0, 1) for o in range(per_partition)}
     group = new_group("c5")
     rec = Intervals()
@@ -388,15 +442,29 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(kafka_bootstr
 
     # and a sampler of the group's committed offsets
     with CommitSampler(kafka_bootstrap, group, topic, 2) as sampler:
-        a = KeyedConsumer(name=group, handler=slow_a, brokers=[kafka_bootstrap], topics=[topic],
-                          concurrency=4, revoke_timeout_s=1, config=dict(FAST_CLASSIC))
+        a = KeyedConsumer(
+            name=group,
+            handler=slow_a,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            revoke_timeout_s=1,
+            config=dict(FAST_CLASSIC),
+        )
         run_a = start(a)
         assert wait_until(lambda: slow_started == {0, 1}, 20)
 
         # when B (fast, committing every advance) joins and takes a partition while A's slow
         # message of it still runs, and B processes and commits that partition to its end
-        b = KeyedConsumer(name=group, handler=fast_b, brokers=[kafka_bootstrap], topics=[topic],
-                          concurrency=4, manual_commit=True, config=dict(FAST_CLASSIC))
+        b = KeyedConsumer(
+            name=group,
+            handler=fast_b,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            manual_commit=True,
+            config=dict(FAST_CLASSIC),
+        )
         run_b = start(b)
         assert wait_until(lambda: len(b.assignment) == 1, 20)
         moved = b.assignment[0][1]
@@ -439,7 +507,9 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(kafka_bootstr
 
 
 @pytest.mark.timeout(60)
-def test_c6_handler_longer_than_max_poll_interval_keeps_membership(kafka_bootstrap: str, new_topic, start, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_c6_handler_longer_than_max_poll_interval_keeps_membership(
+    kafka_bootstrap: str, new_topic, start, caplog
+) -> None:  # type: ignore[no-untyped-def]
     # given a 6 s max.poll.interval.ms and a handler taking 8 s on the first message
     caplog.set_level(logging.INFO, logger="keyedconsumer")
     n = 10
@@ -455,8 +525,14 @@ def test_c6_handler_longer_than_max_poll_interval_keeps_membership(kafka_bootstr
         with lock:
             calls.append(msg.offset)
 
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                             concurrency=2, config={"max.poll.interval.ms": 6000, "session.timeout.ms": 6000})
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=2,
+        config={"max.poll.interval.ms": 6000, "session.timeout.ms": 6000},
+    )
     run = start(consumer)
     assert wait_until(lambda: consumer.assignment == [(topic, 0)], 20)
 
@@ -479,7 +555,9 @@ def test_c6_handler_longer_than_max_poll_interval_keeps_membership(kafka_bootstr
     assert 0 in calls
     assert all(a == [(topic, 0)] for a in assignments), [a for a in assignments if a != [(topic, 0)]]
     assert sorted(calls) == list(range(n))
-    assert sum(m.startswith("assigned") for _, m in before_stop) == 1, before_stop  # one assignment, no rejoin
+    assert sum(m.startswith("assigned") for _, m in before_stop) == 1, (
+        before_stop
+    )  # one assignment, no rejoin
     assert [m for lvl, m in before_stop if lvl >= logging.WARNING] == []  # nothing lost, no commit failed
     assert committed(kafka_bootstrap, group, topic, 1) == {0: n}
 
@@ -510,7 +588,9 @@ def test_c7_failed_message_holds_offset_and_is_redelivered(kafka_bootstrap: str,
             events.append(("ok", msg.offset))
 
     # when consumed at concurrency 2 with no error handler
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=2)
+    consumer = KeyedConsumer(
+        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=2
+    )
     run = start(consumer)
     run.thread.join(30)
     assert not run.thread.is_alive(), "run() did not stop on the unhandled failure"
@@ -569,8 +649,15 @@ def test_c8_manual_commit_with_nothing_new_is_benign(kafka_bootstrap: str, new_t
         errors.append((err, msg))
 
     def consumer() -> KeyedConsumer:
-        return KeyedConsumer(name=group, handler=handle, error_handler=on_error, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=2, manual_commit=True)
+        return KeyedConsumer(
+            name=group,
+            handler=handle,
+            error_handler=on_error,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=2,
+            manual_commit=True,
+        )
 
     # given a manual-commit consumer that processed and committed everything; its stop commits the
     # same offsets again (final commit, then commit on revoke)
@@ -597,7 +684,9 @@ def test_c8_manual_commit_with_nothing_new_is_benign(kafka_bootstrap: str, new_t
 
     # when the engine's client commits nothing, then an offset already committed
     client_errors: list[KafkaClientError] = []
-    conf = ConsumerConfig(name=group, brokers=[kafka_bootstrap], topics=[topic], manual_commit=True).librdkafka()
+    conf = ConsumerConfig(
+        name=group, brokers=[kafka_bootstrap], topics=[topic], manual_commit=True
+    ).librdkafka()
     client = connect(conf, client_errors.append)
     try:
         client.check_brokers(10)
@@ -622,8 +711,9 @@ def test_c9_store_of_unassigned_partition_fails_alone(kafka_bootstrap: str, new_
     produce(kafka_bootstrap, topic, [(b"k", str(i).encode(), i % 2) for i in range(10)])
     produce(kafka_bootstrap, other, [(b"k", b"x", 0)])
     group = new_group("c9")
-    conf = ConsumerConfig(name=group, brokers=[kafka_bootstrap], topics=[topic],
-                          config={"auto.commit.interval.ms": 200}).librdkafka()
+    conf = ConsumerConfig(
+        name=group, brokers=[kafka_bootstrap], topics=[topic], config={"auto.commit.interval.ms": 200}
+    ).librdkafka()
     client_errors: list[KafkaClientError] = []
     assigned: list[tuple[str, int]] = []
 
@@ -653,6 +743,7 @@ def test_c9_store_of_unassigned_partition_fails_alone(kafka_bootstrap: str, new_
 
         # then only the unassigned store fails, naming its partition
         assert f"topic={other} partition=0" in str(info.value) and info.value.code
+
         # and both assigned partitions' offsets are committed (auto-commit of the stored offsets)
         def read_back() -> dict[int, int | None]:
             client.poll_batch(100, 0.1)
@@ -672,7 +763,9 @@ def test_c9_store_of_unassigned_partition_fails_alone(kafka_bootstrap: str, new_
 
 
 @pytest.mark.timeout(60)
-def test_c10_consumer_protocol_second_consumer_joins_mid_run(kafka_bootstrap: str, new_topic, start, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_c10_consumer_protocol_second_consumer_joins_mid_run(
+    kafka_bootstrap: str, new_topic, start, caplog
+) -> None:  # type: ignore[no-untyped-def]
     # given / when / then: see join_mid_run, under group.protocol=consumer
     caplog.set_level(logging.WARNING, logger="keyedconsumer")
     try:

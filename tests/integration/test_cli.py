@@ -194,7 +194,12 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
         produce(kafka_bootstrap, t, [(f"k{i % 20}".encode(), str(i).encode(), None) for i in range(200)])
     group = f"cli-app-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "handled.log"
-    env = {"KC_CLI_BROKERS": kafka_bootstrap, "KC_CLI_GROUP": group, "KC_CLI_TOPIC1": topics[0], "KC_CLI_TOPIC2": topics[1]}
+    env = {
+        "KC_CLI_BROKERS": kafka_bootstrap,
+        "KC_CLI_GROUP": group,
+        "KC_CLI_TOPIC1": topics[0],
+        "KC_CLI_TOPIC2": topics[1],
+    }
     # when `keyedconsumer run module:app` runs it until every record was handled, then gets SIGTERM
     proc = start_run(["tests.integration.procs.cli_app:app", "--health-port", "0"], log, env)
     try:
@@ -209,7 +214,9 @@ def test_run_module_app_runs_every_route_then_sigterm_drains_commits_and_runs_sh
     for t in topics:
         assert committed(kafka_bootstrap, group, t, 2) == end_offsets(kafka_bootstrap, t, 2)
     # and what belongs to the routes (topics, the handler's middleware) is refused as a flag, not ignored
-    bad = start_run(["tests.integration.procs.cli_app:app", "--topic", "x", "--retry-attempts", "2"], log, env)
+    bad = start_run(
+        ["tests.integration.procs.cli_app:app", "--topic", "x", "--retry-attempts", "2"], log, env
+    )
     out, err = bad.communicate(timeout=60)
     assert bad.returncode == 2 and "is a KeyedApp" in err and "topics" in err and "retry_attempts" in err, err
 
@@ -238,17 +245,22 @@ def test_a_flag_beats_the_environment_which_beats_the_toml_file_for_the_group_an
         # when `keyedconsumer run --config kc.toml` runs with these layers until all records were handled
         proc = start_run(["--config", str(toml), *args], log, extra_env)
         try:
-            assert wait_until(lambda: len({(r[1], r[2]) for r in read_log(log)}) >= n or proc.poll() is not None, 90)  # noqa: B023
+            assert wait_until(
+                lambda: len({(r[1], r[2]) for r in read_log(log)}) >= n or proc.poll() is not None,  # noqa: B023
+                90,
+            )
         finally:
             code, output = stop(proc)
         # then the winning layer's group consumed and committed everything, with its concurrency
         assert code == 0, output[-3000:]
-        assert f"as group {groups[winner]} with " in output and f"(concurrency={concurrency}," in output, output[-3000:]
+        assert f"as group {groups[winner]} with " in output and f"(concurrency={concurrency}," in output, (
+            output[-3000:]
+        )
         assert len({(r[1], r[2]) for r in read_log(log)}) == n
         assert max(int(r[4].rsplit("|", 1)[1]) for r in read_log(log)) <= concurrency
         assert committed(kafka_bootstrap, groups[winner], topic, 2) == end_offsets(kafka_bootstrap, topic, 2)
         # and the groups of the lower layers (not run yet) committed nothing
-        for lower, *_ in runs[i + 1:]:
+        for lower, *_ in runs[i + 1 :]:
             assert committed(kafka_bootstrap, groups[lower], topic, 2) == {0: None, 1: None}, lower
 
 
@@ -270,8 +282,21 @@ def test_run_serves_health_and_metrics_and_logs_json(
     log = tmp_path / "handled.log"
     # when the CLI runs with JSON logs, health endpoints on any free port, and metrics
     proc = start_run(
-        ["tests.integration.procs.cli_handlers:handle", "--topic", topic, "--group", f"cli-ops-{uuid.uuid4().hex[:8]}",
-         "--brokers", kafka_bootstrap, "--log-format", "json", "--health-port", "0", "--metrics-port", str(metrics_port)],
+        [
+            "tests.integration.procs.cli_handlers:handle",
+            "--topic",
+            topic,
+            "--group",
+            f"cli-ops-{uuid.uuid4().hex[:8]}",
+            "--brokers",
+            kafka_bootstrap,
+            "--log-format",
+            "json",
+            "--health-port",
+            "0",
+            "--metrics-port",
+            str(metrics_port),
+        ],
         log,
     )
     lines: list[dict[str, Any]] = []
@@ -435,22 +460,43 @@ def test_flags_beat_environment_variables_even_where_they_set_other_fields(tmp_p
         return data
 
     env = {
-        "KEYEDCONSUMER_GROUP_ID": "g-env", "KEYEDCONSUMER_NAME": "n-env", "KEYEDCONSUMER_TOPICS": "t-env",
-        "KEYEDCONSUMER_BROKERS": "envhost:9092", "KEYEDCONSUMER_REDIS": "redis://envhost:6379/0",
+        "KEYEDCONSUMER_GROUP_ID": "g-env",
+        "KEYEDCONSUMER_NAME": "n-env",
+        "KEYEDCONSUMER_TOPICS": "t-env",
+        "KEYEDCONSUMER_BROKERS": "envhost:9092",
+        "KEYEDCONSUMER_REDIS": "redis://envhost:6379/0",
         "KEYEDCONSUMER_CONCURRENCY": "8",
     }
     # given environment variables for every setting, when flags are given too, then every flag wins:
     # --group sets the name and the group id, which the environment sets as two variables
-    s = settings("--group", "g-flag", "-t", "t-flag", "--brokers", "flaghost:9092", "--redis",
-                 "redis://flaghost:6379/0", "--concurrency", "16", env=env)
+    s = settings(
+        "--group",
+        "g-flag",
+        "-t",
+        "t-flag",
+        "--brokers",
+        "flaghost:9092",
+        "--redis",
+        "redis://flaghost:6379/0",
+        "--concurrency",
+        "16",
+        env=env,
+    )
     assert (s["name"], s["group_id"], s["namespace"]) == ("g-flag", "g-flag", "g-flag")
     assert (s["topics"], s["brokers"], s["redis"], s["concurrency"]) == (
-        ["t-flag"], ["flaghost:9092"], "redis://flaghost:6379/0", 16
+        ["t-flag"],
+        ["flaghost:9092"],
+        "redis://flaghost:6379/0",
+        16,
     )
     # when no flag is given, then the environment decides, group_id over name for the group id
     s = settings(env=env)
     assert (s["name"], s["group_id"], s["topics"], s["brokers"], s["concurrency"]) == (
-        "n-env", "g-env", ["t-env"], ["envhost:9092"], 8
+        "n-env",
+        "g-env",
+        ["t-env"],
+        ["envhost:9092"],
+        8,
     )
     # and the environment beats the TOML file, whichever of group / group_id / name each one sets
     toml = tmp_path / "kc.toml"
@@ -464,10 +510,32 @@ def test_flags_beat_environment_variables_even_where_they_set_other_fields(tmp_p
 @pytest.mark.timeout(60)
 def test_no_secret_in_print_settings_or_in_error_output() -> None:
     sasl, redis_pw = "Qx9v-sasl-Pa55", "Rz7w-redis-Pa55"
-    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "-g", "g", "--app-dir", str(ROOT)]
+    base = [
+        "run",
+        "tests.integration.procs.cli_handlers:handle",
+        "-t",
+        "t",
+        "-g",
+        "g",
+        "--app-dir",
+        str(ROOT),
+    ]
     printed = [
-        (["-X", f"sasl.password={sasl}", "-X", "sasl.username=u", "--redis", f"redis://:{redis_pw}@127.0.0.1:6379/0"], {}),
-        (["--redis", f"redis://127.0.0.1:6379/0?password={redis_pw}"], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl})}),
+        (
+            [
+                "-X",
+                f"sasl.password={sasl}",
+                "-X",
+                "sasl.username=u",
+                "--redis",
+                f"redis://:{redis_pw}@127.0.0.1:6379/0",
+            ],
+            {},
+        ),
+        (
+            ["--redis", f"redis://127.0.0.1:6379/0?password={redis_pw}"],
+            {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl})},
+        ),
     ]
     for args, env in printed:
         result = cli(*base, *args, "--print-settings", env=env)
@@ -476,7 +544,10 @@ def test_no_secret_in_print_settings_or_in_error_output() -> None:
         shown = json.loads(result.stdout)
         assert shown["config"]["sasl.password"] == "***" and "127.0.0.1:6379" in shown["redis"]
     refused = [
-        (["-X", f"sasl.password={sasl}", "-X", "security.protocol=NOPE"], {}),  # the config field itself fails
+        (
+            ["-X", f"sasl.password={sasl}", "-X", "security.protocol=NOPE"],
+            {},
+        ),  # the config field itself fails
         (["-X", f"sasl.password={sasl}", "--concurrency", "0"], {}),  # another field fails
         ([], {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": sasl, "no.such.property": 1})}),
         ([], {"KEYEDCONSUMER_SASL_PASSWORD": sasl}),  # an unknown variable: its value is not shown
@@ -494,15 +565,31 @@ def test_unknown_toml_setting_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "kc.toml"
     toml.write_text("concurrancy = 4\n")
     result = cli("run", "json:dumps", "-t", "t", "-g", "g", "--config", str(toml))
-    assert result.exit_code == 2 and "concurrancy (from file " in result.output and "unknown setting" in result.output
+    assert (
+        result.exit_code == 2
+        and "concurrancy (from file " in result.output
+        and "unknown setting" in result.output
+    )
 
 
 @pytest.mark.timeout(30)
 def test_unknown_environment_variable_is_refused_and_the_cli_own_ones_are_not(tmp_path: Path) -> None:
-    base = ["run", "tests.integration.procs.cli_handlers:handle", "-t", "t", "--app-dir", str(ROOT), "--print-settings"]
+    base = [
+        "run",
+        "tests.integration.procs.cli_handlers:handle",
+        "-t",
+        "t",
+        "--app-dir",
+        str(ROOT),
+        "--print-settings",
+    ]
     # given the command line's own variables (not ConsumerConfig fields): accepted
-    own = {"KEYEDCONSUMER_GROUP": "g-env", "KEYEDCONSUMER_NAMESPACE": "ns", "KEYEDCONSUMER_RETRY_ATTEMPTS": "2",
-           "KEYEDCONSUMER_CONFIG_FILE": str(tmp_path / "none.toml")}
+    own = {
+        "KEYEDCONSUMER_GROUP": "g-env",
+        "KEYEDCONSUMER_NAMESPACE": "ns",
+        "KEYEDCONSUMER_RETRY_ATTEMPTS": "2",
+        "KEYEDCONSUMER_CONFIG_FILE": str(tmp_path / "none.toml"),
+    }
     (tmp_path / "none.toml").write_text("")
     result = cli(*base, env=own)
     assert result.exit_code == 0, result.output

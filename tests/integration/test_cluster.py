@@ -81,7 +81,9 @@ def test_a_consumer_loses_nothing_while_a_partition_leader_is_killed(cluster) ->
         rec.end(msg)
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    consumer = KeyedConsumer(handler=handle, topics=[topic], brokers=bootstrap.split(","), name=group, concurrency=8)
+    consumer = KeyedConsumer(
+        handler=handle, topics=[topic], brokers=bootstrap.split(","), name=group, concurrency=8
+    )
     runner = threading.Thread(target=consumer.run, daemon=True)
     runner.start()
     killed = None
@@ -115,7 +117,9 @@ def test_a_killed_redis_master_is_replaced_by_its_replica_with_the_writes_it_rep
     from redis.cluster import ClusterNode, RedisCluster
 
     def client() -> RedisCluster:
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.redis_nodes], socket_timeout=5)
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in cluster.redis_nodes], socket_timeout=5
+        )
 
     # given a cluster of 3 masters and 3 replicas, and 1,000 keys written over every master
     r = client()
@@ -138,7 +142,10 @@ def test_a_killed_redis_master_is_replaced_by_its_replica_with_the_writes_it_rep
             try:
                 c = client()
                 try:
-                    return c.cluster_info().get("cluster_state") == "ok" and c.get_node_from_key(keys[0]).port != master.port
+                    return (
+                        c.cluster_info().get("cluster_state") == "ok"
+                        and c.get_node_from_key(keys[0]).port != master.port
+                    )
                 finally:
                     c.close()
             except Exception:  # the cluster is electing: ask again
@@ -163,14 +170,22 @@ def _wait_settled(cluster, timeout_s: float = 90.0) -> None:  # type: ignore[no-
 
     def settled() -> bool:
         try:
-            r = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.redis_nodes], socket_timeout=5)
+            r = RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in cluster.redis_nodes], socket_timeout=5
+            )
         except Exception:
             return False
         try:
             nodes = r.cluster_nodes()
-            followed = {d.get("master_id") for d in nodes.values() if d.get("connected") and "fail" not in d.get("flags", "")}
+            followed = {
+                d.get("master_id")
+                for d in nodes.values()
+                if d.get("connected") and "fail" not in d.get("flags", "")
+            }
             masters = [d for d in nodes.values() if "master" in d.get("flags", "") and d.get("slots")]
-            return all("fail" not in d.get("flags", "") for d in nodes.values()) and all(d["node_id"] in followed for d in masters)
+            return all("fail" not in d.get("flags", "") for d in nodes.values()) and all(
+                d["node_id"] in followed for d in masters
+            )
         except Exception:
             return False
         finally:
@@ -231,7 +246,9 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
     assert store.park([(lid, "owner-1", [("t/0", 0, b"parked-before")], None)], 60_000, 10, 10_000)[0][0] == 1
     assert store.release([(lid, "owner-1")]) == [True]
     # when R stops, and M writes more than the kernel can buffer on the way to R
-    kernel = sum(int(Path(f"/proc/sys/net/ipv4/{f}").read_text().split()[2]) for f in ("tcp_rmem", "tcp_wmem"))
+    kernel = sum(
+        int(Path(f"/proc/sys/net/ipv4/{f}").read_text().split()[2]) for f in ("tcp_rmem", "tcp_wmem")
+    )
     chunk = 16 << 20
     pid = cluster.redis_pid(r_node)
     os.kill(pid, signal.SIGSTOP)

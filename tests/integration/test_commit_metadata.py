@@ -42,15 +42,23 @@ class Recorder:
 
 
 @pytest.mark.timeout(120)
-def test_a_stop_commits_finished_offsets_above_a_stuck_message_and_the_next_owner_skips_them(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_a_stop_commits_finished_offsets_above_a_stuck_message_and_the_next_owner_skips_them(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given key "a" stuck at offset 0 and 30 other keys finished above it (offsets 1..30)
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", b"stuck", 0)] + [(f"k{i}".encode(), b"x", 0) for i in range(30)])
     group = f"meta-{uuid.uuid4().hex[:8]}"
     release = threading.Event()
     first = Recorder("first", {b"a"}, release)
-    a = KeyedConsumer(name=group, handler=first, brokers=[kafka_bootstrap], topics=[topic], concurrency=4,
-                      shutdown_timeout_s=1.0)
+    a = KeyedConsumer(
+        name=group,
+        handler=first,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        shutdown_timeout_s=1.0,
+    )
     ra = start(a)
     try:
         assert wait_until(lambda: len(first.runs) == 30, 30), first.runs
@@ -62,7 +70,9 @@ def test_a_stop_commits_finished_offsets_above_a_stuck_message_and_the_next_owne
         # and the next consumer of the group runs offset 0 and the new message only
         produce(kafka_bootstrap, topic, [(b"k1", b"new", 0)])
         second = Recorder("second", set(), release)
-        b = KeyedConsumer(name=group, handler=second, brokers=[kafka_bootstrap], topics=[topic], concurrency=4)
+        b = KeyedConsumer(
+            name=group, handler=second, brokers=[kafka_bootstrap], topics=[topic], concurrency=4
+        )
         rb = start(b)
         assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 32}, 30)
         assert rb.stop(30)
@@ -73,7 +83,9 @@ def test_a_stop_commits_finished_offsets_above_a_stuck_message_and_the_next_owne
 
 
 @pytest.mark.timeout(120)
-def test_a_member_joining_moves_a_partition_without_re_running_what_finished_above_a_stuck_message(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_a_member_joining_moves_a_partition_without_re_running_what_finished_above_a_stuck_message(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given two partitions, each with a stuck key at offset 0 and 30 keys finished above it, all on member A
     topic = new_topic(2)
     recs = []
@@ -84,8 +96,13 @@ def test_a_member_joining_moves_a_partition_without_re_running_what_finished_abo
     release = threading.Event()
     first = Recorder("A", {b"a", b"b"}, release)
     second = Recorder("B", set(), release)
-    common = dict(brokers=[kafka_bootstrap], topics=[topic], concurrency=4, revoke_timeout_s=1.0,
-                  config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 500})
+    common = dict(
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        revoke_timeout_s=1.0,
+        config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 500},
+    )
     a = KeyedConsumer(name=group, handler=first, **common)  # type: ignore[arg-type]
     b = KeyedConsumer(name=group, handler=second, **common)  # type: ignore[arg-type]
     ra = start(a)

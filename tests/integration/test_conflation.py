@@ -64,15 +64,25 @@ def test_conflation_counts_offsets_done_and_keeps_the_latest_value_across_a_reba
             log.conflated.append(_parse(msg))
 
     def consumer() -> KeyedConsumer:
-        c = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=KEYS,
-                          conflate=True, on_conflated=on_conflated,
-                          config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        c = KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=KEYS,
+            conflate=True,
+            on_conflated=on_conflated,
+            config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        )
         consumers.append(c)
         return c
 
     def produce_phase(first: int) -> None:
-        produce(kafka_bootstrap, topic, [(f"k{k}".encode(), f"{k}:{first + i}".encode(), None)
-                                         for i in range(20) for k in range(KEYS)])
+        produce(
+            kafka_bootstrap,
+            topic,
+            [(f"k{k}".encode(), f"{k}:{first + i}".encode(), None) for i in range(20) for k in range(KEYS)],
+        )
 
     # phase 1: 20 messages per key; each key's first runs until 18 per key were conflated
     a = consumer()
@@ -81,7 +91,9 @@ def test_conflation_counts_offsets_done_and_keeps_the_latest_value_across_a_reba
     threads = [threading.Thread(target=a.run, daemon=True)]
     threads[0].start()
     try:
-        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 90)
+        assert wait_until(
+            lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 90
+        )
         # then each key ran its first and its newest message, the 18 between were conflated
         with log.lock:
             for k in range(KEYS):
@@ -95,7 +107,9 @@ def test_conflation_counts_offsets_done_and_keeps_the_latest_value_across_a_reba
         _wait(lambda: sum(1 for _, s in log.ran if s == 20) >= 1)
         threads.append(threading.Thread(target=b.run, daemon=True))
         threads[1].start()
-        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 120)
+        assert wait_until(
+            lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 120
+        )
     finally:
         for c in consumers:
             c.stop()
@@ -141,14 +155,22 @@ def test_a_parked_key_keeps_its_head_and_its_newest_message_the_others_are_confl
 
     audit = Audit(topic=audit_topic, brokers=[kafka_bootstrap], flush_interval_s=0.05)
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, conflate=True,
-        on_conflated=on_conflated, middlewares=[audit], sequencer=RedisSequencer(redis_url, ns, lease_ttl_s=2.0),
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        conflate=True,
+        on_conflated=on_conflated,
+        middlewares=[audit],
+        sequencer=RedisSequencer(redis_url, ns, lease_ttl_s=2.0),
     )
     box.append(consumer)
     p_at = produce(kafka_bootstrap, topic, [(b"p", b"p:0", None)])
     t = threading.Thread(target=consumer.run, daemon=True)
     t.start()
     try:
+
         def depth() -> int:
             return sum(x["depth"] for x in inspect_redis(redis_url, ns)["parked"])
 
@@ -162,7 +184,9 @@ def test_a_parked_key_keeps_its_head_and_its_newest_message_the_others_are_confl
         # and the key is made due now: p:0 runs again (and succeeds), then p:9
         [pk] = inspect_redis(redis_url, ns)["parked"]
         assert pk["depth"] == 2 and unpark_now(redis_url, ns, pk["lid"])
-        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 90)
+        assert wait_until(
+            lambda: committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2), 90
+        )
         _wait(lambda: (1, 9) in log.ran and depth() == 0)
     finally:
         consumer.stop()
@@ -178,7 +202,9 @@ def test_a_parked_key_keeps_its_head_and_its_newest_message_the_others_are_confl
     # and p:1 .. p:8 were conflated in order: counted, reported, their offsets committed (above)
     assert conflated == p_at[1:9] and consumer.conflated == 8
     # and the audit trail shows them as CONFLATED, of group and key p
-    rows = list(find({"bootstrap.servers": kafka_bootstrap}, audit_topic, key="p", outcome="CONFLATED", timeout_s=30))
+    rows = list(
+        find({"bootstrap.servers": kafka_bootstrap}, audit_topic, key="p", outcome="CONFLATED", timeout_s=30)
+    )
     assert [(r["partition"], r["offset"], r["group"]) for r in rows] == [(p, o, group) for p, o in p_at[1:9]]
     # and Redis holds nothing of the key any more
     state = inspect_redis(redis_url, ns)
@@ -204,7 +230,11 @@ def test_a_drain_conflates_the_messages_between_a_parked_head_and_the_newest(
             raise RetryLater(60.0, park=True)
 
     consumer = KeyedConsumer(
-        name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], conflate=True,
+        name=f"g-{ns}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        conflate=True,
         on_conflated=lambda m: reported.append((m.value or b"", m.partition, m.offset)),
         sequencer=RedisSequencer(redis_url, ns, lease_ttl_s=2.0),
     )

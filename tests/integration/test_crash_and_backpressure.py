@@ -22,7 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_proc(bootstrap: str, topic: str, group: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.logging_consumer", bootstrap, topic, group, str(log), "8"],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.logging_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            "8",
+        ],
         cwd=ROOT,
     )
 
@@ -36,11 +45,15 @@ def read_log(log: Path) -> list[tuple[str, int, int, int, str, int]]:
 
 
 @pytest.mark.timeout(180)
-def test_sigkill_mid_run_then_restart_processes_everything(kafka_bootstrap: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_mid_run_then_restart_processes_everything(
+    kafka_bootstrap: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given 4,000 messages over 4 partitions
     topic = new_topic(4)
     n = 4000
-    acked = produce(kafka_bootstrap, topic, [(f"k{i % 300}".encode(), str(i).encode(), None) for i in range(n)])
+    acked = produce(
+        kafka_bootstrap, topic, [(f"k{i % 300}".encode(), str(i).encode(), None) for i in range(n)]
+    )
     group = f"kill-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
     # when a consumer process is SIGKILLed mid-run
@@ -76,7 +89,11 @@ def test_backpressure_bounds_in_flight_while_one_key_blocks(kafka_bootstrap: str
     # given a partition where one key in ten is "stuck" and its handler blocks
     topic = new_topic(1)
     n = 5000
-    produce(kafka_bootstrap, topic, [((b"stuck" if i % 10 == 0 else f"k{i}".encode()), b"x" * 100, 0) for i in range(n)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [((b"stuck" if i % 10 == 0 else f"k{i}".encode()), b"x" * 100, 0) for i in range(n)],
+    )
     release = threading.Event()
     done: set[int] = set()
     lock = threading.Lock()
@@ -88,8 +105,15 @@ def test_backpressure_bounds_in_flight_while_one_key_blocks(kafka_bootstrap: str
             done.add(msg.offset)
 
     max_in_flight = 300
-    consumer = KeyedConsumer(name=f"bp-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=8, max_in_flight=max_in_flight, batch_size=100)
+    consumer = KeyedConsumer(
+        name=f"bp-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        max_in_flight=max_in_flight,
+        batch_size=100,
+    )
     samples: list[int] = []
     filled: list[bool] = []
 

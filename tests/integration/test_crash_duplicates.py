@@ -31,9 +31,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def _start(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     err = open(log.with_suffix(f".{time.monotonic_ns()}.err"), "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.stop_consumer", bootstrap, topic, group, str(log),
-         "--sleep", "0", *extra],
-        cwd=ROOT, stdout=err, stderr=err,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.stop_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            "--sleep",
+            "0",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=err,
+        stderr=err,
     )
 
 
@@ -43,11 +55,17 @@ def _ends(log: Path) -> list[tuple[int, int, int]]:
         lines = log.read_text().splitlines()
     except OSError:
         return []
-    return [(int(x[1]), int(x[2]), int(x[3])) for x in (ln.split() for ln in lines) if x and x[0] == "E" and len(x) == 4]
+    return [
+        (int(x[1]), int(x[2]), int(x[3]))
+        for x in (ln.split() for ln in lines)
+        if x and x[0] == "E" and len(x) == 4
+    ]
 
 
 def _stderr(log: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(log.parent.glob(log.name.split(".")[0] + ".*.err")))
+    return "".join(
+        p.read_text(errors="replace") for p in sorted(log.parent.glob(log.name.split(".")[0] + ".*.err"))
+    )
 
 
 def _committed_finished(bootstrap: str, group: str, topic: str) -> tuple[int | None, FinishedOffsets | None]:
@@ -64,7 +82,9 @@ def _committed_finished(bootstrap: str, group: str, topic: str) -> tuple[int | N
 
 @pytest.mark.timeout(150)
 def test_a_sigkill_while_a_slow_message_holds_the_offset_does_not_rerun_what_finished_above_it(
-    kafka_bootstrap: str, new_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given a partition whose first message (key "hot") never finishes, consumed by a process with
     # auto.commit.interval.ms = 500, which has finished the next one (key "early") and stored and
@@ -74,7 +94,9 @@ def test_a_sigkill_while_a_slow_message_holds_the_offset_does_not_rerun_what_fin
     group, log = f"g-{uuid.uuid4().hex[:8]}", tmp_path / "runs.log"
     first = _start(kafka_bootstrap, topic, group, log, "--hold-key", "hot")
     try:
-        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 0}, 60), _stderr(log)[-3000:]
+        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 0}, 60), _stderr(log)[
+            -3000:
+        ]
         # when n messages of other keys arrive above it and finish (its offset does not move)
         produce(kafka_bootstrap, topic, [(f"k{i % 50}".encode(), b"x", 0) for i in range(n)])
         assert wait_until(lambda: len(_ends(log)) >= n + 1, 60), (len(_ends(log)), _stderr(log)[-3000:])
@@ -85,7 +107,10 @@ def test_a_sigkill_while_a_slow_message_holds_the_offset_does_not_rerun_what_fin
             offset, finished = _committed_finished(kafka_bootstrap, group, topic)
             return offset == 0 and finished is not None and all(finished.covers(o) for o in range(1, n + 2))
 
-        assert wait_until(all_named, 30), (_committed_finished(kafka_bootstrap, group, topic), _stderr(log)[-3000:])
+        assert wait_until(all_named, 30), (
+            _committed_finished(kafka_bootstrap, group, topic),
+            _stderr(log)[-3000:],
+        )
     finally:
         # when the process is SIGKILLed (no revoke, no final commit)
         first.kill()
@@ -94,7 +119,9 @@ def test_a_sigkill_while_a_slow_message_holds_the_offset_does_not_rerun_what_fin
     second = _start(kafka_bootstrap, topic, group, log)
     try:
         assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: n + 2}, 90), (
-            committed(kafka_bootstrap, group, topic, 1), _stderr(log)[-3000:])
+            committed(kafka_bootstrap, group, topic, 1),
+            _stderr(log)[-3000:],
+        )
     finally:
         second.terminate()
         second.wait(30)

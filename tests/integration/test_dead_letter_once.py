@@ -52,10 +52,15 @@ def test_a_dead_letter_reported_failed_is_never_delivered_later(kafka_bootstrap,
         if msg.value == b"poison":
             raise Poison("bad record")
 
-    dead_letter = DeadLetter(brokers=[kafka_bootstrap], topic=dlq, timeout_s=3.0,
-                             producer_config={"allow.auto.create.topics": False})
-    c = KeyedConsumer(name=group, handler=handle, middlewares=[dead_letter], brokers=[kafka_bootstrap],
-                      topics=[topic])
+    dead_letter = DeadLetter(
+        brokers=[kafka_bootstrap],
+        topic=dlq,
+        timeout_s=3.0,
+        producer_config={"allow.auto.create.topics": False},
+    )
+    c = KeyedConsumer(
+        name=group, handler=handle, middlewares=[dead_letter], brokers=[kafka_bootstrap], topics=[topic]
+    )
     # when its run raises (the dead-letter publish failed: nothing handled it)
     with pytest.raises(MessageError) as info:
         c.run()
@@ -79,12 +84,18 @@ def test_a_dead_letter_reported_failed_is_never_delivered_later(kafka_bootstrap,
 
 
 @pytest.mark.timeout(120)
-def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given a failing message that runs 8 s at the head of each of two partitions, and a first member
     # whose revokes wait 1 s for running handlers
     topic = new_topic(2)
-    produce(kafka_bootstrap, topic, [(b"p0", b"poison", 0), (b"p1", b"poison", 1)]
-            + [(f"k{i}".encode(), b"ok", i % 2) for i in range(20)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"p0", b"poison", 0), (b"p1", b"poison", 1)]
+        + [(f"k{i}".encode(), b"ok", i % 2) for i in range(20)],
+    )
     dlq = f"{topic}.dlq"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_topics([NewTopic(dlq, 1, 1)])[dlq].result(30)
@@ -98,9 +109,16 @@ def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(kafka_boo
             raise Poison("bad record")
 
     def member() -> KeyedConsumer:
-        return KeyedConsumer(name=group, handler=handle, middlewares=[DeadLetter(brokers=[kafka_bootstrap], topic=dlq)],
-                             brokers=[kafka_bootstrap], topics=[topic], concurrency=4, revoke_timeout_s=1.0,
-                             config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        return KeyedConsumer(
+            name=group,
+            handler=handle,
+            middlewares=[DeadLetter(brokers=[kafka_bootstrap], topic=dlq)],
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            revoke_timeout_s=1.0,
+            config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        )
 
     a = member()
     ra = start(a)
@@ -109,7 +127,10 @@ def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(kafka_boo
     # first member's run of its failing message goes on past the revoke
     b = member()
     rb = start(b)
-    assert wait_until(lambda: len(a.assignment) == 1 and len(b.assignment) == 1, 30), (a.assignment, b.assignment)
+    assert wait_until(lambda: len(a.assignment) == 1 and len(b.assignment) == 1, 30), (
+        a.assignment,
+        b.assignment,
+    )
     # then each failing offset is dead-lettered once: by the first member for the partition it kept,
     # by the new owner for the one that moved (the revoked run, ending later, does not publish)
     assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == {0: 11, 1: 11}, 60)

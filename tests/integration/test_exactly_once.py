@@ -33,8 +33,14 @@ class CommittedReader:
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         self.values: list[tuple[bytes, bytes]] = []  # (key, value) in each partition's order
-        self._c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                            "isolation.level": "read_committed", "enable.auto.commit": False})
+        self._c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         self._c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -58,12 +64,25 @@ class CommittedReader:
         return self.snapshot()
 
 
-def _spawn(bootstrap: str, group: str, src: str, out: str, mode: str, txn_id: str, marker: str,
-           folder: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    bootstrap: str, group: str, src: str, out: str, mode: str, txn_id: str, marker: str, folder: Path
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.eos_consumer", bootstrap, group, src, out, mode, txn_id,
-         marker, str(folder)],
-        cwd=ROOT, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.eos_consumer",
+            bootstrap,
+            group,
+            src,
+            out,
+            mode,
+            txn_id,
+            marker,
+            str(folder),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
     )
 
 
@@ -96,17 +115,22 @@ def _kill_at_the_marker_and_finish(
         procs[name].wait(10)
         assert len({v for _, v in reader.snapshot()}) < len(inputs)  # the marker's result is not in yet
         # and restarted with the same transactional id
-        procs[name] = _spawn(kafka_bootstrap, group, src, out, mode, f"{group}-{name}", marker.decode(), tmp_path)
+        procs[name] = _spawn(
+            kafka_bootstrap, group, src, out, mode, f"{group}-{name}", marker.decode(), tmp_path
+        )
         # and the other process is SIGKILLed too wherever it is (mid-transaction or not) once most
         # results are in, and restarted
         other = "B" if name == "A" else "A"
         wait_until(lambda: len(reader.snapshot()) >= 1500, 60, 0.01)
         procs[other].send_signal(signal.SIGKILL)
         procs[other].wait(10)
-        procs[other] = _spawn(kafka_bootstrap, group, src, out, mode, f"{group}-{other}", marker.decode(), tmp_path)
+        procs[other] = _spawn(
+            kafka_bootstrap, group, src, out, mode, f"{group}-{other}", marker.decode(), tmp_path
+        )
         # then every input's result arrives (read_committed)
         assert wait_until(lambda: {v for _, v in reader.snapshot()} >= set(inputs), 150, 0.5), (
-            f"{len({v for _, v in reader.snapshot()})} of {len(inputs)} results")
+            f"{len({v for _, v in reader.snapshot()})} of {len(inputs)} results"
+        )
         time.sleep(1.0)  # anything still to come (a duplicate) comes within a transaction interval or so
     finally:
         for p in procs.values():
@@ -136,7 +160,9 @@ def test_exactly_once_under_sigkill_and_rebalance(kafka_bootstrap: str, new_topi
 
 
 @pytest.mark.timeout(300)
-def test_without_transactional_the_same_run_duplicates_results(kafka_bootstrap: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_without_transactional_the_same_run_duplicates_results(
+    kafka_bootstrap: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given the same run without transactional=True (the negative control)
     seen, inputs, marker = _kill_at_the_marker_and_finish(kafka_bootstrap, new_topic, tmp_path, "plain")
     # then every result arrived, and the marker's twice or more: its record was acknowledged before
@@ -148,7 +174,9 @@ def test_without_transactional_the_same_run_duplicates_results(kafka_bootstrap: 
 
 @pytest.mark.timeout(120)
 def test_a_message_counts_done_only_after_its_records_are_acknowledged(
-    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running]  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    start: Callable[[KeyedConsumer], Running],  # type: ignore[no-untyped-def]
 ) -> None:
     # given an output topic that refuses the handler's record (max.message.bytes below its size:
     # MSG_SIZE_TOO_LARGE), an input, and a handler retried without end
@@ -164,18 +192,30 @@ def test_a_message_counts_done_only_after_its_records_are_acknowledged(
         msg.produce(out, msg.key, b"x" * 1000)
 
     group = f"ack-{uuid.uuid4().hex[:8]}"
-    running = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src],
-                                  middlewares=[Retry(max_attempts=None, initial_delay_s=0.2, max_delay_s=0.5)],
-                                  manual_commit=True, produce_timeout_s=10))
+    running = start(
+        KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[src],
+            middlewares=[Retry(max_attempts=None, initial_delay_s=0.2, max_delay_s=0.5)],
+            manual_commit=True,
+            produce_timeout_s=10,
+        )
+    )
     # when the record has been refused on three attempts
     assert wait_until(lambda: len(attempts) >= 3, 60)
     # then the offset has not moved past the message
     assert committed(kafka_bootstrap, group, src, 1) == {0: None}
     assert running.error is None
     # and when the topic accepts the record, an attempt writes it and the offset moves on
-    res = ConfigResource(ConfigResource.Type.TOPIC, out,
-                         incremental_configs=[ConfigEntry("max.message.bytes", "1048588",
-                                                          incremental_operation=AlterConfigOpType.SET)])
+    res = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        out,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", "1048588", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     admin.incremental_alter_configs([res])[res].result(30)
     assert wait_until(lambda: committed(kafka_bootstrap, group, src, 1) == {0: 1}, 60, 0.5)
     reader = CommittedReader(kafka_bootstrap, out, 1)
@@ -188,7 +228,9 @@ def test_a_message_counts_done_only_after_its_records_are_acknowledged(
 
 @pytest.mark.timeout(120)
 def test_a_fenced_producer_stops_its_consumer_with_a_clear_error(
-    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running]  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    start: Callable[[KeyedConsumer], Running],  # type: ignore[no-untyped-def]
 ) -> None:
     # given a transactional consumer that has committed a transaction
     src, out = new_topic(1), new_topic(1)
@@ -199,13 +241,29 @@ def test_a_fenced_producer_stops_its_consumer_with_a_clear_error(
         msg.produce(out, msg.key, msg.value)
 
     group = f"fence-{uuid.uuid4().hex[:8]}"
-    first = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src],
-                                transactional=True, transactional_id=tid))
+    first = start(
+        KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[src],
+            transactional=True,
+            transactional_id=tid,
+        )
+    )
     assert wait_until(lambda: committed(kafka_bootstrap, group, src, 1) == {0: 1}, 60, 0.2)
     # when another consumer starts with the same transactional id (a zombie's successor)
     other_src = new_topic(1)
-    second = start(KeyedConsumer(name=f"{group}-2", handler=handle, brokers=[kafka_bootstrap], topics=[other_src],
-                                 transactional=True, transactional_id=tid))
+    second = start(
+        KeyedConsumer(
+            name=f"{group}-2",
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[other_src],
+            transactional=True,
+            transactional_id=tid,
+        )
+    )
     assert wait_until(lambda: second.consumer.running and second.consumer.assignment != [], 60)
     # and the first one has something to commit
     produce(kafka_bootstrap, src, [(b"k", b"2", None)])
@@ -225,7 +283,10 @@ def test_a_fenced_producer_stops_its_consumer_with_a_clear_error(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transactional", [False, True])
 def test_async_handlers_produce_on_the_real_broker(
-    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running], transactional: bool  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    start: Callable[[KeyedConsumer], Running],
+    transactional: bool,  # type: ignore[no-untyped-def]
 ) -> None:
     # given 300 inputs over 10 keys and an async def handler producing one record each
     src, out = new_topic(2), new_topic(2)
@@ -236,10 +297,20 @@ def test_async_handlers_produce_on_the_real_broker(
         msg.produce(out, msg.key, msg.value)
 
     group = f"async-{uuid.uuid4().hex[:8]}"
-    start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src], concurrency=8,
-                        transactional=transactional))
+    start(
+        KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[src],
+            concurrency=8,
+            transactional=transactional,
+        )
+    )
     # when every offset is committed
-    assert wait_until(lambda: sum(o or 0 for o in committed(kafka_bootstrap, group, src, 2).values()) == 300, 60, 0.2)
+    assert wait_until(
+        lambda: sum(o or 0 for o in committed(kafka_bootstrap, group, src, 2).values()) == 300, 60, 0.2
+    )
     # then every result was written, each key's in input order
     reader = CommittedReader(kafka_bootstrap, out, 2)
     try:
@@ -254,7 +325,9 @@ def test_async_handlers_produce_on_the_real_broker(
 
 @pytest.mark.timeout(120)
 def test_a_record_the_topic_refuses_aborts_and_in_the_end_stops_the_transactional_consumer(
-    kafka_bootstrap: str, new_topic, start: Callable[[KeyedConsumer], Running]  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    start: Callable[[KeyedConsumer], Running],  # type: ignore[no-untyped-def]
 ) -> None:
     # given an output topic that refuses the record (max.message.bytes below its size) and a
     # transactional consumer allowed 2 s of abortable failures
@@ -268,8 +341,16 @@ def test_a_record_the_topic_refuses_aborts_and_in_the_end_stops_the_transactiona
         msg.produce(out, msg.key, msg.value if msg.value == b"small" else b"x" * 1000)
 
     group = f"refuse-tx-{uuid.uuid4().hex[:8]}"
-    running = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[src],
-                                  transactional=True, transaction_timeout_s=2))
+    running = start(
+        KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[src],
+            transactional=True,
+            transaction_timeout_s=2,
+        )
+    )
     # when the transactions holding the big record keep being aborted
     assert running.join(60)
     # then the consumer stopped with an abortable TransactionError naming the refusal, and nothing of

@@ -41,8 +41,13 @@ def _need_tools() -> None:
 def run_harness(out: Path, *args: str, timeout_s: float) -> dict[str, Any]:
     """Run the harness into ``out``; return ``checks.json`` (``{"checks": {"1": {"ok", "line"}}}``)."""
     _need_tools()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.faults.run", "--out", str(out), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.faults.run", "--out", str(out), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -70,7 +75,9 @@ def assert_all_pass(data: dict[str, Any]) -> None:
     if known:
         if os.environ.get("KC_FAULTS_STRICT"):
             pytest.fail("\n".join(known.values()))
-        pytest.xfail("known engine faults: " + "; ".join(f"check {n}: {KNOWN_ENGINE_FAULTS[n]}" for n in known))
+        pytest.xfail(
+            "known engine faults: " + "; ".join(f"check {n}: {KNOWN_ENGINE_FAULTS[n]}" for n in known)
+        )
 
 
 @pytest.mark.timeout(420)
@@ -94,7 +101,9 @@ def test_ci_run_with_parking_keeps_every_guarantee(tmp_path: Path) -> None:
 def test_commit_on_poll_is_caught(tmp_path: Path) -> None:
     # given an engine that stores each offset when it is polled, and the process running the held
     # message SIGKILLed once a commit sample is past that message's offset (while it still runs)
-    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "2", "--bug", "commit_on_poll", timeout_s=280)
+    data = run_harness(
+        tmp_path / "run", "--size", "ci", "--seed", "2", "--bug", "commit_on_poll", timeout_s=280
+    )
     # then the checker sees a commit ahead of an unfinished message, and the held message lost
     bad = failed(data)
     assert 3 in bad and 1 in bad, json.dumps(data, indent=1)
@@ -105,7 +114,9 @@ def test_skip_fencing_is_caught(tmp_path: Path) -> None:
     # given an engine that counts runs made under a lost lease, and the process running the held
     # message SIGSTOPped (keeping its partitions) while another instance takes the key's lease over
     # with a higher fencing token and writes; then SIGCONT: the held run's late write is refused
-    data = run_harness(tmp_path / "run", "--size", "ci", "--seed", "3", "--bug", "skip_fencing", timeout_s=280)
+    data = run_harness(
+        tmp_path / "run", "--size", "ci", "--seed", "3", "--bug", "skip_fencing", timeout_s=280
+    )
     # then its run counted anyway, so its offset was committed without an accepted write: lost
     assert 1 in failed(data), json.dumps(data, indent=1)
 

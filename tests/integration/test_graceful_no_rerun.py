@@ -18,10 +18,16 @@ pytestmark = pytest.mark.kafka
 
 
 @pytest.mark.timeout(60)
-def test_stop_runs_what_lies_below_finished_offsets_so_the_commit_covers_them(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_stop_runs_what_lies_below_finished_offsets_so_the_commit_covers_them(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given key "a" at offsets 0 (slow, 1 s) and 1 (queued behind it), and 40 other keys at 2..41
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"a", b"slow", 0), (b"a", b"next", 0)] + [(f"k{i}".encode(), b"x", 0) for i in range(40)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"a", b"slow", 0), (b"a", b"next", 0)] + [(f"k{i}".encode(), b"x", 0) for i in range(40)],
+    )
     runs: list[int] = []
     lock = threading.Lock()
     slow_started = threading.Event()
@@ -34,7 +40,9 @@ def test_stop_runs_what_lies_below_finished_offsets_so_the_commit_covers_them(ka
             runs.append(msg.offset)
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    c = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=2, ordering="key")
+    c = KeyedConsumer(
+        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=2, ordering="key"
+    )
     r = start(c)
     # when the others are done while offset 0 runs and offset 1 waits, and stop() is called
     assert wait_until(lambda: slow_started.is_set() and len(runs) >= 40, 30), runs
@@ -45,7 +53,9 @@ def test_stop_runs_what_lies_below_finished_offsets_so_the_commit_covers_them(ka
 
 
 @pytest.mark.timeout(90)
-def test_one_worker_runs_each_partition_in_offset_order_so_a_stop_has_nothing_to_catch_up(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_one_worker_runs_each_partition_in_offset_order_so_a_stop_has_nothing_to_catch_up(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 3,000 records on 2 partitions, of 300 keys in a random (seeded) order
     topic = new_topic(2)
     rng = random.Random(7)
@@ -61,7 +71,9 @@ def test_one_worker_runs_each_partition_in_offset_order_so_a_stop_has_nothing_to
                 stop_now.set()
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    c = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=1, ordering="key")
+    c = KeyedConsumer(
+        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=1, ordering="key"
+    )
     r = start(c)
     # when one worker runs them (a lane's next record competes with other keys' older records) and
     # the consumer stops half-way
@@ -73,5 +85,6 @@ def test_one_worker_runs_each_partition_in_offset_order_so_a_stop_has_nothing_to
         got = {p: list(v) for p, v in runs.items()}
     first_out_of_order = {p: next((i for i, o in enumerate(v) if o != i), None) for p, v in got.items()}
     assert all(i is None for i in first_out_of_order.values()), {
-        p: (i, got[p][max(0, (i or 0) - 3) : (i or 0) + 5]) for p, i in first_out_of_order.items()}
+        p: (i, got[p][max(0, (i or 0) - 3) : (i or 0) + 5]) for p, i in first_out_of_order.items()
+    }
     assert committed(kafka_bootstrap, group, topic, 2) == {p: len(v) or None for p, v in got.items()}

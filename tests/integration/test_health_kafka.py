@@ -27,7 +27,9 @@ def get(url: str) -> tuple[int, dict[str, object]]:
 
 
 @pytest.mark.timeout(90)
-def test_ready_then_stalled_by_a_blocked_key_then_not_live_after_stop(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_ready_then_stalled_by_a_blocked_key_then_not_live_after_stop(
+    kafka_bootstrap: str, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given one partition: 10 messages of other keys, then one of key "blocked", then 10 more others
     topic = new_topic(1)
     records = [(f"k{i}".encode(), b"v", 0) for i in range(10)]
@@ -41,8 +43,13 @@ def test_ready_then_stalled_by_a_blocked_key_then_not_live_after_stop(kafka_boot
             release.wait(60)
         done.append(msg.offset)
 
-    consumer = KeyedConsumer(name=f"health-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=4)
+    consumer = KeyedConsumer(
+        name=f"health-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+    )
     health = Health(consumer, stall_after_s=2.0, live_within_s=1.0)
     port = health.serve(0)
     base = f"http://127.0.0.1:{port}"
@@ -72,7 +79,9 @@ def test_ready_then_stalled_by_a_blocked_key_then_not_live_after_stop(kafka_boot
         assert running.stop(30) and running.error is None
         assert wait_until(lambda: not health.check().live, 5)
         assert not health.check().ready and get(base + "/livez")[0] == 503
-        assert committed(kafka_bootstrap, consumer.config.group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1)
+        assert committed(kafka_bootstrap, consumer.config.group, topic, 1) == end_offsets(
+            kafka_bootstrap, topic, 1
+        )
     finally:
         release.set()
         health.close()

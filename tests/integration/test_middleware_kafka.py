@@ -29,7 +29,9 @@ def run_until(consumer: KeyedConsumer, pred, timeout_s: float) -> None:  # type:
 
 
 @pytest.mark.timeout(120)
-def test_poison_message_is_retried_then_dead_lettered_while_other_keys_flow(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
+def test_poison_message_is_retried_then_dead_lettered_while_other_keys_flow(
+    kafka_bootstrap: str, new_topic
+) -> None:  # type: ignore[no-untyped-def]
     # given one poison message (key "poison") early in partition 0, followed by later messages of
     # that key, among 10,000 messages of other keys on 2 partitions
     topic = new_topic(2)
@@ -61,8 +63,15 @@ def test_poison_message_is_retried_then_dead_lettered_while_other_keys_flow(kafk
     group = f"poison-{uuid.uuid4().hex[:8]}"
     dlq = f"{topic}.dlq"
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=16,
-        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=3, initial_delay_s=0.3, multiplier=2, jitter=0.0)],
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=16,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(max_attempts=3, initial_delay_s=0.3, multiplier=2, jitter=0.0),
+        ],
     )
     total = len(records)
     run_until(consumer, lambda: len(completed_at) >= total - 1, 90)
@@ -79,10 +88,15 @@ def test_poison_message_is_retried_then_dead_lettered_while_other_keys_flow(kafk
     assert d.key() == b"poison" and d.value() == b"p10"
     h = dict(d.headers())
     assert h["kafka_dlt-original-topic"] == topic.encode()
-    assert h["kafka_dlt-original-partition"] == b"0" and h["kafka_dlt-original-offset"] == str(poison).encode()
+    assert (
+        h["kafka_dlt-original-partition"] == b"0" and h["kafka_dlt-original-offset"] == str(poison).encode()
+    )
     assert h["kafka_dlt-original-consumer-group"] == group.encode()
     assert h["kafka_dlt-attempts"] == b"3" and h["kafka_dlt-exception-fqcn"] == b"builtins.RuntimeError"
-    assert b"poison pill" in h["kafka_dlt-exception-message"] and b"Traceback" in h["kafka_dlt-exception-stacktrace"]
+    assert (
+        b"poison pill" in h["kafka_dlt-exception-message"]
+        and b"Traceback" in h["kafka_dlt-exception-stacktrace"]
+    )
     assert int(h["kafka_dlt-failed-at"]) > 0 and "kafka_dlt-original-timestamp" in h
     # and the offset moved past the poison message: everything is committed
     assert committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2)
@@ -108,8 +122,13 @@ def test_failed_dead_letter_publish_commits_nothing_past_the_message(kafka_boots
         if msg.key == b"bad":
             raise ValueError("cannot handle")
 
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                             middlewares=[DeadLetter(brokers=[kafka_bootstrap], timeout_s=10)])
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        middlewares=[DeadLetter(brokers=[kafka_bootstrap], timeout_s=10)],
+    )
     # when the dead-letter publish fails, the consumer reports the error and stops
     with pytest.raises(MessageError) as info:
         consumer.run()
@@ -133,8 +152,13 @@ def test_re_dead_lettering_does_not_grow_the_headers(kafka_bootstrap: str, new_t
         raise RuntimeError(f"round {msg.offset}")
 
     # the same dead-letter topic consumed and written: each failure makes the next record
-    consumer = KeyedConsumer(name=f"c4-{uuid.uuid4().hex[:8]}", handler=always_fail, brokers=[kafka_bootstrap],
-                             topics=[topic, dlq], middlewares=[DeadLetter(brokers=[kafka_bootstrap], topic=dlq)])
+    consumer = KeyedConsumer(
+        name=f"c4-{uuid.uuid4().hex[:8]}",
+        handler=always_fail,
+        brokers=[kafka_bootstrap],
+        topics=[topic, dlq],
+        middlewares=[DeadLetter(brokers=[kafka_bootstrap], topic=dlq)],
+    )
     run_until(consumer, lambda: end_offsets(kafka_bootstrap, dlq, 1)[0] >= rounds, 60)
     dead = read_all(kafka_bootstrap, dlq, rounds)
     assert len(dead) >= rounds
@@ -170,10 +194,19 @@ def test_typed_payloads_good_reach_the_handler_bad_are_dead_lettered(kafka_boots
         calls.append(msg.offset)
         got.append((msg.key, msg.payload))
 
-    consumer = KeyedConsumer(name=f"typed-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                             topics=[topic], middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(), Typed(Payment)])
+    consumer = KeyedConsumer(
+        name=f"typed-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(), Typed(Payment)],
+    )
     run_until(consumer, lambda: len(got) >= 3, 60)
-    assert got == [(b"a", Payment(account="a", cents=100)), (b"\xff", Payment(account="d", cents=5)), (b"e", None)]
+    assert got == [
+        (b"a", Payment(account="a", cents=100)),
+        (b"\xff", Payment(account="d", cents=5)),
+        (b"e", None),
+    ]
     dead = read_all(kafka_bootstrap, f"{topic}.dlq", 2)
     assert [m.key() for m in dead] == [b"b", b"c"]
     for m in dead:
@@ -187,8 +220,13 @@ def test_typed_payloads_good_reach_the_handler_bad_are_dead_lettered(kafka_boots
 def test_undecodable_without_dead_letter_stops_naming_the_message(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", b"not json", 0)])
-    consumer = KeyedConsumer(name=f"typed-stop-{uuid.uuid4().hex[:8]}", handler=lambda m: None, brokers=[kafka_bootstrap],
-                             topics=[topic], middlewares=[Retry(), Typed(Payment)])
+    consumer = KeyedConsumer(
+        name=f"typed-stop-{uuid.uuid4().hex[:8]}",
+        handler=lambda m: None,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        middlewares=[Retry(), Typed(Payment)],
+    )
     with pytest.raises(MessageError) as info:
         consumer.run()
     assert (info.value.topic, info.value.partition, info.value.offset) == (topic, 0, 0)
@@ -196,14 +234,22 @@ def test_undecodable_without_dead_letter_stops_naming_the_message(kafka_bootstra
 
 
 @pytest.mark.timeout(60)
-def test_retry_waiting_messages_are_held_once_and_memory_stays_bounded_case_c2(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
+def test_retry_waiting_messages_are_held_once_and_memory_stays_bounded_case_c2(
+    kafka_bootstrap: str, new_topic
+) -> None:  # type: ignore[no-untyped-def]
     # given 200 messages over 5 partitions that always fail, a 1 s retry delay, unlimited retries
     topic = new_topic(5)
     produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"x", i % 5) for i in range(200)])
     max_in_flight = 100
-    consumer = KeyedConsumer(name=f"c2-{uuid.uuid4().hex[:8]}", handler=lambda m: (_ for _ in ()).throw(RuntimeError("down")),
-                             brokers=[kafka_bootstrap], topics=[topic], concurrency=8, max_in_flight=max_in_flight,
-                             middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0.0)])
+    consumer = KeyedConsumer(
+        name=f"c2-{uuid.uuid4().hex[:8]}",
+        handler=lambda m: (_ for _ in ()).throw(RuntimeError("down")),
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        max_in_flight=max_in_flight,
+        middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0.0)],
+    )
     samples: list[tuple[int, int]] = []
 
     def watch() -> None:
@@ -247,8 +293,16 @@ def test_metrics_count_outcomes_and_serve_partition_gauges(kafka_bootstrap: str,
         if msg.key == b"k7":
             msg.ack_skip()
 
-    consumer = metrics.bind(KeyedConsumer(name=f"m-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                                          topics=[topic], concurrency=4, middlewares=[metrics]))
+    consumer = metrics.bind(
+        KeyedConsumer(
+            name=f"m-{uuid.uuid4().hex[:8]}",
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            middlewares=[metrics],
+        )
+    )
     scraped: list[str] = []
 
     def scrape_when_done() -> bool:
@@ -260,8 +314,14 @@ def test_metrics_count_outcomes_and_serve_partition_gauges(kafka_bootstrap: str,
 
     run_until(consumer, scrape_when_done, 40)
     text = scraped[0]
-    assert f'messaging_client_consumed_messages_total{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",outcome="SUCCESS"}} 99.0' in text
+    assert (
+        f'messaging_client_consumed_messages_total{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",outcome="SUCCESS"}} 99.0'
+        in text
+    )
     assert 'outcome="SKIP"} 1.0' in text
     assert "messaging_process_duration_seconds_bucket" in text
-    assert f'keyedconsumer_partition_lag{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",messaging_destination_partition_id="0"}} 0.0' in text
+    assert (
+        f'keyedconsumer_partition_lag{{messaging_consumer_group_name="{consumer.config.group}",messaging_destination_name="{topic}",messaging_destination_partition_id="0"}} 0.0'
+        in text
+    )
     assert "keyedconsumer_oldest_unfinished_age_seconds" in text

@@ -41,12 +41,26 @@ LATE_BOUND_MS = 10_000
 class Skewed:
     """A ``skewed_consumer`` process: its log of handler starts and its last status."""
 
-    def __init__(self, skew_s: float, bootstrap: str, topic: str, redis_url: str, ns: str, tmp: Path, *extra: str) -> None:
+    def __init__(
+        self, skew_s: float, bootstrap: str, topic: str, redis_url: str, ns: str, tmp: Path, *extra: str
+    ) -> None:
         tag = f"{'ahead' if skew_s > 0 else 'behind'}{abs(skew_s):g}"
         self.log, self.status_file = tmp / f"{tag}.log", tmp / f"{tag}.status.json"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.procs.skewed_consumer", str(skew_s), bootstrap, topic,
-             f"g-{ns}-{tag}", str(self.log), str(self.status_file), redis_url, ns, *extra],
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.procs.skewed_consumer",
+                str(skew_s),
+                bootstrap,
+                topic,
+                f"g-{ns}-{tag}",
+                str(self.log),
+                str(self.status_file),
+                redis_url,
+                ns,
+                *extra,
+            ],
             cwd=ROOT,
         )
 
@@ -64,7 +78,15 @@ class Skewed:
         for line in self.log.read_text().splitlines():
             _, _pid, key, val, attempt, redis_ms, mono = line.split()
             if value is None or val == value:
-                out.append({"key": key, "value": val, "attempt": int(attempt), "redis_ms": float(redis_ms), "mono_ns": int(mono)})
+                out.append(
+                    {
+                        "key": key,
+                        "value": val,
+                        "attempt": int(attempt),
+                        "redis_ms": float(redis_ms),
+                        "mono_ns": int(mono),
+                    }
+                )
         return out
 
     def stop(self) -> dict[str, Any]:
@@ -87,7 +109,11 @@ def _redis_ms(r: redis.Redis) -> float:
 @pytest.mark.timeout(120)
 @SKEWS
 def test_a_scheduler_with_a_wrong_clock_runs_a_delayed_message_neither_early_nor_late(
-    skew_s: float, kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+    skew_s: float,
+    kafka_bootstrap: str,
+    redis_url: str,
+    new_topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given the namespace's only scheduler: a process whose wall clock is off by skew_s
     topic, ns = new_topic(1), f"clock-{uuid.uuid4().hex[:8]}"
@@ -100,7 +126,10 @@ def test_a_scheduler_with_a_wrong_clock_runs_a_delayed_message_neither_early_nor
         RedisSequencer(redis_url, ns).schedule(topic, b"k", b"delayed", delay_s=DELAY_S)
         # then it runs no earlier than DELAY_S later (on the Redis server's clock and on this
         # machine's monotonic clock), and less than LATE_BOUND_MS late
-        assert wait_until(lambda: p.starts("delayed"), DELAY_S + LATE_BOUND_MS / 1000 + 5), (p.starts(), p.status())
+        assert wait_until(lambda: p.starts("delayed"), DELAY_S + LATE_BOUND_MS / 1000 + 5), (
+            p.starts(),
+            p.status(),
+        )
         first = p.starts("delayed")[0]
         assert first["redis_ms"] >= t0 + DELAY_S * 1000, (first["redis_ms"] - t0, skew_s)
         assert first["mono_ns"] - mono0 >= DELAY_S * 1e9
@@ -114,7 +143,12 @@ def test_a_scheduler_with_a_wrong_clock_runs_a_delayed_message_neither_early_nor
 @pytest.mark.timeout(120)
 @SKEWS
 def test_a_parked_retry_keeps_its_back_off_whatever_the_schedulers_clock(
-    skew_s: float, kafka_bootstrap: str, redis_url: str, new_topic, start, tmp_path: Path  # type: ignore[no-untyped-def]
+    skew_s: float,
+    kafka_bootstrap: str,
+    redis_url: str,
+    new_topic,
+    start,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given the namespace's only scheduler: a process whose wall clock is off by skew_s (consuming
     # a topic of its own), and a consumer here (correct clock, not a scheduler) whose handler parks
@@ -132,14 +166,25 @@ def test_a_parked_retry_keeps_its_back_off_whatever_the_schedulers_clock(
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, scheduler=False)
     try:
         assert wait_until(lambda: p.status().get("scheduler"), 60), p.status()
-        run = start(KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                                  concurrency=2, sequencer=seq))
+        run = start(
+            KeyedConsumer(
+                name=f"g-{ns}",
+                handler=handle,
+                brokers=[kafka_bootstrap],
+                topics=[topic],
+                concurrency=2,
+                sequencer=seq,
+            )
+        )
         # when it fails and is parked
         produce(kafka_bootstrap, topic, [(b"r", b"retry-me", None)])
         assert wait_until(lambda: failed and seq.parker is not None and seq.parker.parked == 1, 60)
         # then the scheduler runs its second attempt no earlier than DELAY_S after the failure (on
         # the Redis server's clock and on this machine's monotonic clock), less than LATE_BOUND_MS late
-        assert wait_until(lambda: p.starts("retry-me"), DELAY_S + LATE_BOUND_MS / 1000 + 5), (p.starts(), p.status())
+        assert wait_until(lambda: p.starts("retry-me"), DELAY_S + LATE_BOUND_MS / 1000 + 5), (
+            p.starts(),
+            p.status(),
+        )
         fail_ms, fail_ns = failed[0]
         first = p.starts("retry-me")[0]
         assert first["attempt"] == 2
@@ -155,7 +200,10 @@ def test_a_parked_retry_keeps_its_back_off_whatever_the_schedulers_clock(
 
 @pytest.mark.timeout(120)
 def test_instances_whose_clocks_differ_by_80_s_check_in_on_redis_time_and_never_see_each_other_gone(
-    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    redis_url: str,
+    new_topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given two instances of one namespace, one 20 s ahead, one 60 s behind (lease TTL 2 s: a
     # check-in every 0.5 s, gone after 6 s of silence)
@@ -174,7 +222,9 @@ def test_instances_whose_clocks_differ_by_80_s_check_in_on_redis_time_and_never_
         now_ms = _redis_ms(r)
         live = {i["id"]: i["last_seen_s"] * 1000 for i in inspect_redis(redis_url, ns)["instances"]}
         assert set(live) == ids, live
-        assert all(abs(now_ms - seen) < 3000 for seen in live.values()), {k: now_ms - v for k, v in live.items()}
+        assert all(abs(now_ms - seen) < 3000 for seen in live.values()), {
+            k: now_ms - v for k, v in live.items()
+        }
     finally:
         final = [ahead.stop(), behind.stop()]
         r.close()
@@ -185,7 +235,11 @@ def test_instances_whose_clocks_differ_by_80_s_check_in_on_redis_time_and_never_
 @pytest.mark.timeout(120)
 @SKEWS
 def test_misfires_are_counted_on_the_redis_servers_clock(
-    skew_s: float, kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+    skew_s: float,
+    kafka_bootstrap: str,
+    redis_url: str,
+    new_topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given the namespace's only scheduler: a process whose wall clock is off by skew_s
     topic, ns = new_topic(1), f"clock-{uuid.uuid4().hex[:8]}"
@@ -200,8 +254,9 @@ def test_misfires_are_counted_on_the_redis_servers_clock(
         seq.schedule(topic, b"past", b"past", at=(t0 - 5000) / 1000)
         seq.schedule(topic, b"future", b"future", delay_s=2.0)
         # then both run, and exactly one misfire is counted
-        assert wait_until(lambda: p.starts("past") and p.starts("future") and p.status().get("moved") == 2, 30), (
-            p.starts(), p.status())
+        assert wait_until(
+            lambda: p.starts("past") and p.starts("future") and p.status().get("moved") == 2, 30
+        ), (p.starts(), p.status())
         assert p.status()["misfires"] == 1, p.status()
         # and the future one did not run before its due time
         assert p.starts("future")[0]["redis_ms"] >= t0 + 2000

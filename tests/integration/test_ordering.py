@@ -90,8 +90,14 @@ def test_per_key_order_at_concurrency_32(kafka_bootstrap: str, new_topic, is_asy
         rec.end(msg)
 
     group = f"order-{uuid.uuid4().hex[:8]}"
-    consumer = KeyedConsumer(name=group, handler=ahandle if is_async else handle, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=32, ordering="key")
+    consumer = KeyedConsumer(
+        name=group,
+        handler=ahandle if is_async else handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=32,
+        ordering="key",
+    )
     # when consumed at concurrency 32
     run_until(consumer, rec.all_seen, 90)
     # then every message ran, each key in order, never two of one key at once, and with real parallelism
@@ -123,8 +129,14 @@ def test_partition_ordering_runs_one_at_a_time_per_partition(kafka_bootstrap: st
             if sum(map(len, order.values())) == 200:
                 done.set()
 
-    consumer = KeyedConsumer(name=f"p-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=8, ordering="partition")
+    consumer = KeyedConsumer(
+        name=f"p-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        ordering="partition",
+    )
     run_until(consumer, done, 60)
     assert overlaps == 0
     assert order[0] == list(range(100)) and order[1] == list(range(100))
@@ -142,8 +154,13 @@ def test_null_and_empty_keys_are_different_lanes(kafka_bootstrap: str, new_topic
         time.sleep(0.001)
         rec.end(msg)
 
-    consumer = KeyedConsumer(name=f"n-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=4)
+    consumer = KeyedConsumer(
+        name=f"n-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+    )
     run_until(consumer, rec.all_seen, 60)
     # then each of the two lanes kept its order, and a null key is not an empty key
     assert set(rec.order) == {None, b""}

@@ -26,7 +26,9 @@ def _clean(redis_url: str, ns: str) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.timeout(180)
-def test_a_failing_key_is_parked_while_20000_other_messages_flow(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_key_is_parked_while_20000_other_messages_flow(
+    kafka_bootstrap, redis_url, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given 20,000 messages of 1,000 keys on 2 partitions, and 10 messages of key "bad" whose
     # first fails 5 times before it succeeds
     topic = new_topic(2)
@@ -69,8 +71,16 @@ def test_a_failing_key_is_parked_while_20000_other_messages_flow(kafka_bootstrap
     group = f"g-{ns}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=16,
-        middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.5, max_delay_s=3.0, jitter=0, park=True)],
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=16,
+        middlewares=[
+            Retry(
+                max_attempts=None, initial_delay_s=1.0, multiplier=1.5, max_delay_s=3.0, jitter=0, park=True
+            )
+        ],
         sequencer=seq,
     )
     r = start(consumer)
@@ -84,12 +94,21 @@ def test_a_failing_key_is_parked_while_20000_other_messages_flow(kafka_bootstrap
 
     wait_until(passed, 60, 0.1)
     ends = end_offsets(kafka_bootstrap, topic, 2)
-    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == ends and first_ok.is_set()
-                      and len(seen[b"bad"]) == 10 and not seq.parker.draining, 120), (committed(kafka_bootstrap, group, topic, 2), ends, seen[b"bad"])
+    assert wait_until(
+        lambda: (
+            committed(kafka_bootstrap, group, topic, 2) == ends
+            and first_ok.is_set()
+            and len(seen[b"bad"]) == 10
+            and not seq.parker.draining
+        ),
+        120,
+    ), (committed(kafka_bootstrap, group, topic, 2), ends, seen[b"bad"])
     assert r.stop(30) and r.error is None
 
     # then the offset moved on while the key was parked, and the key's messages kept their order
-    assert passed_while_parked.is_set(), "the committed offset never passed the parked message before it succeeded"
+    assert passed_while_parked.is_set(), (
+        "the committed offset never passed the parked message before it succeeded"
+    )
     assert seen[b"bad"] == [f"bad:{i}" for i in range(10)]
     assert seq.parker.parked >= 10 and seq.parker.drained >= 10
     for k, vals in seen.items():
@@ -103,10 +122,16 @@ def test_a_failing_key_is_parked_while_20000_other_messages_flow(kafka_bootstrap
 
 
 @pytest.mark.timeout(120)
-def test_parked_message_dead_lettered_after_max_attempts_then_key_goes_on(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_parked_message_dead_lettered_after_max_attempts_then_key_goes_on(
+    kafka_bootstrap, redis_url, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given key "p" whose first message always fails, then two good messages of the same key
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)],
+    )
     seen: list[tuple[str, int]] = []
 
     def handle(msg: Message) -> None:
@@ -117,8 +142,16 @@ def test_parked_message_dead_lettered_after_max_attempts_then_key_goes_on(kafka_
     ns = f"dlq-{uuid.uuid4().hex[:8]}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
     consumer = KeyedConsumer(
-        name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
-        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=3, initial_delay_s=0.2, jitter=0, park=True)],
+        name=f"g-{ns}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        sequencer=seq,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(max_attempts=3, initial_delay_s=0.2, jitter=0, park=True),
+        ],
     )
     r = start(consumer)
     assert wait_until(lambda: len(seen) == 3 and not seq.parker.draining, 60), seen
@@ -133,7 +166,9 @@ def test_parked_message_dead_lettered_after_max_attempts_then_key_goes_on(kafka_
 
 
 @pytest.mark.timeout(90)
-def test_scheduled_messages_fire_no_earlier_than_due_in_key_order(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_scheduled_messages_fire_no_earlier_than_due_in_key_order(
+    kafka_bootstrap, redis_url, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given a running consumer with the Redis sequencer
     topic = new_topic(1)
     got: list[tuple[bytes, float, int, int]] = []
@@ -143,7 +178,14 @@ def test_scheduled_messages_fire_no_earlier_than_due_in_key_order(kafka_bootstra
 
     ns = f"sched-{uuid.uuid4().hex[:8]}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
-    consumer = KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq)
+    consumer = KeyedConsumer(
+        name=f"g-{ns}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        sequencer=seq,
+    )
     r = start(consumer)
     assert wait_until(lambda: seq.is_scheduler, 20)
     # when messages are scheduled 0.5-2 s ahead (two of one key, out of due order when scheduled)
@@ -173,8 +215,14 @@ def test_a_misfire_is_delivered_at_start_up_and_counted(kafka_bootstrap, redis_u
     seq.schedule(topic, b"m", b"late", delay_s=0.0)
     time.sleep(1.5)
     got: list[bytes] = []
-    consumer = KeyedConsumer(name=f"g-{ns}", handler=lambda m: got.append(m.value), brokers=[kafka_bootstrap],
-                             topics=[topic], concurrency=2, sequencer=seq)
+    consumer = KeyedConsumer(
+        name=f"g-{ns}",
+        handler=lambda m: got.append(m.value),
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=2,
+        sequencer=seq,
+    )
     r = start(consumer)
     # when it starts, then the message is delivered and counted as a misfire
     assert wait_until(lambda: got == [b"late"], 30)
@@ -190,8 +238,16 @@ def test_namespaces_never_see_each_others_keys(kafka_bootstrap, redis_url, new_t
     RedisSequencer(redis_url, ns_a).schedule(topic, b"x", b"for-a", delay_s=0.0)
     got: list[bytes | None] = []
     seq_b = RedisSequencer(redis_url, ns_b, lease_ttl_s=2.0)
-    r = start(KeyedConsumer(name=f"g-{ns_b}", handler=lambda m: got.append(m.value), brokers=[kafka_bootstrap],
-                            topics=[topic], concurrency=2, sequencer=seq_b))
+    r = start(
+        KeyedConsumer(
+            name=f"g-{ns_b}",
+            handler=lambda m: got.append(m.value),
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=2,
+            sequencer=seq_b,
+        )
+    )
     assert wait_until(lambda: seq_b.is_scheduler, 20)
     time.sleep(1.0)
     # then B never delivers A's message, and A still holds it
@@ -201,8 +257,16 @@ def test_namespaces_never_see_each_others_keys(kafka_bootstrap, redis_url, new_t
     # when A's consumer runs, then it is delivered there
     seq_a = RedisSequencer(redis_url, ns_a, lease_ttl_s=2.0)
     got_a: list[bytes | None] = []
-    r = start(KeyedConsumer(name=f"g-{ns_a}", handler=lambda m: got_a.append(m.value), brokers=[kafka_bootstrap],
-                            topics=[topic], concurrency=2, sequencer=seq_a))
+    r = start(
+        KeyedConsumer(
+            name=f"g-{ns_a}",
+            handler=lambda m: got_a.append(m.value),
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=2,
+            sequencer=seq_a,
+        )
+    )
     assert wait_until(lambda: got_a == [b"for-a"], 20)
     assert r.stop(30) and r.error is None
 
@@ -219,18 +283,27 @@ def test_the_parking_scripts_store_the_last_error_and_conflate_under_the_lease(r
     field = "74.0"
     before_ms = store.time_ms()
     failure = LastError("builtins.ValueError", "<b>boom</b>", "t[0]@5", 1)
-    assert store.park([(lid, "me", [(field, 5, b"e5")], failure)], 60_000, 100, 1 << 20, conflate=True) == [(1, 0, 1, 2, [])]
+    assert store.park([(lid, "me", [(field, 5, b"e5")], failure)], 60_000, 100, 1 << 20, conflate=True) == [
+        (1, 0, 1, 2, [])
+    ]
     # then the error is stored with the key, on the Redis server's clock
     [pk] = inspect_redis(redis_url, ns)["parked"]
     err = pk["last_error"]
     assert {k: err[k] for k in ("type", "message", "at", "attempt")} == {
-        "type": "builtins.ValueError", "message": "<b>boom</b>", "at": "t[0]@5", "attempt": 1}
+        "type": "builtins.ValueError",
+        "message": "<b>boom</b>",
+        "at": "t[0]@5",
+        "attempt": 1,
+    }
     assert before_ms / 1000 - 0.001 <= err["time_s"] <= store.time_ms() / 1000 + 0.001
     # when newer messages of the key are parked behind it with conflate, the list keeps its head
     # and the newest only: each append returns what it replaced (a park without an error keeps the error)
-    assert store.park([(lid, "me", [(field, 6, b"e6")], None)], 60_000, 100, 1 << 20, conflate=True) == [(1, 1, 1, 2, [])]
-    assert store.park([(lid, "me", [(field, 7, b"e7"), (field, 8, b"e8")], None)], 60_000, 100, 1 << 20, conflate=True) == [
-        (1, 2, 2, 0, [b"e6", b"e7"])]  # 0 bytes added: each replaced an entry of its size
+    assert store.park([(lid, "me", [(field, 6, b"e6")], None)], 60_000, 100, 1 << 20, conflate=True) == [
+        (1, 1, 1, 2, [])
+    ]
+    assert store.park(
+        [(lid, "me", [(field, 7, b"e7"), (field, 8, b"e8")], None)], 60_000, 100, 1 << 20, conflate=True
+    ) == [(1, 2, 2, 0, [b"e6", b"e7"])]  # 0 bytes added: each replaced an entry of its size
     assert store.fetch(lid, "me", 10) == (True, [b"e5", b"e8"], 2, [])
     from keyedconsumer.sequencing import keys
 
@@ -272,7 +345,9 @@ def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  #
     ok, head, n, _ = store.fetch(lid, "me")
     assert ok and head == [b"e5"] and n == 4
     # and at the cap (5 messages) only what fits is taken, in order
-    assert store.park([(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")], None)], 60_000, 5, 1 << 20) == [(1, 4, 1, 3, [])]
+    assert store.park(
+        [(lid, "me", [(field, 10, b"e10"), (field, 11, b"e11")], None)], 60_000, 5, 1 << 20
+    ) == [(1, 4, 1, 3, [])]
     assert store.fetch(lid, "me")[2] == 5
     assert store.pop_many(lid, "me", [b"e5", b"e6", b"x", b"e7"]) == 2  # stops at the first mismatch
     assert store.pop_many(lid, "other", [b"e7"]) == -1
@@ -282,7 +357,9 @@ def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  #
 
 
 @pytest.mark.timeout(120)
-def test_at_the_per_key_cap_nothing_is_dropped_and_the_offset_waits(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_at_the_per_key_cap_nothing_is_dropped_and_the_offset_waits(
+    kafka_bootstrap, redis_url, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given key "bad" whose first message fails 4 times, a cap of 3 parked messages per key, and 8
     # more messages of the key produced while it is parked
     topic = new_topic(1)
@@ -297,9 +374,18 @@ def test_at_the_per_key_cap_nothing_is_dropped_and_the_offset_waits(kafka_bootst
     ns = f"cap-{uuid.uuid4().hex[:8]}"
     group = f"g-{ns}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, max_parked_per_key=3)
-    r = start(KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
-                            middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)],
-                            config={"auto.commit.interval.ms": 100}))
+    r = start(
+        KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            sequencer=seq,
+            middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)],
+            config={"auto.commit.interval.ms": 100},
+        )
+    )
     assert wait_until(lambda: seq.parker is not None and seq.parker.parked >= 1, 30)
     acks = produce(kafka_bootstrap, topic, [(b"bad", f"bad:{i}".encode(), None) for i in range(1, 9)])
     # when the list is full, then the rest wait in memory and the committed offset stays before them
@@ -310,22 +396,33 @@ def test_at_the_per_key_cap_nothing_is_dropped_and_the_offset_waits(kafka_bootst
         depths.append(parked[0]["depth"] if parked else 0)
         c = committed(kafka_bootstrap, group, topic, 1)[0]
         return depths[-1] == 3 and c is not None and c <= acks[2][1] + 1
+
     assert wait_until(full, 30, 0.1), depths[-5:]
     assert max(depths) <= 3
-    assert committed(kafka_bootstrap, group, topic, 1)[0] <= acks[2][1] + 1  # not past the first one held in memory
+    assert (
+        committed(kafka_bootstrap, group, topic, 1)[0] <= acks[2][1] + 1
+    )  # not past the first one held in memory
     # and once the key drains, every message runs, in order, and Redis ends clean
     assert wait_until(lambda: len(seen) == 9 and not seq.parker.draining, 60), seen
     assert seen == [f"bad:{i}" for i in range(9)]
-    assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1), 20)
+    assert wait_until(
+        lambda: committed(kafka_bootstrap, group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1), 20
+    )
     assert r.stop(30) and r.error is None
     assert _clean(redis_url, ns) == {"leases": [], "parked": [], "scheduled": 0, "quarantined": []}
 
 
 @pytest.mark.timeout(120)
-def test_quarantine_on_dead_letter_holds_the_key_until_released(kafka_bootstrap, redis_url, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_quarantine_on_dead_letter_holds_the_key_until_released(
+    kafka_bootstrap, redis_url, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given quarantine_on_dead_letter, key "p" whose first message always fails, two more of "p"
     topic = new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"p", b"poison", None), (b"p", b"p1", None), (b"p", b"p2", None), (b"q", b"q1", None)],
+    )
     seen: list[str] = []
 
     def handle(msg: Message) -> None:
@@ -335,8 +432,20 @@ def test_quarantine_on_dead_letter_holds_the_key_until_released(kafka_bootstrap,
 
     ns = f"quar-{uuid.uuid4().hex[:8]}"
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, quarantine_on_dead_letter=True)
-    r = start(KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=4, sequencer=seq,
-                            middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=2, initial_delay_s=0.2, jitter=0, park=True)]))
+    r = start(
+        KeyedConsumer(
+            name=f"g-{ns}",
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            sequencer=seq,
+            middlewares=[
+                DeadLetter(brokers=[kafka_bootstrap]),
+                Retry(max_attempts=2, initial_delay_s=0.2, jitter=0, park=True),
+            ],
+        )
+    )
     # when the poison message is dead-lettered, then the key is quarantined and p1, p2 wait in Redis
     assert wait_until(lambda: inspect_redis(redis_url, ns)["quarantined"] == ["p"], 60)
     time.sleep(1.0)

@@ -33,9 +33,22 @@ def _events(log: Path) -> list[list[str]]:
     return [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
 
 
-def _spawn(bootstrap: str, topic: str, group: str, log: Path, redis_url: str, ns: str, *extra: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    bootstrap: str, topic: str, group: str, log: Path, redis_url: str, ns: str, *extra: str
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.park_consumer", bootstrap, topic, group, str(log), redis_url, ns, *extra],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.park_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            redis_url,
+            ns,
+            *extra,
+        ],
         cwd=ROOT,
     )
 
@@ -53,12 +66,17 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.timeout(180)
 def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_order(
-    kafka_bootstrap, redis_url, new_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_bootstrap,
+    redis_url,
+    new_topic,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # given two instances, and key "bad" whose first message fails twice, so the key is parked with
     # its 12 messages, each taking 0.3 s; plus 2,000 messages of other keys
     topic = new_topic(2)
-    recs: list[tuple[bytes | None, bytes | None, int | None]] = [(b"bad", f"bad:{i}".encode(), 0) for i in range(12)]
+    recs: list[tuple[bytes | None, bytes | None, int | None]] = [
+        (b"bad", f"bad:{i}".encode(), 0) for i in range(12)
+    ]
     recs += [(f"k{i % 100}".encode(), f"k{i % 100}:{i}".encode(), None) for i in range(2000)]
     produce(kafka_bootstrap, topic, recs)
     ns, log = f"kill-{uuid.uuid4().hex[:8]}", tmp_path / "events.log"
@@ -87,12 +105,21 @@ def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_ord
 
         def finished() -> bool:
             ok = {e[5] for e in _events(log) if e[0] == "E"}
-            return all(v.decode() in ok for _, v, _ in recs) and committed(kafka_bootstrap, group, topic, 2) == ends
+            return (
+                all(v.decode() in ok for _, v, _ in recs)
+                and committed(kafka_bootstrap, group, topic, 2) == ends
+            )
 
         assert wait_until(finished, 90), len({e[5] for e in _events(log) if e[0] == "E"})
         assert wait_until(lambda: inspect_redis(redis_url, ns)["parked"] == [], 30)
         # and the dead instance is dropped from the check-ins once silent for its timeout
-        assert wait_until(lambda: [int(i["id"].split("-")[0]) for i in inspect_redis(redis_url, ns)["instances"]] == [survivor.pid], 30)
+        assert wait_until(
+            lambda: (
+                [int(i["id"].split("-")[0]) for i in inspect_redis(redis_url, ns)["instances"]]
+                == [survivor.pid]
+            ),
+            30,
+        )
         _stop(survivor)
         assert survivor.returncode == 0
     finally:
@@ -104,7 +131,9 @@ def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_ord
             first_end.setdefault(e[5], len(first_end))
     assert sorted(first_end, key=first_end.get) == [f"bad:{i}" for i in range(12)]  # type: ignore[arg-type]
     # the survivor ran some of the key after the kill; no two runs of the key overlapped
-    assert any(e[0] == "S" and e[4] == "bad" and int(e[1]) == survivor.pid and int(e[-1]) > killed_at for e in ev)
+    assert any(
+        e[0] == "S" and e[4] == "bad" and int(e[1]) == survivor.pid and int(e[-1]) > killed_at for e in ev
+    )
     runs: dict[tuple[str, str], int] = {}
     spans: list[tuple[int, int]] = []
     for e in ev:
@@ -115,7 +144,9 @@ def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_ord
             runs[k] = int(e[-1])
         elif k in runs:
             spans.append((runs.pop(k), int(e[-1])))
-    spans += [(s, killed_at) for (pid, _), s in runs.items() if int(pid) == victim.pid]  # cut short by the kill
+    spans += [
+        (s, killed_at) for (pid, _), s in runs.items() if int(pid) == victim.pid
+    ]  # cut short by the kill
     spans.sort()
     assert all(x[1] <= y[0] for x, y in zip(spans, spans[1:], strict=False)), spans
     st = inspect_redis(redis_url, ns)
@@ -145,8 +176,23 @@ class _Redis:
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--appendonly", "yes",
-             "--appendfsync", "always", "--save", "", "--logfile", str(self.dir / "log")],
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--logfile",
+                str(self.dir / "log"),
+            ],
         )
         r = connect(self.url, 5.0)
         assert wait_until(lambda: self._ping(r), 20)
@@ -165,7 +211,9 @@ class _Redis:
 
 
 @pytest.mark.timeout(150)
-def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(kafka_bootstrap, new_topic, start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(
+    kafka_bootstrap, new_topic, start, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given a private Redis, a consumer parking key "bad" (its first message fails 3 times, 1 s
     # apart) behind which 5 more wait, 3,000 other messages, and 5 scheduled messages due in 2-4 s
     rs = _Redis(tmp_path)
@@ -180,7 +228,9 @@ def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(kafka_bootst
 
 def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(2)
-    recs: list[tuple[bytes | None, bytes | None, int | None]] = [(b"bad", f"bad:{i}".encode(), 0) for i in range(6)]
+    recs: list[tuple[bytes | None, bytes | None, int | None]] = [
+        (b"bad", f"bad:{i}".encode(), 0) for i in range(6)
+    ]
     recs += [(f"k{i % 50}".encode(), f"k:{i}".encode(), None) for i in range(3000)]
     produce(kafka_bootstrap, topic, recs)
     ends_seen: dict[str, int] = defaultdict(int)
@@ -199,8 +249,15 @@ def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) 
     ns = f"rr-{uuid.uuid4().hex[:8]}"
     group = f"g-{ns}"
     seq = RedisSequencer(rs.url, ns, lease_ttl_s=3.0, socket_timeout_s=0.5)
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=8, sequencer=seq,
-                             middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)])
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        sequencer=seq,
+        middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)],
+    )
     r = start(consumer)
     for i in range(5):
         consumer.schedule(b"s", f"s{i}".encode(), delay_s=2.0 + i * 0.5)
@@ -213,8 +270,14 @@ def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) 
     # then every message and every scheduled one is handled, in order per key, and Redis ends clean
     ends = end_offsets(kafka_bootstrap, topic, 2)
     want = {v.decode() for _, v, _ in recs} | {f"s{i}" for i in range(5)}
-    assert wait_until(lambda: want <= set(ends_seen) and committed(kafka_bootstrap, group, topic, 2) == ends
-                      and not seq.parker.draining, 90), sorted(want - set(ends_seen))[:10]
+    assert wait_until(
+        lambda: (
+            want <= set(ends_seen)
+            and committed(kafka_bootstrap, group, topic, 2) == ends
+            and not seq.parker.draining
+        ),
+        90,
+    ), sorted(want - set(ends_seen))[:10]
     assert r.stop(30) and r.error is None
     assert [v for v in order if v.startswith("bad")] == [f"bad:{i}" for i in range(6)]
     assert [v for v in order if v.startswith("s")] == [f"s{i}" for i in range(5)]

@@ -43,15 +43,30 @@ def test_partition_paused_then_revoked_and_assigned_back_is_fetched_again(  # ty
             done.add((msg.partition, msg.offset))
 
     group = f"pause-{uuid.uuid4().hex[:8]}"
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                             concurrency=4, max_in_flight=4, batch_size=4, revoke_timeout_s=0.5)
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        max_in_flight=4,
+        batch_size=4,
+        revoke_timeout_s=0.5,
+    )
     running = start(consumer)
     both = {(topic, 0), (topic, 1)}
     assert wait_until(lambda: set(consumer.paused) == both, 30)  # back-pressure paused both
 
     # when another member joins (one paused partition is revoked) and leaves (it comes back)
-    other = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
-                      "partition.assignment.strategy": "cooperative-sticky", "auto.offset.reset": "earliest"})
+    other = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "auto.offset.reset": "earliest",
+        }
+    )
     other.subscribe([topic])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (len(consumer.assignment) != 1 or not other.assignment()):

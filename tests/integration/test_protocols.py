@@ -53,7 +53,9 @@ class Journal:
 
 def records(start: int, count: int) -> list[tuple[bytes, bytes, None]]:
     """``count`` messages per key numbered ``start..``; the key decides the partition."""
-    return [(f"key-{k}".encode(), str(n).encode(), None) for n in range(start, start + count) for k in range(KEYS)]
+    return [
+        (f"key-{k}".encode(), str(n).encode(), None) for n in range(start, start + count) for k in range(KEYS)
+    ]
 
 
 @pytest.mark.timeout(180)
@@ -65,14 +67,22 @@ def test_order_and_offsets_across_a_rebalance(protocol: str, kafka_bootstrap: st
     # the options each protocol rejects are not set
     conf = ConsumerConfig(name=group, topics=[topic], config=config).librdkafka()
     if protocol == "consumer":
-        assert not {"partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"} & set(conf)
+        assert not {"partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"} & set(
+            conf
+        )
     else:
         assert conf["partition.assignment.strategy"] == "cooperative-sticky"
     journal = Journal()
 
     def member(name: str) -> KeyedConsumer:
-        return KeyedConsumer(name=group, handler=journal.handler(name), brokers=[kafka_bootstrap], topics=[topic],
-                             concurrency=4, config=config)
+        return KeyedConsumer(
+            name=group,
+            handler=journal.handler(name),
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=4,
+            config=config,
+        )
 
     # given 40 messages per key, consumed by member A alone, slowly
     produce(kafka_bootstrap, topic, records(0, 40))
@@ -83,7 +93,10 @@ def test_order_and_offsets_across_a_rebalance(protocol: str, kafka_bootstrap: st
     # when member B joins while A is working: the partitions are shared
     b = member("B")
     run_b = start(b)
-    assert wait_until(lambda: b.assignment and len(a.assignment) < PARTITIONS, 60), (a.assignment, b.assignment)
+    assert wait_until(lambda: b.assignment and len(a.assignment) < PARTITIONS, 60), (
+        a.assignment,
+        b.assignment,
+    )
     assert sorted(a.assignment + b.assignment) == [(topic, p) for p in range(PARTITIONS)]
     assert len(journal.log) < 40 * KEYS  # the rebalance came while the first messages were in progress
     journal.delay_s = 0.001
@@ -109,4 +122,6 @@ def test_order_and_offsets_across_a_rebalance(protocol: str, kafka_bootstrap: st
             high = max(high, n)
         assert high == 59 and sorted(set(seq)) == list(range(60)), key
     # and the committed offsets are the end offsets
-    assert committed(kafka_bootstrap, group, topic, PARTITIONS) == end_offsets(kafka_bootstrap, topic, PARTITIONS)
+    assert committed(kafka_bootstrap, group, topic, PARTITIONS) == end_offsets(
+        kafka_bootstrap, topic, PARTITIONS
+    )

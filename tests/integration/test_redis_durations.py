@@ -66,7 +66,9 @@ def _hold_lease(seq: RedisSequencer, d: Dispatcher) -> str:
 
 
 @pytest.mark.timeout(30)
-def test_lease_ttl_at_its_minimum_makes_leases_with_a_positive_ttl_in_redis(redis_url: str, r: redis.Redis) -> None:
+def test_lease_ttl_at_its_minimum_makes_leases_with_a_positive_ttl_in_redis(
+    redis_url: str, r: redis.Redis
+) -> None:
     # given a sequencer with the shortest lease TTL accepted (just above 0.05 s: 51 ms in Redis)
     seq = RedisSequencer(redis_url, f"dur-{uuid.uuid4().hex[:8]}", lease_ttl_s=0.0501)
     d = _attach(seq)
@@ -111,7 +113,9 @@ def test_renew_interval_at_its_minimum_keeps_a_lease_past_its_ttl(redis_url: str
 
 
 @pytest.mark.timeout(60)
-def test_instance_timeout_at_its_minimum_sees_a_silent_instance_gone_and_no_live_one(redis_url: str, r: redis.Redis) -> None:
+def test_instance_timeout_at_its_minimum_sees_a_silent_instance_gone_and_no_live_one(
+    redis_url: str, r: redis.Redis
+) -> None:
     # given two instances checking in every 0.5 s with the shortest instance timeout accepted
     # (just above three check-ins), and a silent instance last seen 5 s ago on the Redis clock
     ns = f"dur-{uuid.uuid4().hex[:8]}"
@@ -135,7 +139,11 @@ def test_instance_timeout_at_its_minimum_sees_a_silent_instance_gone_and_no_live
 @pytest.mark.kafka
 @pytest.mark.timeout(90)
 def test_seen_retention_at_its_minimum_keeps_the_marker_that_long(
-    kafka_bootstrap: str, redis_url: str, r: redis.Redis, new_topic, start  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    redis_url: str,
+    r: redis.Redis,
+    new_topic,
+    start,  # type: ignore[no-untyped-def]
 ) -> None:
     # given a consumer keeping "already parked" markers for 1 s (the minimum)
     topic, ns = new_topic(1), f"dur-{uuid.uuid4().hex[:8]}"
@@ -147,15 +155,23 @@ def test_seen_retention_at_its_minimum_keeps_the_marker_that_long(
             raise RetryLater(30.0, park=True)
 
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, seen_retention_s=1.0)
-    run = start(KeyedConsumer(name=f"g-{ns}", handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                              concurrency=2, sequencer=seq))
+    run = start(
+        KeyedConsumer(
+            name=f"g-{ns}",
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=2,
+            sequencer=seq,
+        )
+    )
     # when a message of key "p" is parked
     produce(kafka_bootstrap, topic, [(b"p", b"v", None)])
     assert wait_until(lambda: seq.parker is not None and seq.parker.parked == 1, 60)
     now_ms, pttl = _time_and_pttl(r, keys.seen(ns, keys.lease_id(b"p", topic, 0)))
     # then its marker expires 1 s after the park (which came after the failure), not before
     if pttl > 0:
-        assert now_ms + pttl >= failed_at[0] + 1000 - 1, (now_ms + pttl - failed_at[0])
+        assert now_ms + pttl >= failed_at[0] + 1000 - 1, now_ms + pttl - failed_at[0]
         assert pttl <= 1000
     else:  # only if this test was slower than the retention: it expired no earlier than promised
         assert pttl == -2 and now_ms >= failed_at[0] + 1000
@@ -164,7 +180,9 @@ def test_seen_retention_at_its_minimum_keeps_the_marker_that_long(
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("delay_s", [0.0, 1e-9, 0.0004, 0.0011])
-def test_a_tiny_schedule_delay_is_never_due_before_the_redis_time_of_the_call(delay_s: float, redis_url: str, r: redis.Redis) -> None:
+def test_a_tiny_schedule_delay_is_never_due_before_the_redis_time_of_the_call(
+    delay_s: float, redis_url: str, r: redis.Redis
+) -> None:
     # given a namespace without a scheduler (nothing moves the message)
     ns = f"dur-{uuid.uuid4().hex[:8]}"
     seq = RedisSequencer(redis_url, ns)

@@ -24,9 +24,22 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(bootstrap: str, topic: str, group: str, log: Path, redis_url: str, ns: str, *extra: str) -> subprocess.Popen[bytes]:
+def start(
+    bootstrap: str, topic: str, group: str, log: Path, redis_url: str, ns: str, *extra: str
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.redis_consumer", bootstrap, topic, group, str(log), redis_url, ns, *extra],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.redis_consumer",
+            bootstrap,
+            topic,
+            group,
+            str(log),
+            redis_url,
+            ns,
+            *extra,
+        ],
         cwd=ROOT,
     )
 
@@ -76,11 +89,15 @@ def leftover_leases(redis_url: str, ns: str) -> list[bytes]:
 
 
 @pytest.mark.timeout(150)
-def test_two_instances_same_key_on_two_partitions_never_overlap(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_two_instances_same_key_on_two_partitions_never_overlap(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given 20 keys whose messages are spread over both partitions of a topic
     topic = new_topic(2)
     n = 3000
-    acked = produce(kafka_bootstrap, topic, [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)])
+    acked = produce(
+        kafka_bootstrap, topic, [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)]
+    )
     group, ns = f"rs-{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
     # when two instances of one group (one partition each) consume them with the Redis sequencer
@@ -112,13 +129,17 @@ def test_two_instances_same_key_on_two_partitions_never_overlap(kafka_bootstrap:
 
 
 @pytest.mark.timeout(150)
-def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given key "hot" on both partitions; instance A (p0 or p1) runs a slow "hot" message
     topic = new_topic(2)
     ttl = 2.0
     # 100 "hot" messages of 0.3 s: 30 s of "hot" work, so the second instance's join (about 7 s
     # here, classic protocol) lands while "hot" still runs (40 of them, 12 s, were too few once in CI)
-    recs = [(b"hot", f"h{i}".encode(), i % 2) for i in range(100)] + [(f"k{i}".encode(), b"x", i % 2) for i in range(200)]
+    recs = [(b"hot", f"h{i}".encode(), i % 2) for i in range(100)] + [
+        (f"k{i}".encode(), b"x", i % 2) for i in range(200)
+    ]
     produce(kafka_bootstrap, topic, recs)
     group, ns = f"zombie-{uuid.uuid4().hex[:8]}", f"z{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
@@ -153,10 +174,16 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_boots
         # messages arrive on the other instance's partition
         zombie.send_signal(signal.SIGSTOP)
         stopped_ns = time.monotonic_ns()
-        produce(kafka_bootstrap, topic, [(b"hot", f"late{i}".encode(), 1 - zombie_partition) for i in range(5)])
+        produce(
+            kafka_bootstrap, topic, [(b"hot", f"late{i}".encode(), 1 - zombie_partition) for i in range(5)]
+        )
         time.sleep(ttl * 2.5)
         # then the other instance took the key over, with a higher fencing token
-        taken = [e for e in events(log) if e[0] == "S" and e[4] == "hot" and int(e[1]) == other.pid and int(e[-1]) > stopped_ns]
+        taken = [
+            e
+            for e in events(log)
+            if e[0] == "S" and e[4] == "hot" and int(e[1]) == other.pid and int(e[-1]) > stopped_ns
+        ]
         assert taken, "the other instance did not take the key over"
         assert min(int(e[5]) for e in taken) > zombie_token
         # when the zombie resumes
@@ -167,10 +194,18 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(kafka_boots
         stop_all(a, b)
     evs = events(log)
     # then its late write (with the old token) was refused
-    late = [e for e in evs if e[0] == "W" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[5]) == zombie_token]
+    late = [
+        e
+        for e in evs
+        if e[0] == "W" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[5]) == zombie_token
+    ]
     assert late and late[0][6] == "refused"
     # and it started no new "hot" work under its old lease after resuming
-    after = [e for e in evs if e[0] == "S" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[-1]) > resumed_ns]
+    after = [
+        e
+        for e in evs
+        if e[0] == "S" and int(e[1]) == zombie_pid and e[4] == "hot" and int(e[-1]) > resumed_ns
+    ]
     assert all(int(e[5]) > zombie_token for e in after)
     # and no two runs of "hot" overlapped except the zombie's stale one (which carries the lowest token)
     runs = intervals(log)
@@ -194,7 +229,9 @@ def test_sequencer_settings_are_validated() -> None:
 
 
 @pytest.mark.timeout(150)
-def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes(kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     # given instance A with a backlog of 600 messages of 60 keys queued in memory, slowly running them
     topic = new_topic(1)
     n = 600
@@ -202,7 +239,9 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
     group, ns = f"stall-{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
     common = ("--ttl", "2", "--session-ms", "6000")
-    a = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common, "--sleep", "0.05", "--concurrency", "1")
+    a = start(
+        kafka_bootstrap, topic, group, log, redis_url, ns, *common, "--sleep", "0.05", "--concurrency", "1"
+    )
     b = None
     try:
         assert wait_until(lambda: sum(1 for e in events(log) if e[0] == "E") >= 20, 60)
@@ -229,7 +268,9 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
     check answers ``owner["ok"]`` and counts its calls in ``owner["asked"]``."""
     from keyedconsumer.engine.dispatcher import Dispatcher
 
-    seq = RedisSequencer(redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False, **options)
+    seq = RedisSequencer(
+        redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False, **options
+    )
     d = Dispatcher("key", 4, seq)
     d.assign([("t", 0)])
     owner: dict[str, Any] = {"ok": True, "asked": 0}
@@ -243,7 +284,9 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
 
 
 @pytest.mark.timeout(30)
-def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(redis_url: str) -> None:
+def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_confirmed(
+    redis_url: str,
+) -> None:
     from keyedconsumer.message import Message
 
     # given a sequencer serving a dispatcher with one partition, and an ownership check we control

@@ -42,9 +42,19 @@ def _make_certs(d: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for 127.0.0.1 signed by it: ``(ca.crt, server.crt, server.key)``."""
     assert shutil.which("openssl"), "the openssl command line is needed to make the test certificates"
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, *"-keyout ca.key -out ca.crt -days 2".split(), "-subj", "/CN=test CA",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        *"-keyout ca.key -out ca.crt -days 2".split(),
+        "-subj",
+        "/CN=test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=d,
+    )
     _openssl("req", "-new", *ec, *"-keyout server.key -out server.csr -subj /CN=127.0.0.1".split(), cwd=d)
     (d / "server.ext").write_text(
         "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
@@ -83,11 +93,35 @@ class _TlsRedis:
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.proc = subprocess.Popen(
-            [exe, "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
-             "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key),
-             "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
-             "--requirepass", self.password, "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--dir", str(self.dir), "--logfile", str(self.dir / "log")],
+            [
+                exe,
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--tls-cert-file",
+                str(self.cert),
+                "--tls-key-file",
+                str(self.key),
+                "--tls-ca-cert-file",
+                str(self.ca),
+                "--tls-auth-clients",
+                "no",
+                "--requirepass",
+                self.password,
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(self.dir / "log"),
+            ],
         )
         r = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
         up = wait_until(lambda: _answers(r) or self.proc.poll() is not None, 20)  # type: ignore[union-attr]
@@ -139,8 +173,14 @@ def test_sequencer_over_rediss_with_a_password(  # type: ignore[no-untyped-def]
         ns = f"tls-{uuid.uuid4().hex[:8]}"
         group = f"g-{ns}"
         seq = RedisSequencer(url, ns, lease_ttl_s=2.0, socket_timeout_s=0.5)
-        consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-                                 concurrency=8, sequencer=seq)
+        consumer = KeyedConsumer(
+            name=group,
+            handler=handle,
+            brokers=[kafka_bootstrap],
+            topics=[topic],
+            concurrency=8,
+            sequencer=seq,
+        )
         r = start(consumer)
         assert wait_until(lambda: handled() >= 150, 30), (handled(), r.error)
         state_running = inspect_redis(url, ns)
@@ -148,8 +188,11 @@ def test_sequencer_over_rediss_with_a_password(  # type: ignore[no-untyped-def]
         rs.kill()
 
         def redis_warnings() -> list[str]:
-            return [x.getMessage() for x in caplog.records
-                    if x.name == "keyedconsumer.redis" and x.levelno >= logging.WARNING]
+            return [
+                x.getMessage()
+                for x in caplog.records
+                if x.name == "keyedconsumer.redis" and x.levelno >= logging.WARNING
+            ]
 
         assert wait_until(lambda: any("Error" in w for w in redis_warnings()), 10), caplog.text[-2000:]
         rs.start()

@@ -68,7 +68,9 @@ class StaleOnce:
     def commit(self, offsets: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
         if self.in_revoke and not self.refused:
             self.refused += 1
-            raise CommitError("commit failed: STALE_MEMBER_EPOCH: The member epoch is stale", code="STALE_MEMBER_EPOCH")
+            raise CommitError(
+                "commit failed: STALE_MEMBER_EPOCH: The member epoch is stale", code="STALE_MEMBER_EPOCH"
+            )
         self._inner.commit(offsets, metadata, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -76,12 +78,18 @@ class StaleOnce:
 
 
 @pytest.mark.timeout(120)
-def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(kafka_bootstrap, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(
+    kafka_bootstrap, new_topic, start
+) -> None:  # type: ignore[no-untyped-def]
     # given a member of a KIP-848 group with manual commits (no commit of librdkafka's own at the
     # unassign) whose two partitions each start with a 3 s message, the rest finished meanwhile
     topic = new_topic(2)
-    produce(kafka_bootstrap, topic, [(b"slow0", b"slow", 0), (b"slow1", b"slow", 1)]
-            + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(400)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"slow0", b"slow", 0), (b"slow1", b"slow", 1)]
+        + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(400)],
+    )
     group = f"g-{uuid.uuid4().hex[:8]}"
     runs: Counter[tuple[int, int]] = Counter()
     lock = threading.Lock()
@@ -98,15 +106,25 @@ def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(kafka_b
         clients.append(StaleOnce(connect(conf, on_error)))
         return clients[-1]
 
-    options: dict[str, Any] = {"name": group, "handler": handle, "brokers": [kafka_bootstrap], "topics": [topic],
-                               "concurrency": 4, "manual_commit": True, "config": {"group.protocol": "consumer"}}
+    options: dict[str, Any] = {
+        "name": group,
+        "handler": handle,
+        "brokers": [kafka_bootstrap],
+        "topics": [topic],
+        "concurrency": 4,
+        "manual_commit": True,
+        "config": {"group.protocol": "consumer"},
+    }
     a = KeyedConsumer(client_factory=factory, **options)
     ra = start(a)
     assert wait_until(lambda: sum(runs.values()) >= 400, 60), len(runs)
     # when a second member joins while the slow messages run: the first member's revoke waits for
     # its slow message, and its commit is refused once with STALE_MEMBER_EPOCH
     rb = start(KeyedConsumer(**options))
-    assert wait_until(lambda: sum(runs.values()) >= 402 and len(a.assignment) == 1, 60), (len(runs), a.assignment)
+    assert wait_until(lambda: sum(runs.values()) >= 402 and len(a.assignment) == 1, 60), (
+        len(runs),
+        a.assignment,
+    )
     time.sleep(2.0)  # the new owner has read its committed offset and fetched
     assert rb.stop(30) and ra.stop(30)
     assert ra.error is None and rb.error is None
@@ -155,8 +173,12 @@ class Recording:
         self._inner.subscribe(topics, Listener())
 
     def commit(self, offsets: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
-        record: dict[str, Any] = {"offsets": list(offsets), "in_callback": self.in_callback(),
-                                  "timeout_s": kwargs.get("timeout_s"), "error": None}
+        record: dict[str, Any] = {
+            "offsets": list(offsets),
+            "in_callback": self.in_callback(),
+            "timeout_s": kwargs.get("timeout_s"),
+            "error": None,
+        }
         self.commits.append(record)
         try:
             self._inner.commit(offsets, metadata, *args, **kwargs)
@@ -204,8 +226,12 @@ def _revoke_during_ownership_checks(  # type: ignore[no-untyped-def]
     sampled every 50 ms from B's start until 6 s after they reached 200 (or 60 s), and the
     committed offsets once both members stopped."""
     topic = new_topic(2)
-    produce(kafka_bootstrap, topic, [(b"slow0", b"slow", 0), (b"slow1", b"slow", 1)]
-            + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(398)])
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"slow0", b"slow", 0), (b"slow1", b"slow", 1)]
+        + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(398)],
+    )
     group = f"g-{uuid.uuid4().hex[:8]}"
     done: Counter[int] = Counter()
     lock = threading.Lock()
@@ -223,9 +249,15 @@ def _revoke_during_ownership_checks(  # type: ignore[no-untyped-def]
         clients.append(Recording(connect(conf, on_error)))
         return clients[-1]
 
-    options: dict[str, Any] = {"name": group, "handler": handle, "brokers": [kafka_bootstrap], "topics": [topic],
-                               "concurrency": 8, "revoke_timeout_s": 40.0,
-                               "config": {"heartbeat.interval.ms": 100, "session.timeout.ms": 6000}}
+    options: dict[str, Any] = {
+        "name": group,
+        "handler": handle,
+        "brokers": [kafka_bootstrap],
+        "topics": [topic],
+        "concurrency": 8,
+        "revoke_timeout_s": 40.0,
+        "config": {"heartbeat.interval.ms": 100, "session.timeout.ms": 6000},
+    }
     samples: list[dict[int, int | None]] = []
     sampling = threading.Event()
 
@@ -278,15 +310,20 @@ def test_an_ownership_check_during_a_revoke_commits_nothing_that_lands_after_the
 
     # when a second member joins: the first member's revoke catches up (its catch-up ticks the
     # sequencer, which asks for the ownership check), finishes the slow messages and commits
-    client, samples, final = _revoke_during_ownership_checks(kafka_bootstrap, new_topic, start, seq, suspect,
-                                                      seq.asked_inside.is_set)
+    client, samples, final = _revoke_during_ownership_checks(
+        kafka_bootstrap, new_topic, start, seq, suspect, seq.asked_inside.is_set
+    )
     # then no commit made inside the callback was a bounded one: that one is made from a helper
     # thread, which confluent-kafka lets into the consumer only once the poll serving the callback
     # returned, so it lands after the revoke's own commit (with the offsets of before the catch-up),
     # under whatever generation is current then; and the group's committed offsets never went back
     # (and end at 200: a late commit of 0 stays, as nothing newer is left to commit)
     late = [c for c in client.commits if c["in_callback"] and c["timeout_s"] is not None]
-    assert late == [] and _went_back(samples) == [] and final == {0: 200, 1: 200}, (late, _went_back(samples), final)
+    assert late == [] and _went_back(samples) == [] and final == {0: 200, 1: 200}, (
+        late,
+        _went_back(samples),
+        final,
+    )
 
 
 @pytest.mark.redis
@@ -311,8 +348,13 @@ def test_a_redis_sequencer_that_lost_a_lease_during_a_revoke_commits_nothing_tha
         r.delete(*quick)
 
     # when a second member joins and, once the first member's revoke started, leases are lost
-    client, samples, final = _revoke_during_ownership_checks(kafka_bootstrap, new_topic, start, seq, suspect,
-                                                      lambda: stalls and seq.stalls > stalls[0])
+    client, samples, final = _revoke_during_ownership_checks(
+        kafka_bootstrap, new_topic, start, seq, suspect, lambda: stalls and seq.stalls > stalls[0]
+    )
     # then nothing committed inside the callback was sent late, and the committed offsets never went back
     late = [c for c in client.commits if c["in_callback"] and c["timeout_s"] is not None]
-    assert late == [] and _went_back(samples) == [] and final == {0: 200, 1: 200}, (late, _went_back(samples), final)
+    assert late == [] and _went_back(samples) == [] and final == {0: 200, 1: 200}, (
+        late,
+        _went_back(samples),
+        final,
+    )

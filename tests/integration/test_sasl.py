@@ -62,13 +62,23 @@ def scram_user(kafka_bootstrap: str, sasl_bootstrap: str) -> Iterator[Callable[[
 
     def make(mechanism: str) -> tuple[str, str]:
         user, password = f"kc-{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(16)
-        upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(_MECHANISMS[mechanism], 4096), password.encode())
+        upsert = UserScramCredentialUpsertion(
+            user, ScramCredentialInfo(_MECHANISMS[mechanism], 4096), password.encode()
+        )
         for fut in admin.alter_user_scram_credentials([upsert]).values():
             fut.result(timeout=30)
         made.append((user, mechanism))
-        probe = Consumer({"bootstrap.servers": sasl_bootstrap, "group.id": "probe", "log_level": 0,
-                          "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
-                          "sasl.username": user, "sasl.password": password})
+        probe = Consumer(
+            {
+                "bootstrap.servers": sasl_bootstrap,
+                "group.id": "probe",
+                "log_level": 0,
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism,
+                "sasl.username": user,
+                "sasl.password": password,
+            }
+        )
 
         def authenticates() -> bool:
             try:
@@ -103,8 +113,13 @@ class Poison(Exception):
 
 
 def _consume_and_dead_letter(
-    kafka_bootstrap: str, sasl_bootstrap: str, new_topic: Callable[..., str], start: Any, config: dict[str, Any],
-    *, until: Callable[[], bool] = lambda: True,
+    kafka_bootstrap: str,
+    sasl_bootstrap: str,
+    new_topic: Callable[..., str],
+    start: Any,
+    config: dict[str, Any],
+    *,
+    until: Callable[[], bool] = lambda: True,
 ) -> tuple[str, str]:
     """Given 30 messages (two of them poison) on a 2-partition topic, a consumer on the SASL
     listener with ``config`` and ``DeadLetter()`` (no brokers): all are handled, the poison ones
@@ -124,11 +139,21 @@ def _consume_and_dead_letter(
             raise Poison("bad record")
 
     dead_letter = DeadLetter(topic="{topic}.dlq", timeout_s=20.0)  # no brokers: the consumer's
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[sasl_bootstrap], topics=[topic],
-                             middlewares=[dead_letter], concurrency=4, config=config,
-                             startup_timeout_s=30)
+    consumer = KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[sasl_bootstrap],
+        topics=[topic],
+        middlewares=[dead_letter],
+        concurrency=4,
+        config=config,
+        startup_timeout_s=30,
+    )
     running = start(consumer)
-    assert wait_until(lambda: dead_letter.published == 2 and len(seen) >= 30, 60), (len(seen), dead_letter.published)
+    assert wait_until(lambda: dead_letter.published == 2 and len(seen) >= 30, 60), (
+        len(seen),
+        dead_letter.published,
+    )
     assert wait_until(until, 30)
     assert running.stop(30) and running.error is None, running.error
     # then every message ran, the two poison ones are on the dead-letter topic...
@@ -143,24 +168,45 @@ def _consume_and_dead_letter(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_scram_consumer_commits_and_its_dead_letter_publishes_over_the_same_sasl_settings(
-    kafka_bootstrap: str, sasl_bootstrap: str, new_topic: Callable[..., str], start: Any,
-    scram_user: Callable[[str], tuple[str, str]], mechanism: str,
+    kafka_bootstrap: str,
+    sasl_bootstrap: str,
+    new_topic: Callable[..., str],
+    start: Any,
+    scram_user: Callable[[str], tuple[str, str]],
+    mechanism: str,
 ) -> None:
     # given a SCRAM user, and a consumer that names its credentials once, with its librdkafka
     # statistics fed to the metrics
     user, password = scram_user(mechanism)
     metrics = Metrics()
-    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": user,
-              "sasl.password": password, "stats_cb": metrics.stats_cb, "statistics.interval.ms": 1000}
+    config = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+        "stats_cb": metrics.stats_cb,
+        "statistics.interval.ms": 1000,
+    }
 
     def fetched() -> list[float]:
-        return [s.value for m in metrics.registry.collect() if m.name == "keyedconsumer_librdkafka_rx_messages"
-                for s in m.samples if s.name.endswith("_total")]
+        return [
+            s.value
+            for m in metrics.registry.collect()
+            if m.name == "keyedconsumer_librdkafka_rx_messages"
+            for s in m.samples
+            if s.name.endswith("_total")
+        ]
 
     # when it consumes (DeadLetter() with no brokers), then all is handled, dead-lettered, committed;
     # and librdkafka's figures reach the metrics (a report a second): every message fetched counted
-    _consume_and_dead_letter(kafka_bootstrap, sasl_bootstrap, new_topic, start, config,
-                             until=lambda: max(fetched(), default=0) >= 30)
+    _consume_and_dead_letter(
+        kafka_bootstrap,
+        sasl_bootstrap,
+        new_topic,
+        start,
+        config,
+        until=lambda: max(fetched(), default=0) >= 30,
+    )
 
 
 def _b64(data: dict[str, Any]) -> str:
@@ -169,7 +215,10 @@ def _b64(data: dict[str, Any]) -> str:
 
 @pytest.mark.timeout(120)
 def test_oauthbearer_consumer_gets_its_token_from_oauth_cb(
-    kafka_bootstrap: str, sasl_bootstrap: str, new_topic: Callable[..., str], start: Any,
+    kafka_bootstrap: str,
+    sasl_bootstrap: str,
+    new_topic: Callable[..., str],
+    start: Any,
 ) -> None:
     # given an oauth_cb that makes an unsecured JWT (alg none; sub, iat, exp), as the broker's
     # development validator accepts, and records each call
@@ -180,11 +229,20 @@ def test_oauthbearer_consumer_gets_its_token_from_oauth_cb(
         now = time.time()
         with lock:
             calls.append((threading.current_thread().name, oauthbearer_config))
-        token = _b64({"alg": "none"}) + "." + _b64({"sub": "kc-oauth", "iat": int(now), "exp": int(now) + 3600}) + "."
+        token = (
+            _b64({"alg": "none"})
+            + "."
+            + _b64({"sub": "kc-oauth", "iat": int(now), "exp": int(now) + 3600})
+            + "."
+        )
         return token, now + 3600
 
-    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
-              "sasl.oauthbearer.config": "scope=test", "oauth_cb": oauth_cb}
+    config = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.config": "scope=test",
+        "oauth_cb": oauth_cb,
+    }
     # when a consumer with it consumes, its DeadLetter() publishing with the same oauth_cb
     _consume_and_dead_letter(kafka_bootstrap, sasl_bootstrap, new_topic, start, config)
     # then the callback was called, with the configured sasl.oauthbearer.config, for the consumer
@@ -195,7 +253,9 @@ def test_oauthbearer_consumer_gets_its_token_from_oauth_cb(
 
 @pytest.mark.timeout(60)
 def test_a_wrong_scram_password_fails_clearly_within_the_startup_timeout(
-    sasl_bootstrap: str, new_topic: Callable[..., str], scram_user: Callable[[str], tuple[str, str]],
+    sasl_bootstrap: str,
+    new_topic: Callable[..., str],
+    scram_user: Callable[[str], tuple[str, str]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given a real SCRAM user and a consumer with the wrong password, its own error_cb and an
@@ -205,11 +265,20 @@ def test_a_wrong_scram_password_fails_clearly_within_the_startup_timeout(
     user_errors: list[KafkaError] = []
     handled: list[BaseException] = []
     consumer = KeyedConsumer(
-        name=f"g-{uuid.uuid4().hex[:8]}", handler=lambda m: None, brokers=[sasl_bootstrap], topics=[topic],
-        startup_timeout_s=15, error_handler=lambda err, msg: handled.append(err),
-        config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user,
-                "sasl.password": "not-the-password", "error_cb": user_errors.append,
-                "logger": logging.getLogger("test.librdkafka")},
+        name=f"g-{uuid.uuid4().hex[:8]}",
+        handler=lambda m: None,
+        brokers=[sasl_bootstrap],
+        topics=[topic],
+        startup_timeout_s=15,
+        error_handler=lambda err, msg: handled.append(err),
+        config={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": user,
+            "sasl.password": "not-the-password",
+            "error_cb": user_errors.append,
+            "logger": logging.getLogger("test.librdkafka"),
+        },
     )
     # when it runs
     t0 = time.monotonic()
@@ -228,16 +297,27 @@ def test_a_wrong_scram_password_fails_clearly_within_the_startup_timeout(
 
 
 @pytest.mark.timeout(60)
-def test_an_expired_oauthbearer_token_is_refused_clearly(sasl_bootstrap: str, new_topic: Callable[..., str]) -> None:
+def test_an_expired_oauthbearer_token_is_refused_clearly(
+    sasl_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
     # given an oauth_cb whose token expired an hour ago (the broker's validator checks exp)
     def oauth_cb(oauthbearer_config: str) -> tuple[str, float]:
         now = time.time()
-        token = _b64({"alg": "none"}) + "." + _b64({"sub": "kc-oauth", "iat": int(now) - 7200, "exp": int(now) - 3600}) + "."
+        token = (
+            _b64({"alg": "none"})
+            + "."
+            + _b64({"sub": "kc-oauth", "iat": int(now) - 7200, "exp": int(now) - 3600})
+            + "."
+        )
         return token, now + 3600
 
     consumer = KeyedConsumer(
-        name=f"g-{uuid.uuid4().hex[:8]}", handler=lambda m: None, brokers=[sasl_bootstrap], topics=[new_topic(1)],
-        startup_timeout_s=15, error_handler=lambda err, msg: None,
+        name=f"g-{uuid.uuid4().hex[:8]}",
+        handler=lambda m: None,
+        brokers=[sasl_bootstrap],
+        topics=[new_topic(1)],
+        startup_timeout_s=15,
+        error_handler=lambda err, msg: None,
         config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER", "oauth_cb": oauth_cb},
     )
     # when it runs, then the broker refuses it, and run() says so within startup_timeout_s
@@ -250,8 +330,11 @@ def test_an_expired_oauthbearer_token_is_refused_clearly(sasl_bootstrap: str, ne
 
 @pytest.mark.timeout(150)
 def test_the_cli_dead_letters_over_the_consumers_sasl_settings(
-    kafka_bootstrap: str, sasl_bootstrap: str, new_topic: Callable[..., str],
-    scram_user: Callable[[str], tuple[str, str]], tmp_path: Path,
+    kafka_bootstrap: str,
+    sasl_bootstrap: str,
+    new_topic: Callable[..., str],
+    scram_user: Callable[[str], tuple[str, str]],
+    tmp_path: Path,
 ) -> None:
     from .test_cli import read_log, start_run, stop
 
@@ -259,18 +342,41 @@ def test_the_cli_dead_letters_over_the_consumers_sasl_settings(
     # a topic of 8 good and 2 poison records
     user, password = scram_user("SCRAM-SHA-256")
     topic, dlq = new_topic(1), new_topic(1)
-    produce(kafka_bootstrap, topic, [(b"k", b"poison-1" if i == 3 else b"poison-2" if i == 6 else b"good", 0)
-                                     for i in range(10)])
-    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user,
-              "sasl.password": password}
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"k", b"poison-1" if i == 3 else b"poison-2" if i == 6 else b"good", 0) for i in range(10)],
+    )
+    config = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": user,
+        "sasl.password": password,
+    }
     log = tmp_path / "handled.log"
     group = f"cli-sasl-{uuid.uuid4().hex[:8]}"
     # when the CLI runs with a dead-letter topic and only the SASL listener as brokers
-    proc = start_run(["tests.integration.procs.cli_handlers:poison", "--topic", topic, "--group", group,
-                      "--brokers", sasl_bootstrap, "--dead-letter-topic", dlq, "--retry-attempts", "1"],
-                     log, {"KEYEDCONSUMER_CONFIG": json.dumps(config)})
+    proc = start_run(
+        [
+            "tests.integration.procs.cli_handlers:poison",
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--brokers",
+            sasl_bootstrap,
+            "--dead-letter-topic",
+            dlq,
+            "--retry-attempts",
+            "1",
+        ],
+        log,
+        {"KEYEDCONSUMER_CONFIG": json.dumps(config)},
+    )
     try:
-        assert wait_until(lambda: sum(end_offsets(kafka_bootstrap, dlq, 1).values()) >= 2 or proc.poll() is not None, 60)
+        assert wait_until(
+            lambda: sum(end_offsets(kafka_bootstrap, dlq, 1).values()) >= 2 or proc.poll() is not None, 60
+        )
         assert wait_until(lambda: sum(1 for r in read_log(log) if r[0] == "ok") >= 8, 30)
     finally:
         code, output = stop(proc)

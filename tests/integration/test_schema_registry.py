@@ -75,30 +75,62 @@ class OrderKey(BaseModel):
     customer: str
 
 
-ORDER_AVSC = json.dumps({
-    "type": "record", "name": "Order", "namespace": "kc.test",
-    "fields": [{"name": "id", "type": "string"}, {"name": "seq", "type": "int"}, {"name": "cents", "type": "int"}],
-})
-KEY_AVSC = json.dumps({"type": "record", "name": "OrderKey", "namespace": "kc.test",
-                       "fields": [{"name": "customer", "type": "string"}]})
-ORDER_JSON_SCHEMA = json.dumps({
-    "$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
-    "properties": {"id": {"type": "string"}, "seq": {"type": "integer"}, "cents": {"type": "integer"}},
-    "required": ["id", "seq", "cents"], "additionalProperties": False,
-})
+ORDER_AVSC = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "namespace": "kc.test",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "seq", "type": "int"},
+            {"name": "cents", "type": "int"},
+        ],
+    }
+)
+KEY_AVSC = json.dumps(
+    {
+        "type": "record",
+        "name": "OrderKey",
+        "namespace": "kc.test",
+        "fields": [{"name": "customer", "type": "string"}],
+    }
+)
+ORDER_JSON_SCHEMA = json.dumps(
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "Order",
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "seq": {"type": "integer"}, "cents": {"type": "integer"}},
+        "required": ["id", "seq", "cents"],
+        "additionalProperties": False,
+    }
+)
 
 
 def _order_proto() -> Any:
     """An ``Order`` Protobuf message class, built from its descriptor (what protoc would generate)."""
-    fdp = descriptor_pb2.FileDescriptorProto(name=f"kc_order_{uuid.uuid4().hex[:8]}.proto", package="kctest",
-                                             syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=f"kc_order_{uuid.uuid4().hex[:8]}.proto", package="kctest", syntax="proto3"
+    )
     m = fdp.message_type.add(name="Order")
-    m.field.add(name="id", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    m.field.add(name="seq", number=2, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
-                label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    m.field.add(name="cents", number=3, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
-                label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    m.field.add(
+        name="id",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
+    m.field.add(
+        name="seq",
+        number=2,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
+    m.field.add(
+        name="cents",
+        number=3,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("kctest.Order"))
@@ -125,6 +157,7 @@ def _orders(n: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
 
 def _run(consumer: KeyedConsumer, done: Callable[[], bool], timeout_s: float) -> None:
     """Run ``consumer`` until ``done()`` (or ``timeout_s``), then stop it; errors of run() propagate."""
+
     def watch() -> None:
         wait_until(done, timeout_s)
         consumer.stop()
@@ -171,14 +204,23 @@ def test_avro_values_and_keys_reach_the_handler_as_models(kafka_bootstrap: str, 
     typed: list[Message[Order]] = seen
     # when a consumer decodes them with Typed(Avro(...)) for the value and the key
     consumer = KeyedConsumer(
-        name=f"sr-avro-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-        concurrency=8, middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(),
-                                    Typed(Avro(registry, model=Order), key=Avro(registry, model=OrderKey))],
+        name=f"sr-avro-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(),
+            Typed(Avro(registry, model=Order), key=Avro(registry, model=OrderKey)),
+        ],
     )
     _run(consumer, lambda: len(seen) >= 301, 90)
     # then every order arrived as an Order with its OrderKey, each customer's in order
     assert len(typed) == 301
-    decoded = {(m.key_payload.customer, m.payload.id, m.payload.seq, m.payload.cents) for m in typed if m.payload}
+    decoded = {
+        (m.key_payload.customer, m.payload.id, m.payload.seq, m.payload.cents) for m in typed if m.payload
+    }
     assert decoded == {(c, o["id"], o["seq"], o["cents"]) for c, o in orders}
     assert _per_key_in_order([m for m in typed if m.payload], lambda m: m.key_payload.customer)
     tomb = [m for m in typed if m.payload is None]
@@ -186,7 +228,9 @@ def test_avro_values_and_keys_reach_the_handler_as_models(kafka_bootstrap: str, 
 
 
 @pytest.mark.timeout(120)
-def test_json_schema_records_are_validated_and_violations_dead_lettered(kafka_bootstrap: str, new_topic, registry) -> None:  # type: ignore[no-untyped-def]
+def test_json_schema_records_are_validated_and_violations_dead_lettered(
+    kafka_bootstrap: str, new_topic, registry
+) -> None:  # type: ignore[no-untyped-def]
     # given 100 orders written by JSONSerializer (validated and registered), with plain-text keys,
     # and one record framed with the same schema id whose document violates the schema
     topic = new_topic(1)
@@ -202,14 +246,23 @@ def test_json_schema_records_are_validated_and_violations_dead_lettered(kafka_bo
     seen, handle = _collect()
     # when a consumer decodes them with Typed(JsonSchema(...), key=Text())
     consumer = KeyedConsumer(
-        name=f"sr-json-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-        concurrency=4, middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(),
-                                    Typed(JsonSchema(registry, model=Order), key=Text())],
+        name=f"sr-json-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=4,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(),
+            Typed(JsonSchema(registry, model=Order), key=Text()),
+        ],
     )
     _run(consumer, lambda: len(seen) >= 100, 90)
     # then the 100 orders arrived as Orders keyed by str, each customer's in order
     assert sorted(m.payload.id for m in seen) == sorted(o["id"] for _, o in orders)
-    assert all(isinstance(m.payload, Order) and m.key_payload == f"c{int(m.payload.id[1:]) % 5}" for m in seen)
+    assert all(
+        isinstance(m.payload, Order) and m.key_payload == f"c{int(m.payload.id[1:]) % 5}" for m in seen
+    )
     assert _per_key_in_order(seen, lambda m: m.key_payload)
     # and the violating record is in the dead-letter topic, unchanged, with the failure headers
     dead = read_all(kafka_bootstrap, f"{topic}.dlq", 1)
@@ -232,20 +285,30 @@ def test_protobuf_records_reach_the_handler_as_messages(kafka_bootstrap: str, ne
     seen, handle = _collect()
     # when a consumer decodes them with Typed(Protobuf(Order, ...))
     consumer = KeyedConsumer(
-        name=f"sr-proto-{uuid.uuid4().hex[:8]}", handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-        concurrency=8, middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(),
-                                    Typed(Protobuf(order_pb, registry), key=Text())],
+        name=f"sr-proto-{uuid.uuid4().hex[:8]}",
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=8,
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(),
+            Typed(Protobuf(order_pb, registry), key=Text()),
+        ],
     )
     _run(consumer, lambda: len(seen) >= 200, 90)
     # then each is an instance of the message class with the fields written, in order per key
     assert all(isinstance(m.payload, order_pb) for m in seen)
     assert sorted((m.key_payload, m.payload.id, m.payload.seq, m.payload.cents) for m in seen) == sorted(
-        (c, o["id"], o["seq"], o["cents"]) for c, o in orders)
+        (c, o["id"], o["seq"], o["cents"]) for c, o in orders
+    )
     assert _per_key_in_order(seen, lambda m: m.key_payload)
 
 
 @pytest.mark.timeout(120)
-def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_flow(kafka_bootstrap: str, new_topic, registry) -> None:  # type: ignore[no-untyped-def]
+def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_flow(
+    kafka_bootstrap: str, new_topic, registry
+) -> None:  # type: ignore[no-untyped-def]
     # given, between good Avro orders, a record that is plain JSON (bad magic byte), one too short
     # for its frame, one naming a schema id the registry does not know, one whose bytes do not match
     # its writer schema, and one that decodes but breaks the model (cents >= 0)
@@ -258,7 +321,11 @@ def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_f
         b"short": (b"\x00\x00\x01", "wire_format", "too short"),
         b"unknown": (_framed(987654, good[0][5:]), "unknown_schema_id", "schema id 987654 is unknown"),
         b"mismatch": (_framed(schema_id, b"\x02x"), "schema_mismatch", f"writer schema id {schema_id}"),
-        b"model": (ser({"id": "neg", "seq": 0, "cents": -5}, _ctx(topic)), "greater_than_equal", "greater than or equal"),
+        b"model": (
+            ser({"id": "neg", "seq": 0, "cents": -5}, _ctx(topic)),
+            "greater_than_equal",
+            "greater than or equal",
+        ),
     }
     records: list[tuple[bytes | None, bytes | None, int | None]] = [(b"k", good[0], 0)]
     records += [(k, v, 0) for k, (v, _, _) in bad.items()]
@@ -268,9 +335,15 @@ def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_f
     group = f"sr-bad-{uuid.uuid4().hex[:8]}"
     # when a consumer with DeadLetter outside Retry and Typed(Avro) reads them
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic],
-        middlewares=[DeadLetter(brokers=[kafka_bootstrap]), Retry(max_attempts=3, initial_delay_s=0.01),
-                     Typed(Avro(registry, model=Order))],
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        middlewares=[
+            DeadLetter(brokers=[kafka_bootstrap]),
+            Retry(max_attempts=3, initial_delay_s=0.01),
+            Typed(Avro(registry, model=Order)),
+        ],
     )
     _run(consumer, lambda: len(seen) >= 3, 90)
     # then the good orders reached the handler in order
@@ -284,7 +357,10 @@ def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_f
         h = dict(m.headers())
         assert m.value() == value
         assert h["kafka_dlt-original-topic"] == topic.encode()
-        assert (h["kafka_dlt-original-partition"], h["kafka_dlt-original-offset"]) == (b"0", str(offset).encode())
+        assert (h["kafka_dlt-original-partition"], h["kafka_dlt-original-offset"]) == (
+            b"0",
+            str(offset).encode(),
+        )
         assert h["kafka_dlt-original-consumer-group"] == group.encode() and h["kafka_dlt-attempts"] == b"1"
         assert h["kafka_dlt-exception-fqcn"] == b"keyedconsumer.middleware.typed.DecodeError"
         assert f"offset={offset}".encode() in h["kafka_dlt-exception-message"]
@@ -294,14 +370,20 @@ def test_undecodable_records_are_dead_lettered_with_their_headers_and_the_rest_f
 
 
 @pytest.mark.timeout(90)
-def test_an_unknown_schema_id_without_dead_letter_stops_naming_the_record(kafka_bootstrap: str, new_topic, registry) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_schema_id_without_dead_letter_stops_naming_the_record(
+    kafka_bootstrap: str, new_topic, registry
+) -> None:  # type: ignore[no-untyped-def]
     # given a record naming a schema id the registry does not know
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(b"a", _framed(876543, b"\x02x\x00\x00"), 0)])
     # when a consumer without DeadLetter decodes it
-    consumer = KeyedConsumer(name=f"sr-stop-{uuid.uuid4().hex[:8]}", handler=lambda m: None,
-                             brokers=[kafka_bootstrap], topics=[topic],
-                             middlewares=[Retry(max_attempts=3, initial_delay_s=0.01), Typed(Avro(registry))])
+    consumer = KeyedConsumer(
+        name=f"sr-stop-{uuid.uuid4().hex[:8]}",
+        handler=lambda m: None,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        middlewares=[Retry(max_attempts=3, initial_delay_s=0.01), Typed(Avro(registry))],
+    )
     # then it stops with an error naming the topic, partition and offset (never retried)
     with pytest.raises(MessageError) as info:
         consumer.run()
@@ -312,9 +394,20 @@ def test_an_unknown_schema_id_without_dead_letter_stops_naming_the_record(kafka_
 @pytest.mark.timeout(180)
 def test_the_schema_registry_example(kafka_bootstrap: str, schema_registry_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "examples/schema_registry.py", "--brokers", kafka_bootstrap, "--registry", schema_registry_url,
-         "--orders", "500"],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "examples/schema_registry.py",
+            "--brokers",
+            kafka_bootstrap,
+            "--registry",
+            schema_registry_url,
+            "--orders",
+            "500",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "order violations    0" in out.stdout and "dead-lettered       1" in out.stdout

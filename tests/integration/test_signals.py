@@ -42,9 +42,22 @@ def test_one_sigterm_stops_both_consumers_of_a_process_and_each_commits(
     for topic in topics:
         produce(kafka_bootstrap, topic, [(f"k{i % 10}".encode(), str(i).encode(), None) for i in range(N)])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.procs.two_consumers", mode, kafka_bootstrap,
-         topics[0], groups[0], topics[1], groups[1], str(N)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.procs.two_consumers",
+            mode,
+            kafka_bootstrap,
+            topics[0],
+            groups[0],
+            topics[1],
+            groups[1],
+            str(N),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     lines: list[str] = []
 
@@ -58,9 +71,13 @@ def test_one_sigterm_stops_both_consumers_of_a_process_and_each_commits(
         # when both consumed everything
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and sum(line.startswith("consumed") for line in lines) < 2:
-            assert proc.poll() is None, f"the process ended early: {lines} {proc.stderr.read() if proc.stderr else ''}"
+            assert proc.poll() is None, (
+                f"the process ended early: {lines} {proc.stderr.read() if proc.stderr else ''}"
+            )
             time.sleep(0.05)
-        assert sorted(line.split()[1] for line in lines if line.startswith("consumed")) == sorted(groups), lines
+        assert sorted(line.split()[1] for line in lines if line.startswith("consumed")) == sorted(groups), (
+            lines
+        )
         # and the process gets one SIGTERM
         proc.send_signal(signal.SIGTERM)
         # then it exits 0 within a bound: both consumers stopped
@@ -80,4 +97,6 @@ def test_one_sigterm_stops_both_consumers_of_a_process_and_each_commits(
         assert lines[0] == "startup" and lines[-2:] == ["shutdown", "returned"], lines
     # and each group's committed offsets reached the end offsets: each made its final commit
     for topic, group in zip(topics, groups, strict=True):
-        assert committed(kafka_bootstrap, group, topic, PARTITIONS) == end_offsets(kafka_bootstrap, topic, PARTITIONS)
+        assert committed(kafka_bootstrap, group, topic, PARTITIONS) == end_offsets(
+            kafka_bootstrap, topic, PARTITIONS
+        )

@@ -27,7 +27,9 @@ def traceparent(trace_id: int, span_id: int) -> bytes:
     return f"00-{trace_id:032x}-{span_id:016x}-01".encode()
 
 
-def produce_with_headers(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> None:
+def produce_with_headers(
+    bootstrap: str, topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]
+) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
     for key, value, headers in records:
         p.produce(topic, value=value, key=key, headers=headers, partition=0)
@@ -36,17 +38,23 @@ def produce_with_headers(bootstrap: str, topic: str, records: list[tuple[bytes, 
 
 @pytest.mark.timeout(90)
 def test_produced_context_is_continued_and_a_dead_lettered_message_is_traced_per_attempt(
-    kafka_bootstrap: str, new_topic, start  # type: ignore[no-untyped-def]
+    kafka_bootstrap: str,
+    new_topic,
+    start,  # type: ignore[no-untyped-def]
 ) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     # given a record that succeeds and a poison record, each produced with a traceparent header
     topic = new_topic(1)
-    produce_with_headers(kafka_bootstrap, topic, [
-        (b"ok", b"1", [("traceparent", traceparent(OK_TRACE, OK_PARENT))]),
-        (b"poison", b"2", [("traceparent", traceparent(BAD_TRACE, BAD_PARENT)), ("tenant", b"t1")]),
-    ])
+    produce_with_headers(
+        kafka_bootstrap,
+        topic,
+        [
+            (b"ok", b"1", [("traceparent", traceparent(OK_TRACE, OK_PARENT))]),
+            (b"poison", b"2", [("traceparent", traceparent(BAD_TRACE, BAD_PARENT)), ("tenant", b"t1")]),
+        ],
+    )
     handled = threading.Event()
 
     def handle(msg: Message) -> None:
@@ -57,9 +65,16 @@ def test_produced_context_is_continued_and_a_dead_lettered_message_is_traced_per
     group = f"tracing-{uuid.uuid4().hex[:8]}"
     dead_letter = DeadLetter(brokers=[kafka_bootstrap])
     consumer = KeyedConsumer(
-        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], concurrency=2,
-        middlewares=[Tracing(tracer_provider=provider), dead_letter,
-                     Retry(max_attempts=3, initial_delay_s=0.2, jitter=0.0)],
+        name=group,
+        handler=handle,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=2,
+        middlewares=[
+            Tracing(tracer_provider=provider),
+            dead_letter,
+            Retry(max_attempts=3, initial_delay_s=0.2, jitter=0.0),
+        ],
     )
     # when the consumer runs until the poison record was dead-lettered
     running = start(consumer)
@@ -75,14 +90,22 @@ def test_produced_context_is_continued_and_a_dead_lettered_message_is_traced_per
     assert attrs["messaging.kafka.offset"] == 0 and attrs["messaging.destination.partition.id"] == "0"
     assert attrs["messaging.kafka.message.key"] == "ok" and ok.status.status_code is StatusCode.UNSET
     # and the poison record has one span per attempt, all children of its producer's span
-    bad = sorted((s for s in spans if s.context is not None and s.context.trace_id == BAD_TRACE),
-                 key=lambda s: dict(s.attributes or {})["keyedconsumer.message.attempt"])
+    bad = sorted(
+        (s for s in spans if s.context is not None and s.context.trace_id == BAD_TRACE),
+        key=lambda s: dict(s.attributes or {})["keyedconsumer.message.attempt"],
+    )
     assert [dict(s.attributes or {})["keyedconsumer.message.attempt"] for s in bad] == [1, 2, 3]
     assert all(s.parent is not None and s.parent.span_id == BAD_PARENT for s in bad)
     assert all(s.status.status_code is StatusCode.ERROR for s in bad)
-    assert [dict(s.attributes or {})["keyedconsumer.outcome"] for s in bad] == ["RETRY", "RETRY", "DEAD_LETTERED"]
+    assert [dict(s.attributes or {})["keyedconsumer.outcome"] for s in bad] == [
+        "RETRY",
+        "RETRY",
+        "DEAD_LETTERED",
+    ]
     for prev, cur in zip(bad, bad[1:], strict=False):
-        assert prev.context is not None and [link.context.span_id for link in cur.links] == [prev.context.span_id]
+        assert prev.context is not None and [link.context.span_id for link in cur.links] == [
+            prev.context.span_id
+        ]
     assert any(e.name == "exception" for e in bad[2].events)
     # and the dead-letter record carries the last attempt's trace context (and the other headers)
     (dead,) = read_all(kafka_bootstrap, f"{topic}.dlq", 1)

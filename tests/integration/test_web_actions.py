@@ -52,7 +52,9 @@ def test_the_last_error_is_stored_shown_escaped_and_each_action_reaches_the_audi
             raise RetryLater(600.0, park=True) from ConnectionError(message)
 
     seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0)
-    consumer = KeyedConsumer(name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], sequencer=seq)
+    consumer = KeyedConsumer(
+        name=group, handler=handle, brokers=[kafka_bootstrap], topics=[topic], sequencer=seq
+    )
     [(p, o)] = produce(kafka_bootstrap, topic, [(b"stuck", b"pay", None)])
     t = threading.Thread(target=consumer.run, daemon=True)
     t.start()
@@ -64,13 +66,31 @@ def test_the_last_error_is_stored_shown_escaped_and_each_action_reaches_the_audi
         state = inspect_redis(redis_url, ns)
         [pk] = state["parked"]
         err = pk["last_error"]
-        assert err["type"] == "builtins.ConnectionError" and err["at"] == f"{topic}[{p}]@{o}" and err["attempt"] == 1
+        assert (
+            err["type"] == "builtins.ConnectionError"
+            and err["at"] == f"{topic}[{p}]@{o}"
+            and err["attempt"] == 1
+        )
         stored = err["message"].encode()
-        assert len(stored) <= MAX_ERROR_BYTES and len(stored) >= MAX_ERROR_BYTES - 1 and message.startswith(err["message"])
+        assert (
+            len(stored) <= MAX_ERROR_BYTES
+            and len(stored) >= MAX_ERROR_BYTES - 1
+            and message.startswith(err["message"])
+        )
         assert 0 <= state["now_s"] - err["time_s"] < 30
         # and `keyedconsumer inspect --redis` shows it (as text: no markup), and all of it with --json
         runner = CliRunner()
-        args = ["inspect", "--group", group, "--brokers", kafka_bootstrap, "--redis", redis_url, "--namespace", ns]
+        args = [
+            "inspect",
+            "--group",
+            group,
+            "--brokers",
+            kafka_bootstrap,
+            "--redis",
+            redis_url,
+            "--namespace",
+            ns,
+        ]
         shown = runner.invoke(cli_app, args, env={"COLUMNS": "400"})
         assert shown.exit_code == 0, shown.output
         assert f"builtins.ConnectionError: {XSS}" in shown.output, shown.output
@@ -80,25 +100,48 @@ def test_the_last_error_is_stored_shown_escaped_and_each_action_reaches_the_audi
 
         # when the dashboard (writing its actions to the audit topic) shows the keys
         sid = seq.schedule(topic, b"later", b"remind me", delay_s=600)
-        options = WebOptions({"bootstrap.servers": kafka_bootstrap}, groups=[group], redis_url=redis_url, namespaces=[ns],
-                             actions=True, token=TOKEN, audit_topic=audit_topic)
+        options = WebOptions(
+            {"bootstrap.servers": kafka_bootstrap},
+            groups=[group],
+            redis_url=redis_url,
+            namespaces=[ns],
+            actions=True,
+            token=TOKEN,
+            audit_topic=audit_topic,
+        )
         app = create_app(options, start_sampler=False)
         app.state.dashboard.sampler.sample()
         with TestClient(app) as client:
             page = client.get(f"/keys?ns={ns}").text
             # then the parked key's last error is there, escaped
-            assert "builtins.ConnectionError" in page and "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page
+            assert (
+                "builtins.ConnectionError" in page and "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page
+            )
             assert "<script>window" not in page and "<img src=x" not in page
             # when a signed-in person un-parks the key and a script cancels the scheduled message
-            client.post("/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"})
+            client.post(
+                "/login",
+                content=f"token={TOKEN}",
+                headers={"content-type": "application/x-www-form-urlencoded"},
+            )
             csrf = re.search(r'name="csrf-token" content="([^"]+)"', client.get("/groups").text)
             assert csrf is not None
-            r = client.post("/actions/unpark", json={"namespace": ns, "lid": pk["lid"]}, headers={"X-CSRF-Token": csrf.group(1)})
+            r = client.post(
+                "/actions/unpark",
+                json={"namespace": ns, "lid": pk["lid"]},
+                headers={"X-CSRF-Token": csrf.group(1)},
+            )
             assert r.status_code == 200 and "due now" in r.json()["message"], r.json()
-            r = client.post("/actions/cancel-scheduled", json={"namespace": ns, "id": sid}, headers={"Authorization": f"Bearer {TOKEN}"})
+            r = client.post(
+                "/actions/cancel-scheduled",
+                json={"namespace": ns, "id": sid},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
             assert r.status_code == 200 and "cancelled" in r.json()["message"], r.json()
         # then the key's message runs again at once, and the list and its last error are gone
-        assert wait_until(lambda: (b"stuck", 2) in ran and inspect_redis(redis_url, ns)["parked"] == [], 30), ran
+        assert wait_until(
+            lambda: (b"stuck", 2) in ran and inspect_redis(redis_url, ns)["parked"] == [], 30
+        ), ran
     finally:
         consumer.stop()
         t.join(60)
@@ -108,10 +151,20 @@ def test_the_last_error_is_stored_shown_escaped_and_each_action_reaches_the_audi
     by = {d["action"]: d for d in actions}
     assert len(actions) == 2 and set(by) == {"unpark", "cancel-scheduled"}, actions
     unpark, cancel = by["unpark"], by["cancel-scheduled"]
-    assert (unpark["key"], unpark["namespace"], unpark["lid"], unpark["result"]) == ("stuck", ns, pk["lid"], "done")
+    assert (unpark["key"], unpark["namespace"], unpark["lid"], unpark["result"]) == (
+        "stuck",
+        ns,
+        pk["lid"],
+        "done",
+    )
     assert re.fullmatch(r"session-[0-9a-f]{8}", unpark["session"]) and unpark["client"] == "testclient"
     assert (cancel["key"], cancel["scheduled_id"], cancel["topic"], cancel["session"], cancel["result"]) == (
-        "later", sid, topic, "bearer token", "done")
+        "later",
+        sid,
+        topic,
+        "bearer token",
+        "done",
+    )
     # and `keyedconsumer audit --key stuck` finds the un-park on the key's partition of the audit topic
     assert [d["action"] for d in find(conf, audit_topic, key="stuck", timeout_s=30)] == ["unpark"]
     assert TOKEN not in json.dumps(actions)

@@ -37,9 +37,14 @@ def test_a_group_without_members_whose_topic_was_deleted_is_still_shown(kafka_bo
     sampler = Sampler({"bootstrap.servers": kafka_bootstrap}, groups=[group], timeout_s=10.0)
     g = sampler.sample().groups[group]
     assert g.error is None and g.state == "empty" and g.members == ()
-    assert {(r["topic"], r["partition"], r["lag"]) for r in g.rows} == {(keep, 0, 0), (keep, 1, 1), (gone, 0, 0)}
+    assert {(r["topic"], r["partition"], r["lag"]) for r in g.rows} == {
+        (keep, 0, 0),
+        (keep, 1, 1),
+        (gone, 0, 0),
+    }
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.delete_topics([gone])[gone].result(30)
+
     # when it is sampled again: the deleted topic's partitions go, the other topic's stay, no error
     def settled() -> bool:
         g = sampler.sample().groups[group]

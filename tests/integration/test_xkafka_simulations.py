@@ -99,7 +99,11 @@ def test_xkafka_simulation(kafka_bootstrap: str, new_topic, is_async: bool, manu
             second.stop()
 
     second = KeyedConsumer(
-        name=group, handler=fixed, brokers=[kafka_bootstrap], topics=[topic], concurrency=concurrency,
+        name=group,
+        handler=fixed,
+        brokers=[kafka_bootstrap],
+        topics=[topic],
+        concurrency=concurrency,
         manual_commit=manual_commit,
     )
     timer = threading.Timer(60, second.stop)

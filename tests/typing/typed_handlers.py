@@ -65,16 +65,31 @@ assert_type(Typed(Avro(registry)), Typed[dict[str, Any]])
 assert_type(Typed(JsonSchema(registry, model=Order), key=Avro(registry)), Typed[Order])
 assert_type(Typed(Protobuf(OrderProto, registry)), Typed[OrderProto])
 assert_type(Typed(Order).decode(Message("t", 0, 0)), Order | None)
-assert_type(Avro("http://127.0.0.1:8081", model=Order).decode(b"", msg=Message("t", 0, 0), field="value"), Order)
+assert_type(
+    Avro("http://127.0.0.1:8081", model=Order).decode(b"", msg=Message("t", 0, 0), field="value"), Order
+)
 
 consumer = KeyedConsumer(
-    name="orders", handler=handle, brokers=["127.0.0.1:9092"], topics=["orders"],
-    middlewares=[DeadLetter(brokers=["127.0.0.1:9092"]), Retry(), Typed(Avro(registry, model=Order), key=Text())],
+    name="orders",
+    handler=handle,
+    brokers=["127.0.0.1:9092"],
+    topics=["orders"],
+    middlewares=[
+        DeadLetter(brokers=["127.0.0.1:9092"]),
+        Retry(),
+        Typed(Avro(registry, model=Order), key=Text()),
+    ],
 )
 consumer_async = KeyedConsumer(
-    name="orders", handler=handle_async, brokers=["127.0.0.1:9092"], topics=["orders"], middlewares=[Typed(Order)]
+    name="orders",
+    handler=handle_async,
+    brokers=["127.0.0.1:9092"],
+    topics=["orders"],
+    middlewares=[Typed(Order)],
 )
-consumer_untyped = KeyedConsumer(name="orders", handler=handle_untyped, brokers=["127.0.0.1:9092"], topics=["orders"])
+consumer_untyped = KeyedConsumer(
+    name="orders", handler=handle_untyped, brokers=["127.0.0.1:9092"], topics=["orders"]
+)
 
 app = KeyedApp(brokers=["127.0.0.1:9092"], group_id="billing")
 

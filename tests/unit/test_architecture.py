@@ -15,11 +15,39 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "keyedconsumer"
 #: Message's documented fields (the handler API), which the engine sets by design.
-MESSAGE_API = {"topic", "partition", "offset", "key", "value", "status", "error", "attempt", "last_error",
-               "payload", "fencing_token", "group_id", "headers", "timestamp_ms", "state"}
+MESSAGE_API = {
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "value",
+    "status",
+    "error",
+    "attempt",
+    "last_error",
+    "payload",
+    "fencing_token",
+    "group_id",
+    "headers",
+    "timestamp_ms",
+    "state",
+}
 #: Calls that change a container in place.
-MUTATORS = {"append", "appendleft", "extend", "extendleft", "pop", "popleft", "clear", "remove", "add",
-            "discard", "update", "insert", "setdefault"}
+MUTATORS = {
+    "append",
+    "appendleft",
+    "extend",
+    "extendleft",
+    "pop",
+    "popleft",
+    "clear",
+    "remove",
+    "add",
+    "discard",
+    "update",
+    "insert",
+    "setdefault",
+}
 
 
 def _engine_modules() -> list[Path]:
@@ -34,12 +62,17 @@ def _owners() -> dict[str, set[Path]]:
             if not isinstance(node, ast.ClassDef):
                 continue
             for sub in ast.walk(node):
-                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self" \
-                        and isinstance(sub.ctx, ast.Store):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"
+                    and isinstance(sub.ctx, ast.Store)
+                ):
                     owners[sub.attr].add(path)
             for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
-                                                        for t in stmt.targets):
+                if isinstance(stmt, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets
+                ):
                     for name in ast.literal_eval(stmt.value):
                         owners[name].add(path)
     return owners
@@ -72,7 +105,11 @@ def test_no_module_writes_another_modules_objects_fields() -> None:
                 changed = t.value if isinstance(t, ast.Subscript) else t
                 if _foreign(changed, path, owners):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS
+            ):
                 if _foreign(node.func.value, path, owners):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}(...)")
     # then none assigns, or changes in place, a field that another module's class owns
@@ -84,8 +121,14 @@ def test_the_dispatcher_never_asks_which_sequencer_it_has() -> None:
     for word in ("RedisSequencer", "leases", "parking", "parked_part", "quarantine"):
         assert word not in source, word
     tree = ast.parse(source)
-    checks = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-              and n.func.id in ("isinstance", "type") and "seq" in ast.unparse(n)]
+    checks = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("isinstance", "type")
+        and "seq" in ast.unparse(n)
+    ]
     assert checks == []
 
 
@@ -94,6 +137,7 @@ def test_the_architecture_picture_matches_its_source() -> None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("Graphviz's dot is missing: scripts/install-deps installs it", pytrace=False)
         pytest.skip("Graphviz's dot is not installed")
-    result = subprocess.run([str(ROOT / "scripts" / "gen-architecture"), "--check"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "gen-architecture"), "--check"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr

@@ -38,8 +38,15 @@ def test_each_attempt_leaves_one_record_with_its_outcome(kc_broker: InMemoryBrok
 
     audit = Audit(publisher=kc_broker.publisher(), flush_interval_s=0.01, max_batch=7)
     consumer = kc_broker.consumer(
-        name="billing", handler=handle, topics=["orders"], concurrency=4,
-        middlewares=[audit, DeadLetter(publisher=kc_broker.publisher()), Retry(max_attempts=2, initial_delay_s=5)],
+        name="billing",
+        handler=handle,
+        topics=["orders"],
+        concurrency=4,
+        middlewares=[
+            audit,
+            DeadLetter(publisher=kc_broker.publisher()),
+            Retry(max_attempts=2, initial_delay_s=5),
+        ],
     )
     # when it runs until idle
     with kc_broker.run(consumer) as run:
@@ -54,14 +61,18 @@ def test_each_attempt_leaves_one_record_with_its_outcome(kc_broker: InMemoryBrok
         by_key.setdefault(r["key"], []).append(r)
     assert [r["outcome"] for r in by_key["bad"]] == ["RETRY", "DEAD_LETTERED"]
     assert [r["attempt"] for r in by_key["bad"]] == [1, 2]
-    assert all(r["error_type"] == "builtins.ValueError" and r["error"] == "no such account" for r in by_key["bad"])
+    assert all(
+        r["error_type"] == "builtins.ValueError" and r["error"] == "no such account" for r in by_key["bad"]
+    )
     assert by_key["bad"][0]["retry_in_s"] > 0
     assert [r["outcome"] for r in by_key["skip"]] == ["SKIP"]
     assert all(r["outcome"] == "SUCCESS" for k in ("k0", "k1", "k2", "k3") for r in by_key[k])
     # each key's records are in offset order (one partition of the audit topic per key)
     for k in ("k0", "k1", "k2", "k3"):
         assert [r["offset"] for r in by_key[k]] == sorted(r["offset"] for r in by_key[k])
-    assert {r["group"] for r in recs} == {"billing"} and all(set(r) >= {"v", "time_ms", "instance"} for r in recs)
+    assert {r["group"] for r in recs} == {"billing"} and all(
+        set(r) >= {"v", "time_ms", "instance"} for r in recs
+    )
     audit.close()
 
 
@@ -73,7 +84,9 @@ class _Refusing:
     def __init__(self) -> None:
         self.calls = 0
 
-    def publish(self, topic: str, key: Any, value: Any, headers: Any = None, timeout_s: Any = None) -> tuple[int, int]:
+    def publish(
+        self, topic: str, key: Any, value: Any, headers: Any = None, timeout_s: Any = None
+    ) -> tuple[int, int]:
         raise PublishError("refused")
 
     def publish_many(self, records: Any) -> list[Any]:
@@ -89,8 +102,13 @@ def test_refused_records_are_counted_and_with_wait_the_message_fails(kc_broker: 
     kc_broker.produce("t", "1", key="a")
     errors: list[BaseException] = []
     audit = Audit(publisher=_Refusing(), flush_interval_s=0.01, wait=True)
-    consumer = kc_broker.consumer(name="g", handler=lambda m: None, topics=["t"], middlewares=[audit],
-                                  error_handler=lambda e, m: errors.append(e))
+    consumer = kc_broker.consumer(
+        name="g",
+        handler=lambda m: None,
+        topics=["t"],
+        middlewares=[audit],
+        error_handler=lambda e, m: errors.append(e),
+    )
     with kc_broker.run(consumer) as run:
         run.until_idle()
     # the record was refused: counted, and (wait=True) the message's attempt failed with a PublishError

@@ -54,7 +54,9 @@ def refused(**opts: Any) -> ValidationError:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("env", ["0", "-1", "1.5", "true", ""])
-def test_concurrency_not_a_positive_integer_from_the_environment_names_the_field(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrency_not_a_positive_integer_from_the_environment_names_the_field(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KEYEDCONSUMER_CONCURRENCY", env)
     err = refused()
     assert fields(err) == {"concurrency"}
@@ -89,8 +91,12 @@ def test_number_for_a_boolean_names_the_field(value: object) -> None:
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "field,opts",
-    [("lease_ttl_s", {"lease_ttl_s": True}), ("socket_timeout_s", {"socket_timeout_s": True}),
-     ("renew_interval_s", {"renew_interval_s": True, "lease_ttl_s": 10.0}), ("require_durable", {"require_durable": 1})],
+    [
+        ("lease_ttl_s", {"lease_ttl_s": True}),
+        ("socket_timeout_s", {"socket_timeout_s": True}),
+        ("renew_interval_s", {"renew_interval_s": True, "lease_ttl_s": 10.0}),
+        ("require_durable", {"require_durable": 1}),
+    ],
     ids=["lease_ttl_s", "socket_timeout_s", "renew_interval_s", "require_durable"],
 )
 def test_sequencer_boolean_number_mix_up_names_the_field(field: str, opts: dict[str, object]) -> None:
@@ -100,8 +106,11 @@ def test_sequencer_boolean_number_mix_up_names_the_field(field: str, opts: dict[
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("opts", [{"initial_delay_s": True}, {"multiplier": True}, {"max_delay_s": True}, {"max_attempts": 2.5}],
-                         ids=["initial_delay_s", "multiplier", "max_delay_s", "max_attempts"])
+@pytest.mark.parametrize(
+    "opts",
+    [{"initial_delay_s": True}, {"multiplier": True}, {"max_delay_s": True}, {"max_attempts": 2.5}],
+    ids=["initial_delay_s", "multiplier", "max_delay_s", "max_attempts"],
+)
 def test_retry_boolean_or_fraction_for_a_number_is_refused(opts: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(opts))):
         Retry(**opts)  # type: ignore[arg-type]
@@ -128,8 +137,14 @@ def test_nan_or_infinite_timeout_names_the_field(field: str, value: object) -> N
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "kwargs",
-    [{"initial_delay_s": math.inf}, {"multiplier": math.inf}, {"multiplier": math.nan}, {"max_delay_s": math.nan},
-     {"jitter": math.nan}, {"max_delay_s": -math.inf}],
+    [
+        {"initial_delay_s": math.inf},
+        {"multiplier": math.inf},
+        {"multiplier": math.nan},
+        {"max_delay_s": math.nan},
+        {"jitter": math.nan},
+        {"max_delay_s": -math.inf},
+    ],
 )
 def test_nan_or_infinite_back_off_is_refused_naming_the_setting(kwargs: dict[str, float]) -> None:
     (name,) = kwargs
@@ -179,14 +194,30 @@ def test_lease_ttl_just_above_three_renewals_is_accepted() -> None:
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "field,opts",
-    [("lease_ttl_s", {"lease_ttl_s": 0.05}), ("lease_ttl_s", {"lease_ttl_s": 0.0009}),
-     ("renew_interval_s", {"renew_interval_s": 0.0099}), ("renew_interval_s", {"renew_interval_s": 0.0009}),
-     ("seen_retention_s", {"seen_retention_s": 0.999}), ("seen_retention_s", {"seen_retention_s": 0.0009}),
-     ("instance_timeout_s", {"instance_timeout_s": 0.0}), ("instance_timeout_s", {"instance_timeout_s": -1.0})],
-    ids=["lease_ttl_s-0.05", "lease_ttl_s-0.0009", "renew_interval_s-0.0099", "renew_interval_s-0.0009",
-         "seen_retention_s-0.999", "seen_retention_s-0.0009", "instance_timeout_s-0", "instance_timeout_s-negative"],
+    [
+        ("lease_ttl_s", {"lease_ttl_s": 0.05}),
+        ("lease_ttl_s", {"lease_ttl_s": 0.0009}),
+        ("renew_interval_s", {"renew_interval_s": 0.0099}),
+        ("renew_interval_s", {"renew_interval_s": 0.0009}),
+        ("seen_retention_s", {"seen_retention_s": 0.999}),
+        ("seen_retention_s", {"seen_retention_s": 0.0009}),
+        ("instance_timeout_s", {"instance_timeout_s": 0.0}),
+        ("instance_timeout_s", {"instance_timeout_s": -1.0}),
+    ],
+    ids=[
+        "lease_ttl_s-0.05",
+        "lease_ttl_s-0.0009",
+        "renew_interval_s-0.0099",
+        "renew_interval_s-0.0009",
+        "seen_retention_s-0.999",
+        "seen_retention_s-0.0009",
+        "instance_timeout_s-0",
+        "instance_timeout_s-negative",
+    ],
 )
-def test_sequencer_duration_below_its_minimum_is_refused_naming_the_field(field: str, opts: dict[str, float]) -> None:
+def test_sequencer_duration_below_its_minimum_is_refused_naming_the_field(
+    field: str, opts: dict[str, float]
+) -> None:
     with pytest.raises(ValidationError) as info:
         RedisSequencer("redis://127.0.0.1:6379/0", "ns", **opts)
     assert fields(info.value) == {field}
@@ -196,21 +227,45 @@ def test_sequencer_duration_below_its_minimum_is_refused_naming_the_field(field:
 @pytest.mark.parametrize(
     "ttl,renew,timeout",
     [(10.0, 2.5, 7.5), (10.0, 2.5, 0.0009), (10.0, None, 1.0), (0.0501, 0.01, 0.03)],
-    ids=["exactly-three-check-ins", "below-a-millisecond", "below-three-default-renewals", "smallest-exactly-three"],
+    ids=[
+        "exactly-three-check-ins",
+        "below-a-millisecond",
+        "below-three-default-renewals",
+        "smallest-exactly-three",
+    ],
 )
-def test_instance_timeout_not_above_three_check_ins_is_refused_naming_it(ttl: float, renew: float | None, timeout: float) -> None:
+def test_instance_timeout_not_above_three_check_ins_is_refused_naming_it(
+    ttl: float, renew: float | None, timeout: float
+) -> None:
     with pytest.raises(ValidationError) as info:
-        RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=ttl, renew_interval_s=renew, instance_timeout_s=timeout)
+        RedisSequencer(
+            "redis://127.0.0.1:6379/0",
+            "ns",
+            lease_ttl_s=ttl,
+            renew_interval_s=renew,
+            instance_timeout_s=timeout,
+        )
     text = str(info.value)
     assert "instance_timeout_s" in text and "renew_interval_s" in text
 
 
 @pytest.mark.timeout(10)
 def test_sequencer_durations_at_their_minimum_are_accepted() -> None:
-    s = RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=0.0501, renew_interval_s=0.01,
-                       seen_retention_s=1.0, instance_timeout_s=0.0301)
+    s = RedisSequencer(
+        "redis://127.0.0.1:6379/0",
+        "ns",
+        lease_ttl_s=0.0501,
+        renew_interval_s=0.01,
+        seen_retention_s=1.0,
+        instance_timeout_s=0.0301,
+    )
     c = s.config
-    assert (c.lease_ttl_s, c.renew_interval_s, c.seen_retention_s, c.instance_timeout_s) == (0.0501, 0.01, 1.0, 0.0301)
+    assert (c.lease_ttl_s, c.renew_interval_s, c.seen_retention_s, c.instance_timeout_s) == (
+        0.0501,
+        0.01,
+        1.0,
+        0.0301,
+    )
     # the defaults derived from the smallest lease TTL are accepted too
     d = RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=0.0501).config
     assert d.renew_interval_s is not None and d.renew_interval_s >= 0.01
@@ -223,7 +278,16 @@ def test_seconds_become_redis_milliseconds_rounded_up_and_at_least_one() -> None
 
     # a duration: never 0 (PEXPIRE key 0 deletes the key), never shorter than asked
     assert [redis_ms(s) for s in (0.0, 0.0000001, 0.0009, 0.001, 0.0011, 0.0501, 0.0509, 2.0, 604800.0)] == [
-        1, 1, 1, 1, 2, 51, 51, 2000, 604_800_000]
+        1,
+        1,
+        1,
+        1,
+        2,
+        51,
+        51,
+        2000,
+        604_800_000,
+    ]
     assert redis_ms(2.007) >= 2007
     for bad in (-0.001, math.nan, math.inf):
         with pytest.raises(ValueError):
@@ -249,8 +313,17 @@ def test_seconds_become_redis_milliseconds_rounded_up_and_at_least_one() -> None
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "brokers",
-    [[""], ["  "], ["127.0.0.1:99999"], ["127.0.0.1:0"], ["127.0.0.1:notaport"], ["host :9092"], [":9092"],
-     ["127.0.0.1:9092", ""], ["[::1]x"]],
+    [
+        [""],
+        ["  "],
+        ["127.0.0.1:99999"],
+        ["127.0.0.1:0"],
+        ["127.0.0.1:notaport"],
+        ["host :9092"],
+        [":9092"],
+        ["127.0.0.1:9092", ""],
+        ["[::1]x"],
+    ],
 )
 def test_wrong_broker_address_names_the_field(brokers: list[str]) -> None:
     # librdkafka itself takes all of these: an empty or port-less-number entry only fails at run()
@@ -261,8 +334,16 @@ def test_wrong_broker_address_names_the_field(brokers: list[str]) -> None:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
-    "brokers", [["127.0.0.1:9092"], ["localhost"], ["[::1]:9092"], ["::1"], ["SASL_SSL://kafka-1.example.com:9093"],
-                ["h1:9092,h2:9092"], ["h1:9092, h2:9092"]],
+    "brokers",
+    [
+        ["127.0.0.1:9092"],
+        ["localhost"],
+        ["[::1]:9092"],
+        ["::1"],
+        ["SASL_SSL://kafka-1.example.com:9093"],
+        ["h1:9092,h2:9092"],
+        ["h1:9092, h2:9092"],
+    ],
 )
 def test_valid_broker_addresses_are_accepted(brokers: list[str]) -> None:
     assert ConsumerConfig(name="n", topics=["t"], brokers=brokers).brokers == brokers
@@ -286,7 +367,12 @@ def test_legal_topic_names_and_regexes_are_accepted(topic: str) -> None:
 # secrets in errors and reprs
 # ------------------------------------------------------------------------------------------------
 
-SECRET_PROPS = ["sasl.password", "ssl.key.password", "ssl.keystore.password", "sasl.oauthbearer.client.secret"]
+SECRET_PROPS = [
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "sasl.oauthbearer.client.secret",
+]
 
 
 @pytest.mark.timeout(10)
@@ -329,14 +415,23 @@ def test_secret_never_in_an_environment_parse_error(monkeypatch: pytest.MonkeyPa
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "url",
-    ["redis://:" + SECRET + "@127.0.0.1:6379/0", "redis://user:" + SECRET + "@127.0.0.1:6379/0",
-     "rediss://user:" + SECRET.replace("-", "%2D") + "@127.0.0.1:6379/0", "unix://:" + SECRET + "@/tmp/redis.sock"],
+    [
+        "redis://:" + SECRET + "@127.0.0.1:6379/0",
+        "redis://user:" + SECRET + "@127.0.0.1:6379/0",
+        "rediss://user:" + SECRET.replace("-", "%2D") + "@127.0.0.1:6379/0",
+        "unix://:" + SECRET + "@/tmp/redis.sock",
+    ],
     ids=["password-only", "user-password", "rediss-escaped", "unix"],
 )
 def test_redis_password_in_the_url_never_in_a_repr_or_error(url: str) -> None:
     secret = SECRET.replace("-", "%2D") if "%2D" in url else SECRET
     s = RedisSequencer(url, "ns")
-    assert secret not in repr(s) and secret not in str(s) and secret not in repr(s.config) and secret not in str(s.config)
+    assert (
+        secret not in repr(s)
+        and secret not in str(s)
+        and secret not in repr(s.config)
+        and secret not in str(s.config)
+    )
     with pytest.raises(ValidationError) as info:
         RedisSequencer(url, "bad{ns}")
     assert secret not in str(info.value)
@@ -356,7 +451,9 @@ def test_redis_password_as_a_url_query_argument_never_in_a_repr() -> None:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("name", ["KEYEDCONSUMER_CONCURENCY", "keyedconsumer_concurency"])
-def test_an_unknown_environment_variable_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_environment_variable_is_refused_naming_it(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(name, "4")
     err = refused()
     assert fields(err) == {name}
@@ -368,7 +465,9 @@ def test_an_unknown_environment_variable_is_refused_naming_it(name: str, monkeyp
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("name", ["KEYEDCONSUMER_SEQUENCER__LEASE_TTL", "KEYEDCONSUMER_SEQUENCER__URL"])
-def test_an_unknown_sequencer_option_variable_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_sequencer_option_variable_is_refused_naming_it(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the sequencer's options are read as KEYEDCONSUMER_SEQUENCER__<OPTION>; its URL is --redis
     monkeypatch.setenv(name, "4")
     assert fields(refused()) == {name}
@@ -386,12 +485,25 @@ def test_the_value_of_an_unknown_environment_variable_is_never_shown(monkeypatch
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "name,value",
-    [("GROUP", "g"), ("HANDLER", "app:handle"), ("REDIS", "redis://127.0.0.1:6379/0"), ("NAMESPACE", "ns"),
-     ("DEAD_LETTER_TOPIC", "t.dlq"), ("RETRY_ATTEMPTS", "3"), ("PARK", "true"), ("CONFIG_FILE", "/dev/null"),
-     ("CONCURRENCY", "2"), ("CONFIG", "{}"), ("SEQUENCER", "{}"), ("SEQUENCER__LEASE_TTL_S", "5"),
-     ("SEQUENCER__SCHEDULER", "false")],
+    [
+        ("GROUP", "g"),
+        ("HANDLER", "app:handle"),
+        ("REDIS", "redis://127.0.0.1:6379/0"),
+        ("NAMESPACE", "ns"),
+        ("DEAD_LETTER_TOPIC", "t.dlq"),
+        ("RETRY_ATTEMPTS", "3"),
+        ("PARK", "true"),
+        ("CONFIG_FILE", "/dev/null"),
+        ("CONCURRENCY", "2"),
+        ("CONFIG", "{}"),
+        ("SEQUENCER", "{}"),
+        ("SEQUENCER__LEASE_TTL_S", "5"),
+        ("SEQUENCER__SCHEDULER", "false"),
+    ],
 )
-def test_every_variable_the_package_reads_is_accepted(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_variable_the_package_reads_is_accepted(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the command line's own settings (RunOptions, --config) are not ConsumerConfig fields, but not typos
     monkeypatch.setenv("KEYEDCONSUMER_" + name, value)
     assert ConsumerConfig(name="n", topics=["t"]).name == "n"
@@ -417,6 +529,6 @@ def test_the_list_of_environment_variables_names_every_one_the_package_reads() -
     from keyedconsumer.sequencing import RedisSequencerConfig
 
     nested = {n for n in spelled if n.startswith(SEQUENCER_ENV_PREFIX)}  # the sequencer's options
-    assert {n[len(SEQUENCER_ENV_PREFIX):].lower() for n in nested} <= set(RedisSequencerConfig.model_fields)
+    assert {n[len(SEQUENCER_ENV_PREFIX) :].lower() for n in nested} <= set(RedisSequencerConfig.model_fields)
     assert spelled - nested - ENVIRONMENT_VARIABLES == set()
     assert {"KEYEDCONSUMER_CONFIG_FILE", "KEYEDCONSUMER_GROUP", "KEYEDCONSUMER_BROKERS"} <= spelled

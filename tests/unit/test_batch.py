@@ -65,7 +65,9 @@ class Recorder:
         return out
 
 
-def produce_keys(broker: InMemoryBroker, topic: str, keys: int, per_key: int) -> dict[tuple[int, bytes], list[int]]:
+def produce_keys(
+    broker: InMemoryBroker, topic: str, keys: int, per_key: int
+) -> dict[tuple[int, bytes], list[int]]:
     """``per_key`` messages of each of ``keys`` keys, interleaved; their offsets per (partition, key)."""
     expected: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     for i in range(per_key):
@@ -89,8 +91,13 @@ def test_a_batch_holds_one_message_per_key_and_keys_run_in_order_never_at_once(c
         threading.Event().wait(0.001)
         rec.leave(msgs)
 
-    consumer = broker.consumer(name="batch-order", batch_handler=handle, topics=["events"],
-                               concurrency=concurrency, handler_batch_size=5)
+    consumer = broker.consumer(
+        name="batch-order",
+        batch_handler=handle,
+        topics=["events"],
+        concurrency=concurrency,
+        handler_batch_size=5,
+    )
     # when it runs until everything is committed
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=20)
@@ -118,7 +125,9 @@ def test_a_batch_takes_every_ready_key_oldest_first() -> None:
         rec.enter(msgs)
         rec.leave(msgs)
 
-    consumer = broker.consumer(name="batch-first", batch_handler=handle, topics=["events"], handler_batch_size=100)
+    consumer = broker.consumer(
+        name="batch-first", batch_handler=handle, topics=["events"], handler_batch_size=100
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     # then the one poll's five ready heads were one batch, in offset order
@@ -135,8 +144,9 @@ def test_ordering_partition_batches_one_message_per_partition() -> None:
         rec.enter(msgs)
         rec.leave(msgs)
 
-    consumer = broker.consumer(name="batch-part", batch_handler=handle, topics=["events"], ordering="partition",
-                               concurrency=2)
+    consumer = broker.consumer(
+        name="batch-part", batch_handler=handle, topics=["events"], ordering="partition", concurrency=2
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     for batch in rec.batches:
@@ -167,9 +177,13 @@ def test_one_failed_message_is_retried_and_dead_lettered_alone_the_others_done()
             raise BatchFailed(failed)
 
     consumer = broker.consumer(
-        name="batch-dlt", batch_handler=handle, topics=["payments"],
-        middlewares=[DeadLetter(publisher=broker.publisher()),
-                     Retry(max_attempts=3, initial_delay_s=10, multiplier=1, jitter=0)],
+        name="batch-dlt",
+        batch_handler=handle,
+        topics=["payments"],
+        middlewares=[
+            DeadLetter(publisher=broker.publisher()),
+            Retry(max_attempts=3, initial_delay_s=10, multiplier=1, jitter=0),
+        ],
     )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=20)
@@ -178,8 +192,9 @@ def test_one_failed_message_is_retried_and_dead_lettered_alone_the_others_done()
     (dead,) = broker.records("payments.dlq")
     assert (dead.key, dead.value, dead.header("kafka_dlt-attempts")) == (b"bad", b"bad-0", b"3")
     others = [v for _, v, _ in runs if v != b"bad-0"]
-    assert sorted(others) == sorted(f"{k}-{i}".encode() for k in ("good-a", "bad", "good-b") for i in range(3)
-                                    if (k, i) != ("bad", 0))
+    assert sorted(others) == sorted(
+        f"{k}-{i}".encode() for k in ("good-a", "bad", "good-b") for i in range(3) if (k, i) != ("bad", 0)
+    )
     # and the key "bad" waited: its later messages ran only after bad-0's last attempt
     order = [v for _, v, _ in runs]
     last_bad0 = max(i for i, v in enumerate(order) if v == b"bad-0")
@@ -210,7 +225,9 @@ def test_a_raised_exception_fails_the_messages_not_acknowledged_before_it() -> N
         assert msg is not None
         failed.append((msg.offset, str(error)))
 
-    consumer = broker.consumer(name="batch-ack", batch_handler=handle, topics=["events"], error_handler=on_error)
+    consumer = broker.consumer(
+        name="batch-ack", batch_handler=handle, topics=["events"], error_handler=on_error
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     # then only the two not acknowledged went to error_handler (handled: done); all committed
@@ -248,8 +265,12 @@ def test_one_exception_for_a_batch_dead_letters_each_message_with_the_same_trace
     def handle(msgs: list[Message]) -> None:
         raise ValueError("the whole batch")
 
-    consumer = broker.consumer(name="batch-trace", batch_handler=handle, topics=["events"],
-                               middlewares=[DeadLetter(publisher=broker.publisher())])
+    consumer = broker.consumer(
+        name="batch-trace",
+        batch_handler=handle,
+        topics=["events"],
+        middlewares=[DeadLetter(publisher=broker.publisher())],
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     # then each was dead-lettered, and the trace did not grow from one message to the next
@@ -324,8 +345,13 @@ def test_handler_timeout_fails_every_message_of_the_batch() -> None:
         assert msg is not None
         failed.append((msg.offset, type(error)))
 
-    consumer = broker.consumer(name="batch-timeout", batch_handler=handle, topics=["events"], error_handler=on_error,
-                               handler_timeout_s=0.05)
+    consumer = broker.consumer(
+        name="batch-timeout",
+        batch_handler=handle,
+        topics=["events"],
+        error_handler=on_error,
+        handler_timeout_s=0.05,
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     assert calls == 1
@@ -341,7 +367,9 @@ def test_a_plain_batch_handler_returning_an_awaitable_stops_the_consumer() -> No
     async def really(msgs: list[Message]) -> None:
         return None
 
-    consumer = broker.consumer(name="batch-contract", batch_handler=lambda msgs: really(msgs), topics=["events"])
+    consumer = broker.consumer(
+        name="batch-contract", batch_handler=lambda msgs: really(msgs), topics=["events"]
+    )
     with pytest.raises(HandlerContractError), broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     assert broker.committed("batch-contract").get(("events", 0), 0) == 0
@@ -402,8 +430,13 @@ def test_linger_waits_for_a_fuller_batch(is_async: bool) -> None:
     async def ahandle(msgs: list[Message]) -> None:
         handle(msgs)
 
-    consumer = broker.consumer(name=f"batch-linger-{is_async}", batch_handler=ahandle if is_async else handle,
-                               topics=["events"], handler_batch_size=3, handler_batch_linger_s=20)
+    consumer = broker.consumer(
+        name=f"batch-linger-{is_async}",
+        batch_handler=ahandle if is_async else handle,
+        topics=["events"],
+        handler_batch_size=3,
+        handler_batch_linger_s=20,
+    )
     with broker.run(consumer) as run:
         broker.produce("events", "0", key="k0")
         run.wait_for(lambda: consumer.in_flight == 1, what="the first message admitted")
@@ -439,10 +472,21 @@ def test_rebalances_mid_run_keep_key_order_and_never_commit_backwards() -> None:
                 running.discard(m.key)
                 log.append((m.key, int(m.value or b"0")))
 
-    c1, c2 = (broker.consumer(name=name, group_id="grp", batch_handler=handle, topics=["events"], concurrency=2,
-                              handler_batch_size=4) for name in ("c1", "c2"))
+    c1, c2 = (
+        broker.consumer(
+            name=name,
+            group_id="grp",
+            batch_handler=handle,
+            topics=["events"],
+            concurrency=2,
+            handler_batch_size=4,
+        )
+        for name in ("c1", "c2")
+    )
     with broker.run(c1, c2) as run:
-        run.wait_for(lambda: sorted(map(len, broker.assignments("grp").values())) == [2, 2], what="a 2/2 assignment")
+        run.wait_for(
+            lambda: sorted(map(len, broker.assignments("grp").values())) == [2, 2], what="a 2/2 assignment"
+        )
         # when messages arrive and the group rebalances twice while they run
         for seq in range(10):
             for key in keys:
@@ -501,8 +545,13 @@ def test_property_order_per_key_and_each_failure_retried_alone(
         if errors:
             raise BatchFailed(errors)
 
-    consumer = broker.consumer(name="batch-prop", batch_handler=handle, topics=["events"],
-                               handler_batch_size=size, concurrency=concurrency)
+    consumer = broker.consumer(
+        name="batch-prop",
+        batch_handler=handle,
+        topics=["events"],
+        handler_batch_size=size,
+        concurrency=concurrency,
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=20)
     # then each key's messages were done once each, in offset order, never two at once
@@ -517,10 +566,12 @@ def test_property_order_per_key_and_each_failure_retried_alone(
 
 # -- refused at construction -------------------------------------------------------------------------
 
+
 def test_middlewares_that_act_around_a_run_are_refused_for_a_batch_handler() -> None:
     with pytest.raises(TypeError, match=r"middlewares\[1\] \(Logging\) cannot wrap a batch handler"):
-        KeyedConsumer(name="x", topics=["t"], batch_handler=lambda msgs: None,
-                      middlewares=[Retry(), Logging()])
+        KeyedConsumer(
+            name="x", topics=["t"], batch_handler=lambda msgs: None, middlewares=[Retry(), Logging()]
+        )
     app = KeyedApp()
     with pytest.raises(TypeError, match=r"\(Typed\) cannot wrap a batch handler"):
         app.batch_handler("t", middlewares=[Typed(Order)])
@@ -537,8 +588,14 @@ def test_exactly_one_of_handler_and_batch_handler() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("handler_batch_size", 0), ("handler_batch_size", True), ("handler_batch_size", "many"),
-     ("handler_batch_linger_s", -1), ("handler_batch_linger_s", True), ("handler_batch_linger_s", 61)],
+    [
+        ("handler_batch_size", 0),
+        ("handler_batch_size", True),
+        ("handler_batch_size", "many"),
+        ("handler_batch_linger_s", -1),
+        ("handler_batch_linger_s", True),
+        ("handler_batch_linger_s", 61),
+    ],
 )
 def test_bad_batch_options_name_the_field(field: str, value: object) -> None:
     with pytest.raises(pydantic.ValidationError) as info:

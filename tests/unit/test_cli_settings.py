@@ -20,18 +20,24 @@ runner = CliRunner()
 HANDLER = "json:dumps"  # any importable callable: nothing runs
 
 
-def invoke(*args: str, env: dict[str, str] | None = None, toml: str | None = None, tmp: Path | None = None) -> Any:
+def invoke(
+    *args: str, env: dict[str, str] | None = None, toml: str | None = None, tmp: Path | None = None
+) -> Any:
     extra: list[str] = []
     if toml is not None:
         assert tmp is not None
         (tmp / "kc.toml").write_text(toml)
         extra = ["--config", str(tmp / "kc.toml")]
-    result = runner.invoke(app, ["run", HANDLER, "--app-dir", str(ROOT), "--print-settings", *extra, *args], env=env)
+    result = runner.invoke(
+        app, ["run", HANDLER, "--app-dir", str(ROOT), "--print-settings", *extra, *args], env=env
+    )
     assert "Traceback" not in result.output, result.output
     return result
 
 
-def printed(*args: str, env: dict[str, str] | None = None, toml: str | None = None, tmp: Path | None = None) -> dict[str, Any]:
+def printed(
+    *args: str, env: dict[str, str] | None = None, toml: str | None = None, tmp: Path | None = None
+) -> dict[str, Any]:
     result = invoke(*args, env=env, toml=toml, tmp=tmp)
     assert result.exit_code == 0, result.output
     data: dict[str, Any] = json.loads(result.stdout)
@@ -44,11 +50,29 @@ BASE = ("-g", "g", "-t", "t")
 
 #: (field shown by --print-settings, flag args, environment, TOML line, the default, the three values)
 CASES = {
-    "number": ("concurrency", ["--concurrency", "16"], {"KEYEDCONSUMER_CONCURRENCY": "8"}, "concurrency = 4", 1, (16, 8, 4)),
-    "bool": ("conflate", ["--no-conflate"], {"KEYEDCONSUMER_CONFLATE": "true"}, "conflate = false", False, (False, True, False)),
+    "number": (
+        "concurrency",
+        ["--concurrency", "16"],
+        {"KEYEDCONSUMER_CONCURRENCY": "8"},
+        "concurrency = 4",
+        1,
+        (16, 8, 4),
+    ),
+    "bool": (
+        "conflate",
+        ["--no-conflate"],
+        {"KEYEDCONSUMER_CONFLATE": "true"},
+        "conflate = false",
+        False,
+        (False, True, False),
+    ),
     "duration": (
-        "handler_timeout_s", ["--handler-timeout-s", "1.5"], {"KEYEDCONSUMER_HANDLER_TIMEOUT_S": "2.5"},
-        "handler_timeout_s = 3.5", None, (1.5, 2.5, 3.5),
+        "handler_timeout_s",
+        ["--handler-timeout-s", "1.5"],
+        {"KEYEDCONSUMER_HANDLER_TIMEOUT_S": "2.5"},
+        "handler_timeout_s = 3.5",
+        None,
+        (1.5, 2.5, 3.5),
     ),
 }
 
@@ -83,13 +107,20 @@ def test_tables_merge_property_by_property_each_from_the_highest_layer(tmp_path:
     s = printed(*BASE, *flags, env=env, toml=toml, tmp=tmp_path)
     # then each property comes from the highest layer that sets it, and none is lost
     assert s["config"] == {"client.id": "flag", "debug": "topic", "socket.timeout.ms": 12345}
-    assert (s["sequencer"]["lease_ttl_s"], s["sequencer"]["max_drains"], s["sequencer"]["scheduler"]) == (8.0, 7, False)
+    assert (s["sequencer"]["lease_ttl_s"], s["sequencer"]["max_drains"], s["sequencer"]["scheduler"]) == (
+        8.0,
+        7,
+        False,
+    )
     assert s["sequencer"]["max_parked_total"] == 1_000_000  # a default
 
 
 @pytest.mark.timeout(30)
 def test_the_sequencer_options_as_one_json_variable_merge_with_the_per_option_ones() -> None:
-    env = {"KEYEDCONSUMER_SEQUENCER": '{"max_drains": 9, "lease_ttl_s": 30}', "KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S": "12"}
+    env = {
+        "KEYEDCONSUMER_SEQUENCER": '{"max_drains": 9, "lease_ttl_s": 30}',
+        "KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S": "12",
+    }
     s = printed(*BASE, "--redis", "redis://127.0.0.1:1/0", env=env)
     assert (s["sequencer"]["max_drains"], s["sequencer"]["lease_ttl_s"]) == (9, 12.0)
 
@@ -98,10 +129,14 @@ def test_the_sequencer_options_as_one_json_variable_merge_with_the_per_option_on
 def test_secrets_follow_the_precedence_and_are_never_shown(tmp_path: Path) -> None:
     secrets = {"flag": "Fl4g-pw-x9", "environment": "Env-pw-y8", "file": "F1le-pw-z7"}
     toml_path = tmp_path / "kc.toml"
-    toml_path.write_text(f'group = "g"\ntopics = ["t"]\nredis = "redis://:{secrets["file"]}@h:6379/0"\n'
-                         f'[config]\n"sasl.password" = "{secrets["file"]}"\n')
-    env = {"KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": secrets["environment"]}),
-           "KEYEDCONSUMER_REDIS": f"redis://:{secrets['environment']}@h:6379/0"}
+    toml_path.write_text(
+        f'group = "g"\ntopics = ["t"]\nredis = "redis://:{secrets["file"]}@h:6379/0"\n'
+        f'[config]\n"sasl.password" = "{secrets["file"]}"\n'
+    )
+    env = {
+        "KEYEDCONSUMER_CONFIG": json.dumps({"sasl.password": secrets["environment"]}),
+        "KEYEDCONSUMER_REDIS": f"redis://:{secrets['environment']}@h:6379/0",
+    }
     flags = {"config": {"sasl.password": secrets["flag"]}, "redis": f"redis://:{secrets['flag']}@h:6379/0"}
     layers = [("file", {}, {}), ("environment", env, {}), ("flag", env, flags)]
     for winner, environment, given in layers:
@@ -129,20 +164,54 @@ def test_secrets_follow_the_precedence_and_are_never_shown(tmp_path: Path) -> No
     ("flags", "env", "toml", "expected"),
     [
         (["--concurrency", "0"], {}, None, "concurrency (from flag --concurrency)"),
-        ([], {"KEYEDCONSUMER_CONCURRENCY": "0"}, None, "concurrency (from environment KEYEDCONSUMER_CONCURRENCY)"),
+        (
+            [],
+            {"KEYEDCONSUMER_CONCURRENCY": "0"},
+            None,
+            "concurrency (from environment KEYEDCONSUMER_CONCURRENCY)",
+        ),
         ([], {}, "concurrency = 0", "concurrency (from file "),
         ([], {}, "conflate = 1", "conflate (from file "),
         (["--poll-timeout-s", "0"], {}, None, "poll_timeout_s (from flag --poll-timeout-s)"),
-        ([], {"KEYEDCONSUMER_HANDLER_TIMEOUT_S": "soon"}, None, "handler_timeout_s (from environment KEYEDCONSUMER_HANDLER_TIMEOUT_S)"),
-        ([], {"KEYEDCONSUMER_RETRY_ATTEMPTS": "0"}, None, "retry_attempts (from environment KEYEDCONSUMER_RETRY_ATTEMPTS)"),
-        (["--redis", "redis://h/0"], {"KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S": "0"}, None,
-         "sequencer.lease_ttl_s (from environment KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S)"),
-        (["--redis", "redis://h/0", "--sequencer-max-drains", "0"], {}, None, "sequencer.max_drains (from flag --sequencer-max-drains)"),
+        (
+            [],
+            {"KEYEDCONSUMER_HANDLER_TIMEOUT_S": "soon"},
+            None,
+            "handler_timeout_s (from environment KEYEDCONSUMER_HANDLER_TIMEOUT_S)",
+        ),
+        (
+            [],
+            {"KEYEDCONSUMER_RETRY_ATTEMPTS": "0"},
+            None,
+            "retry_attempts (from environment KEYEDCONSUMER_RETRY_ATTEMPTS)",
+        ),
+        (
+            ["--redis", "redis://h/0"],
+            {"KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S": "0"},
+            None,
+            "sequencer.lease_ttl_s (from environment KEYEDCONSUMER_SEQUENCER__LEASE_TTL_S)",
+        ),
+        (
+            ["--redis", "redis://h/0", "--sequencer-max-drains", "0"],
+            {},
+            None,
+            "sequencer.max_drains (from flag --sequencer-max-drains)",
+        ),
         (["--redis", "redis://h/0"], {}, "[sequencer]\nlease_ttl = 5", "sequencer.lease_ttl (from file "),
-        (["--sequencer-max-drains", "3"], {}, None, "Redis sequencer options need --redis (flag --sequencer-max-drains)"),
-        ([], {}, "[config]\n\"no.such.property\" = 1", "config (from file "),
+        (
+            ["--sequencer-max-drains", "3"],
+            {},
+            None,
+            "Redis sequencer options need --redis (flag --sequencer-max-drains)",
+        ),
+        ([], {}, '[config]\n"no.such.property" = 1', "config (from file "),
         ([], {}, "concurrancy = 4", "concurrancy (from file "),
-        ([], {"KEYEDCONSUMER_SEQUENCER__LEASE_TTL": "5"}, None, "KEYEDCONSUMER_SEQUENCER__LEASE_TTL: unknown environment variable"),
+        (
+            [],
+            {"KEYEDCONSUMER_SEQUENCER__LEASE_TTL": "5"},
+            None,
+            "KEYEDCONSUMER_SEQUENCER__LEASE_TTL: unknown environment variable",
+        ),
     ],
 )
 def test_a_bad_value_names_the_field_and_its_layer(
@@ -157,23 +226,53 @@ def test_a_bad_value_names_the_field_and_its_layer(
 
 #: A valid value, not the default, of every ConsumerConfig field.
 CONSUMER_VALUES: dict[str, Any] = {
-    "name": "n-x", "brokers": ["h1:9092", "h2:9092"], "topics": ["t1", "t2"], "group_id": "g-x", "concurrency": 3,
-    "ordering": "partition", "conflate": True, "manual_commit": True, "max_in_flight": 5, "max_in_flight_bytes": 4096,
-    "batch_size": 7, "poll_timeout_s": 0.5, "handler_timeout_s": 2.5, "shutdown_timeout_s": 3.5, "revoke_timeout_s": 4.5,
-    "startup_timeout_s": 5.5, "auto_offset_reset": "latest", "commit_metadata_max_bytes": 100, "event_loop": "asyncio",
-    "handler_batch_size": 9, "handler_batch_linger_s": 0.25, "config": {"client.id": "x"},
+    "name": "n-x",
+    "brokers": ["h1:9092", "h2:9092"],
+    "topics": ["t1", "t2"],
+    "group_id": "g-x",
+    "concurrency": 3,
+    "ordering": "partition",
+    "conflate": True,
+    "manual_commit": True,
+    "max_in_flight": 5,
+    "max_in_flight_bytes": 4096,
+    "batch_size": 7,
+    "poll_timeout_s": 0.5,
+    "handler_timeout_s": 2.5,
+    "shutdown_timeout_s": 3.5,
+    "revoke_timeout_s": 4.5,
+    "startup_timeout_s": 5.5,
+    "auto_offset_reset": "latest",
+    "commit_metadata_max_bytes": 100,
+    "event_loop": "asyncio",
+    "handler_batch_size": 9,
+    "handler_batch_linger_s": 0.25,
+    "config": {"client.id": "x"},
 }
 #: The exactly-once options: a valid value, not the default, of each (checked in a pass of their
 #: own: ``transactional`` refuses ``manual_commit``, which the table above sets).
 TRANSACTION_VALUES: dict[str, Any] = {
-    "transactional": True, "transactional_id": "tx-1", "transaction_interval_s": 0.5,
-    "transaction_timeout_s": 20.0, "produce_timeout_s": 7.0,
+    "transactional": True,
+    "transactional_id": "tx-1",
+    "transaction_interval_s": 0.5,
+    "transaction_timeout_s": 20.0,
+    "produce_timeout_s": 7.0,
 }
 #: A valid value, not the default, of every Redis sequencer option.
 SEQUENCER_VALUES: dict[str, Any] = {
-    "lease_ttl_s": 8.0, "renew_interval_s": 2.0, "lease_linger_s": 0.5, "socket_timeout_s": 1.5, "require_durable": False,
-    "max_parked_per_key": 11, "max_parked_bytes_per_key": 2048, "max_parked_total": 12, "max_parked_bytes_total": 4096,
-    "seen_retention_s": 100.0, "quarantine_on_dead_letter": True, "max_drains": 3, "instance_timeout_s": 30.0,
+    "lease_ttl_s": 8.0,
+    "renew_interval_s": 2.0,
+    "lease_linger_s": 0.5,
+    "socket_timeout_s": 1.5,
+    "require_durable": False,
+    "max_parked_per_key": 11,
+    "max_parked_bytes_per_key": 2048,
+    "max_parked_total": 12,
+    "max_parked_bytes_total": 4096,
+    "seen_retention_s": 100.0,
+    "quarantine_on_dead_letter": True,
+    "max_drains": 3,
+    "instance_timeout_s": 30.0,
     "scheduler": False,
 }
 REDIS = "redis://127.0.0.1:1/0"
@@ -253,7 +352,9 @@ def test_every_exactly_once_option_is_reachable_from_every_layer(tmp_path: Path)
         for name, v in TRANSACTION_VALUES.items():
             assert shown[name] == v, name
 
-    (tmp_path / "tx.toml").write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in TRANSACTION_VALUES.items()))
+    (tmp_path / "tx.toml").write_text(
+        "".join(f"{k} = {_toml_value(v)}\n" for k, v in TRANSACTION_VALUES.items())
+    )
     check(["--config", str(tmp_path / "tx.toml")])
     check([], {f"KEYEDCONSUMER_{k.upper()}": _text(v) for k, v in TRANSACTION_VALUES.items()})
     check([a for k, v in TRANSACTION_VALUES.items() for a in _flags(k, v)])
@@ -263,15 +364,24 @@ def test_every_exactly_once_option_is_reachable_from_every_layer(tmp_path: Path)
 
 
 @pytest.mark.timeout(30)
-def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     spec = "tests.unit.cli_settings_app:app"
 
     def routes(*args: str, env: dict[str, str] | None = None) -> Any:
         return runner.invoke(app, ["run", spec, "--app-dir", str(ROOT), "--print-settings", *args], env=env)
 
-    (tmp_path / "kc.toml").write_text("batch_size = 9\nconcurrency = 5\n[config]\n\"client.id\" = \"file\"\n")
-    result = routes("--concurrency", "3", "--config", str(tmp_path / "kc.toml"), "--group", "ops",
-                    env={"KEYEDCONSUMER_BATCH_SIZE": "11"})
+    (tmp_path / "kc.toml").write_text('batch_size = 9\nconcurrency = 5\n[config]\n"client.id" = "file"\n')
+    result = routes(
+        "--concurrency",
+        "3",
+        "--config",
+        str(tmp_path / "kc.toml"),
+        "--group",
+        "ops",
+        env={"KEYEDCONSUMER_BATCH_SIZE": "11"},
+    )
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
     # then a route's own option beats the flag; the flag applies where no route sets it; env beats file
@@ -281,8 +391,14 @@ def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(tmp_path: 
     # the app's group_id beats --group, a route's own group_id beats both; the routes keep their topics
     assert (shown["fast"]["group_id"], shown["plain"]["group_id"]) == ("billing", "billing")
     assert (shown["fast"]["topics"], shown["plain"]["topics"]) == (["payments"], ["refunds"])
-    assert "route fast sets its own concurrency (or its app does): the flag --concurrency does not apply to it" in caplog.text
-    assert "route plain sets its own group_id (or its app does): the flag --group does not apply to it" in caplog.text
+    assert (
+        "route fast sets its own concurrency (or its app does): the flag --concurrency does not apply to it"
+        in caplog.text
+    )
+    assert (
+        "route plain sets its own group_id (or its app does): the flag --group does not apply to it"
+        in caplog.text
+    )
     # and a bad default names the field and its layer; routes' topics from a flag are refused
     bad = routes("--batch-size", "0")
     assert bad.exit_code == 2 and "batch_size (from flag --batch-size)" in bad.output, bad.output

@@ -42,7 +42,9 @@ def test_bad_value_names_the_field(field: str, value: object) -> None:
     assert field in fields(info.value)
 
 
-@pytest.mark.parametrize("prop", ["enable.auto.offset.store", "group.id", "bootstrap.servers", "enable.auto.commit"])
+@pytest.mark.parametrize(
+    "prop", ["enable.auto.offset.store", "group.id", "bootstrap.servers", "enable.auto.commit"]
+)
 def test_owned_librdkafka_properties_are_refused(prop: str) -> None:
     with pytest.raises(ValidationError) as info:
         ConsumerConfig(name="n", topics=["t"], config={prop: "x"})
@@ -68,7 +70,12 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEYEDCONSUMER_CONCURRENCY", "16")
     monkeypatch.setenv("KEYEDCONSUMER_BROKERS", '["h1:9092", "h2:9092"]')
     cfg = ConsumerConfig()
-    assert (cfg.name, cfg.topics, cfg.concurrency, cfg.brokers) == ("from-env", ["a", "b"], 16, ["h1:9092", "h2:9092"])
+    assert (cfg.name, cfg.topics, cfg.concurrency, cfg.brokers) == (
+        "from-env",
+        ["a", "b"],
+        16,
+        ["h1:9092", "h2:9092"],
+    )
     assert ConsumerConfig(concurrency=2).concurrency == 2  # keyword arguments win
 
 
@@ -100,6 +107,7 @@ def test_secrets_never_in_validation_errors() -> None:
 
 # -- group protocols (issue 7 §4) -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("protocol", ["classic", "consumer", "CONSUMER"])
 def test_librdkafka_accepts_the_engine_dict_under_both_protocols(protocol: str) -> None:
     from keyedconsumer.kafka.client import check_config
@@ -111,7 +119,12 @@ def test_librdkafka_accepts_the_engine_dict_under_both_protocols(protocol: str) 
 
 
 @pytest.mark.parametrize(
-    "prop,value", [("session.timeout.ms", 30000), ("heartbeat.interval.ms", 3000), ("partition.assignment.strategy", "range")]
+    "prop,value",
+    [
+        ("session.timeout.ms", 30000),
+        ("heartbeat.interval.ms", 3000),
+        ("partition.assignment.strategy", "range"),
+    ],
 )
 def test_options_the_consumer_protocol_rejects_fail_at_construction(prop: str, value: object) -> None:
     ConsumerConfig(name="n", topics=["t"], config={prop: value})  # fine under the classic protocol
@@ -129,7 +142,13 @@ def test_keyword_options_override_the_settings_object() -> None:
     consumer = KeyedConsumer(handler=handler, settings=cfg, concurrency=64, ordering="partition")
     # then the keywords win, the rest comes from the settings object, which is left unchanged
     got = consumer.config
-    assert (got.concurrency, got.ordering, got.max_in_flight, got.name, got.topics) == (64, "partition", 100, "orders", ["orders"])
+    assert (got.concurrency, got.ordering, got.max_in_flight, got.name, got.topics) == (
+        64,
+        "partition",
+        100,
+        "orders",
+        ["orders"],
+    )
     assert (cfg.concurrency, cfg.ordering) == (4, "key")
 
 

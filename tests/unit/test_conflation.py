@@ -24,7 +24,9 @@ def _wait(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
         time.sleep(0.001)
 
 
-def test_only_the_newest_waiting_message_of_a_key_runs_and_the_rest_count_done(kc_broker: InMemoryBroker) -> None:
+def test_only_the_newest_waiting_message_of_a_key_runs_and_the_rest_count_done(
+    kc_broker: InMemoryBroker,
+) -> None:
     # given key "a" with 10 messages and key "b" with 3, on one partition
     kc_broker.create_topic("prices", partitions=1)
     for i in range(10):
@@ -42,8 +44,14 @@ def test_only_the_newest_waiting_message_of_a_key_runs_and_the_rest_count_done(k
         with lock:
             ran.append(msg.value or b"")
 
-    consumer = kc_broker.consumer(name="sync", handler=handle, topics=["prices"], concurrency=4, conflate=True,
-                                  on_conflated=lambda m: reported.append(m.value or b""))
+    consumer = kc_broker.consumer(
+        name="sync",
+        handler=handle,
+        topics=["prices"],
+        concurrency=4,
+        conflate=True,
+        on_conflated=lambda m: reported.append(m.value or b""),
+    )
     consumer_box.append(consumer)
     # when it runs until idle
     with kc_broker.run(consumer) as run:
@@ -91,13 +99,21 @@ def test_conflated_messages_reach_the_audit_trail(kc_broker: InMemoryBroker) -> 
         if msg.value == b"a0":
             _wait(lambda: box[0].conflated == 3)  # type: ignore[attr-defined]
 
-    consumer = kc_broker.consumer(name="g", handler=handle, topics=["prices"], conflate=True,
-                                  middlewares=[audit], on_conflated=audit.conflated)
+    consumer = kc_broker.consumer(
+        name="g",
+        handler=handle,
+        topics=["prices"],
+        conflate=True,
+        middlewares=[audit],
+        on_conflated=audit.conflated,
+    )
     box.append(consumer)
     with kc_broker.run(consumer) as run:
         run.until_idle()
     assert audit.flush(10)
-    outcomes = sorted((json.loads(r.value or b"{}")["offset"], json.loads(r.value or b"{}")["outcome"])
-                      for r in kc_broker.records("keyedconsumer.audit"))
+    outcomes = sorted(
+        (json.loads(r.value or b"{}")["offset"], json.loads(r.value or b"{}")["outcome"])
+        for r in kc_broker.records("keyedconsumer.audit")
+    )
     assert outcomes == [(0, "SUCCESS"), (1, "CONFLATED"), (2, "CONFLATED"), (3, "CONFLATED"), (4, "SUCCESS")]
     audit.close()

@@ -52,8 +52,13 @@ CONSUMER_ONLY = {
     "group.instance.id": "i-1",
     "isolation.level": "read_committed",
 }
-TUNING = {"client.id": "me", "statistics.interval.ms": 1000, "debug": "cgrp", "socket.timeout.ms": 30000,
-          "message.max.bytes": 2000000}
+TUNING = {
+    "client.id": "me",
+    "statistics.interval.ms": 1000,
+    "debug": "cgrp",
+    "socket.timeout.ms": 30000,
+    "message.max.bytes": 2000000,
+}
 
 
 def oauth_cb(config: str) -> tuple[str, float]:
@@ -71,8 +76,16 @@ def _settings(**config: Any) -> ConsumerConfig:
 def test_connection_properties_are_the_security_and_address_ones_only() -> None:
     # given a consumer's settings with security, consumer-only, tuning properties and callbacks
     logger = logging.getLogger("test.librdkafka")
-    cfg = _settings(**SECURITY, **CONSUMER_ONLY, **TUNING, oauth_cb=oauth_cb, logger=logger,
-                    error_cb=lambda e: None, stats_cb=lambda s: None, throttle_cb=lambda t: None)
+    cfg = _settings(
+        **SECURITY,
+        **CONSUMER_ONLY,
+        **TUNING,
+        oauth_cb=oauth_cb,
+        logger=logger,
+        error_cb=lambda e: None,
+        stats_cb=lambda s: None,
+        throttle_cb=lambda t: None,
+    )
     # then only the security and address properties, and oauth_cb and logger, are shared; the
     # password revealed (librdkafka must get it)
     assert cfg.connection_properties() == {**SECURITY, "oauth_cb": oauth_cb, "logger": logger}
@@ -107,16 +120,27 @@ def test_librdkafka_takes_every_shared_property_on_a_producer_and_none_of_the_co
 
     # (the callbacks are confluent-kafka's, not in the table; debug would only add noise)
     tuning = {k: v for k, v in TUNING.items() if k != "debug"}
-    cfg = _settings(**SECURITY, **CONSUMER_ONLY, **tuning,
-                    **{"https.ca.location": "probe", "enable.sasl.oauthbearer.unsecure.jwt": False,
-                       "sasl.oauthbearer.config": "scope=x"})
+    cfg = _settings(
+        **SECURITY,
+        **CONSUMER_ONLY,
+        **tuning,
+        **{
+            "https.ca.location": "probe",
+            "enable.sasl.oauthbearer.unsecure.jwt": False,
+            "sasl.oauthbearer.config": "scope=x",
+        },
+    )
     shared = cfg.connection_properties()
-    assert {k for k in shared if k in CONNECTION_PROPERTIES or k.startswith(CONNECTION_PREFIXES)} == set(shared)
+    assert {k for k in shared if k in CONNECTION_PROPERTIES or k.startswith(CONNECTION_PREFIXES)} == set(
+        shared
+    )
     assert len(shared) == len(SECURITY) + 3
     assert consumer_property_warnings(shared) == []
     left_out = {k: v for k, v in cfg.properties().items() if k not in shared}
     warned = consumer_property_warnings(left_out)
-    assert {k for k in CONSUMER_ONLY if any(f"property {k} is" in w for w in warned)} == set(CONSUMER_ONLY), warned
+    assert {k for k in CONSUMER_ONLY if any(f"property {k} is" in w for w in warned)} == set(CONSUMER_ONLY), (
+        warned
+    )
 
 
 # -- the bind hook ---------------------------------------------------------------------------------
@@ -139,8 +163,13 @@ class Recording:
 def test_keyed_consumer_binds_each_middleware_outermost_first_before_composing() -> None:
     events: list[tuple[str, str]] = []
     outer, inner = Recording("outer", events), Recording("inner", events)
-    consumer = KeyedConsumer(handler=lambda m: None, middlewares=[outer, lambda h: h, inner], name="n",
-                             brokers=[UNREACHABLE], topics=["t"])
+    consumer = KeyedConsumer(
+        handler=lambda m: None,
+        middlewares=[outer, lambda h: h, inner],
+        name="n",
+        brokers=[UNREACHABLE],
+        topics=["t"],
+    )
     # then every hook ran, outermost first, before any middleware wrapped the handler
     assert events == [("bind", "outer"), ("bind", "inner"), ("wrap", "inner"), ("wrap", "outer")]
     assert outer.settings is consumer.config and inner.settings is consumer.config
@@ -151,7 +180,9 @@ class PublisherArgs:
 
     built: list[tuple[list[str], dict[str, Any]]] = []
 
-    def __init__(self, brokers: list[str], config: dict[str, Any] | None = None, *, delivery_timeout_s: float) -> None:
+    def __init__(
+        self, brokers: list[str], config: dict[str, Any] | None = None, *, delivery_timeout_s: float
+    ) -> None:
         PublisherArgs.built.append((list(brokers), dict(config or {})))
 
 
@@ -168,21 +199,35 @@ def test_dead_letter_without_brokers_takes_the_consumers_brokers_and_connection_
 ) -> None:
     dl = DeadLetter()
     assert built == []  # nothing is built before a consumer binds it
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], name="n", brokers=["b1:9093", "b2:9093"],
-                  topics=["t"], config={**SECURITY, **CONSUMER_ONLY, **TUNING, "oauth_cb": oauth_cb})
+    KeyedConsumer(
+        handler=lambda m: None,
+        middlewares=[dl],
+        name="n",
+        brokers=["b1:9093", "b2:9093"],
+        topics=["t"],
+        config={**SECURITY, **CONSUMER_ONLY, **TUNING, "oauth_cb": oauth_cb},
+    )
     assert built == [(["b1:9093", "b2:9093"], {**SECURITY, "oauth_cb": oauth_cb})]
 
 
 @pytest.mark.timeout(10)
-def test_producer_config_wins_over_the_consumers_properties(built: list[tuple[list[str], dict[str, Any]]]) -> None:
+def test_producer_config_wins_over_the_consumers_properties(
+    built: list[tuple[list[str], dict[str, Any]]],
+) -> None:
     dl = DeadLetter(producer_config={"sasl.username": "dlq-writer", "sasl.password": "other", "linger.ms": 0})
     KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
-    assert built == [(["b1:9093", "b2:9093"], {**SECURITY, "sasl.username": "dlq-writer", "sasl.password": "other",
-                                               "linger.ms": 0})]
+    assert built == [
+        (
+            ["b1:9093", "b2:9093"],
+            {**SECURITY, "sasl.username": "dlq-writer", "sasl.password": "other", "linger.ms": 0},
+        )
+    ]
 
 
 @pytest.mark.timeout(10)
-def test_explicit_brokers_take_nothing_from_the_consumer(built: list[tuple[list[str], dict[str, Any]]]) -> None:
+def test_explicit_brokers_take_nothing_from_the_consumer(
+    built: list[tuple[list[str], dict[str, Any]]],
+) -> None:
     # another cluster gets none of this one's credentials
     dl = DeadLetter(brokers=["other:9092"], producer_config={"linger.ms": 1})
     KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
@@ -203,14 +248,23 @@ def test_one_dead_letter_in_two_consumers_of_the_same_cluster_builds_one_produce
 ) -> None:
     dl = DeadLetter()
     KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY, **CONSUMER_ONLY),
-                  name="other", topics=["u"])
+    KeyedConsumer(
+        handler=lambda m: None,
+        middlewares=[dl],
+        settings=_settings(**SECURITY, **CONSUMER_ONLY),
+        name="other",
+        topics=["u"],
+    )
     assert len(built) == 1
     # but not one of another cluster, or with other credentials
     with pytest.raises(ValueError, match="already bound to a consumer of other brokers"):
-        KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**{**SECURITY, "sasl.username": "v"}))
+        KeyedConsumer(
+            handler=lambda m: None, middlewares=[dl], settings=_settings(**{**SECURITY, "sasl.username": "v"})
+        )
     with pytest.raises(ValueError, match="already bound"):
-        KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY), brokers=["c:9092"])
+        KeyedConsumer(
+            handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY), brokers=["c:9092"]
+        )
 
 
 @pytest.mark.timeout(10)
@@ -230,12 +284,24 @@ def test_the_consumers_password_reaches_the_real_dead_letter_producer() -> None:
 
     dl = DeadLetter(producer_config={"sasl.mechanism": "SCRAM-SHA-1024"})
     with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:
-        KeyedConsumer(handler=lambda m: None, middlewares=[dl], name="n", brokers=[UNREACHABLE], topics=["t"],
-                      config=SECURITY)
+        KeyedConsumer(
+            handler=lambda m: None,
+            middlewares=[dl],
+            name="n",
+            brokers=[UNREACHABLE],
+            topics=["t"],
+            config=SECURITY,
+        )
     assert PASSWORD not in str(info.value)
     dl = DeadLetter(timeout_s=1.0)  # the consumer's own properties build a producer
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], name="n", brokers=[UNREACHABLE], topics=["t"],
-                  config=SECURITY)
+    KeyedConsumer(
+        handler=lambda m: None,
+        middlewares=[dl],
+        name="n",
+        brokers=[UNREACHABLE],
+        topics=["t"],
+        config=SECURITY,
+    )
     assert dl._publisher is not None
 
 
@@ -261,8 +327,13 @@ class TokenSource:
 def test_each_callback_property_takes_its_object_and_shows_only_its_name() -> None:
     source = TokenSource()
     logger = logging.getLogger("test.librdkafka")
-    callbacks: dict[str, Any] = {"oauth_cb": source.token, "error_cb": print, "stats_cb": lambda s: None,
-                                 "throttle_cb": lambda e: None, "logger": logger}
+    callbacks: dict[str, Any] = {
+        "oauth_cb": source.token,
+        "error_cb": print,
+        "stats_cb": lambda s: None,
+        "throttle_cb": lambda e: None,
+        "logger": logger,
+    }
     assert set(callbacks) == set(CALLBACK_PROPERTIES)
     cfg = _settings(**callbacks, **{"sasl.mechanism": "OAUTHBEARER", "security.protocol": "SASL_PLAINTEXT"})
     # the client gets the objects themselves
@@ -271,8 +342,14 @@ def test_each_callback_property_takes_its_object_and_shows_only_its_name() -> No
     # validation built a librdkafka client without them: oauth_cb was not called (no token fetched)
     assert source.calls == 0
     # shown and dumped by name only: no repr of the object (which holds a secret), JSON-serializable
-    shown = [repr(cfg), str(cfg), cfg.model_dump_json(), json.dumps(cfg.model_dump(mode="json")),
-             str(cfg.model_dump()), json.dumps(redact(cfg.config))]
+    shown = [
+        repr(cfg),
+        str(cfg),
+        cfg.model_dump_json(),
+        json.dumps(cfg.model_dump(mode="json")),
+        str(cfg.model_dump()),
+        json.dumps(redact(cfg.config)),
+    ]
     assert all(PASSWORD not in s and "0x" not in s for s in shown), shown
     assert all("<callable TokenSource.token>" in s for s in shown), shown
     assert all("<logger test.librdkafka>" in s for s in shown)
@@ -291,10 +368,18 @@ def test_each_callback_property_takes_its_object_and_shows_only_its_name() -> No
         ({"logger": print}, "'logger' takes a logging.Logger"),
         ({"stats_cb": logging.getLogger("x")}, "'stats_cb' takes a callable, got a Logger"),
     ],
-    ids=["secret-property", "other-property", "string-for-oauth_cb", "number-for-error_cb", "function-for-logger",
-         "logger-for-stats_cb"],
+    ids=[
+        "secret-property",
+        "other-property",
+        "string-for-oauth_cb",
+        "number-for-error_cb",
+        "function-for-logger",
+        "logger-for-stats_cb",
+    ],
 )
-def test_a_callable_where_none_is_taken_or_none_where_one_is_is_refused(config: dict[str, Any], needle: str) -> None:
+def test_a_callable_where_none_is_taken_or_none_where_one_is_is_refused(
+    config: dict[str, Any], needle: str
+) -> None:
     with pytest.raises(ValidationError) as info:
         _settings(**config)
     assert [e["loc"][0] for e in info.value.errors()] == ["config"]
@@ -323,8 +408,12 @@ def test_the_engines_error_cb_and_the_users_both_run(caplog: pytest.LogCaptureFi
         got.set()
         raise RuntimeError("user callback failed")
 
-    cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"],
-                         config={"error_cb": user_cb, "log_level": 0, "reconnect.backoff.ms": 10})
+    cfg = ConsumerConfig(
+        name="n",
+        brokers=[UNREACHABLE],
+        topics=["t"],
+        config={"error_cb": user_cb, "log_level": 0, "reconnect.backoff.ms": 10},
+    )
     client = connect(cfg.librdkafka(), engine.append)
     try:
         # when librdkafka reports the unreachable broker (served by the poll)
@@ -346,17 +435,34 @@ def test_the_engines_error_cb_and_the_users_both_run(caplog: pytest.LogCaptureFi
 def test_metrics_serve_the_figures_of_librdkafka_statistics() -> None:
     metrics = Metrics()
     report = {
-        "name": "rdkafka#consumer-1", "type": "consumer", "replyq": 3, "rxmsgs": 120, "rxmsg_bytes": 4096,
+        "name": "rdkafka#consumer-1",
+        "type": "consumer",
+        "replyq": 3,
+        "rxmsgs": 120,
+        "rxmsg_bytes": 4096,
         "cgrp": {"rebalance_cnt": 2},
-        "brokers": {"b:9092/1": {"nodeid": 1, "nodename": "b:9092", "rtt": {"avg": 2500}},
-                    "GroupCoordinator": {"nodeid": -1, "nodename": "", "rtt": {"avg": 0}}},
-        "topics": {"orders": {"partitions": {"0": {"consumer_lag": 7}, "1": {"consumer_lag": -1},
-                                             "-1": {"consumer_lag": -1}}}},
+        "brokers": {
+            "b:9092/1": {"nodeid": 1, "nodename": "b:9092", "rtt": {"avg": 2500}},
+            "GroupCoordinator": {"nodeid": -1, "nodename": "", "rtt": {"avg": 0}},
+        },
+        "topics": {
+            "orders": {
+                "partitions": {
+                    "0": {"consumer_lag": 7},
+                    "1": {"consumer_lag": -1},
+                    "-1": {"consumer_lag": -1},
+                }
+            }
+        },
     }
     metrics.stats_cb(json.dumps(report))
     metrics.stats_cb("not json")  # ignored
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics.registry.collect() for s in m.samples
-              if "librdkafka" in s.name}
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if "librdkafka" in s.name
+    }
     client = ("client", "rdkafka#consumer-1")
     assert values == {
         ("keyedconsumer_librdkafka_replyq", (client,)): 3.0,
@@ -364,8 +470,10 @@ def test_metrics_serve_the_figures_of_librdkafka_statistics() -> None:
         ("keyedconsumer_librdkafka_rx_bytes_total", (client,)): 4096.0,
         ("keyedconsumer_librdkafka_rebalances_total", (client,)): 2.0,
         ("keyedconsumer_librdkafka_broker_rtt_seconds", (("broker", "b:9092"), client)): 0.0025,
-        ("keyedconsumer_librdkafka_consumer_lag",
-         (client, ("messaging_destination_name", "orders"), ("messaging_destination_partition_id", "0"))): 7.0,
+        (
+            "keyedconsumer_librdkafka_consumer_lag",
+            (client, ("messaging_destination_name", "orders"), ("messaging_destination_partition_id", "0")),
+        ): 7.0,
     }
     # and it is a callback the config takes
     assert _settings(stats_cb=metrics.stats_cb).librdkafka()["stats_cb"] == metrics.stats_cb

@@ -47,6 +47,7 @@ def framed(schema_id: int, payload: bytes) -> bytes:
 
 # -- Message is generic in its payload --------------------------------------------------------------
 
+
 def test_message_is_generic_at_run_time_too() -> None:
     # given the parameterised and the bare class
     m = Message[Order]("t", 0, 1)
@@ -56,6 +57,7 @@ def test_message_is_generic_at_run_time_too() -> None:
 
 
 # -- values and keys --------------------------------------------------------------------------------
+
 
 def test_typed_with_a_model_decodes_json_as_before() -> None:
     seen: list[Message[Order]] = []
@@ -146,7 +148,9 @@ def test_async_handlers_get_decoded_messages() -> None:
     assert seen[0].payload == Order(id="o1", cents=5) and seen[0].key_payload == "k1"
 
 
-@pytest.mark.parametrize("value, key", [(42, None), ("Order", None), (Order, 5), (Upper, None), (Order(id="a", cents=1), None)])
+@pytest.mark.parametrize(
+    "value, key", [(42, None), ("Order", None), (Order, 5), (Upper, None), (Order(id="a", cents=1), None)]
+)
 def test_typed_refuses_what_is_neither_a_model_class_nor_a_decoder(value: Any, key: Any) -> None:
     with pytest.raises(TypeError, match="pydantic model class or a decoder"):
         Typed(value, key=key)
@@ -154,17 +158,33 @@ def test_typed_refuses_what_is_neither_a_model_class_nor_a_decoder(value: Any, k
 
 # -- Confluent wire format, without a registry ------------------------------------------------------
 
-@pytest.mark.parametrize("decoder", [
-    lambda: Avro(NOWHERE, conf=TOPIC_STRATEGY),
-    lambda: JsonSchema(NOWHERE, conf=TOPIC_STRATEGY),
-], ids=["avro", "json-schema"])
-@pytest.mark.parametrize("value, reason", [
-    (b'{"id": "o1", "cents": 5}', "not Confluent wire format: magic byte 0x7b (expected 0x00, a schema id, or 0x01, a schema GUID)"),
-    (b"", "not Confluent wire format: empty"),
-    (b"\x00\x00", "not Confluent wire format: 2 bytes, too short for magic byte 0x00 and its schema id"),
-    (b"\x01" + b"\x00" * 8, "not Confluent wire format: 9 bytes, too short for magic byte 0x01 and its schema GUID"),
-])
-def test_records_not_in_wire_format_are_undecodable_without_asking_the_registry(decoder: Any, value: bytes, reason: str) -> None:
+
+@pytest.mark.parametrize(
+    "decoder",
+    [
+        lambda: Avro(NOWHERE, conf=TOPIC_STRATEGY),
+        lambda: JsonSchema(NOWHERE, conf=TOPIC_STRATEGY),
+    ],
+    ids=["avro", "json-schema"],
+)
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (
+            b'{"id": "o1", "cents": 5}',
+            "not Confluent wire format: magic byte 0x7b (expected 0x00, a schema id, or 0x01, a schema GUID)",
+        ),
+        (b"", "not Confluent wire format: empty"),
+        (b"\x00\x00", "not Confluent wire format: 2 bytes, too short for magic byte 0x00 and its schema id"),
+        (
+            b"\x01" + b"\x00" * 8,
+            "not Confluent wire format: 9 bytes, too short for magic byte 0x01 and its schema GUID",
+        ),
+    ],
+)
+def test_records_not_in_wire_format_are_undecodable_without_asking_the_registry(
+    decoder: Any, value: bytes, reason: str
+) -> None:
     with pytest.raises(DecodeError) as info:
         Typed(decoder()).decode(rec(value))
     assert reason in str(info.value) and "offset=42" in str(info.value)
@@ -181,17 +201,20 @@ def test_a_registry_that_does_not_answer_is_not_the_records_fault() -> None:
     assert not isinstance(info.value, DecodeError) and is_transient(info.value)
 
 
-@pytest.mark.parametrize("error, transient", [
-    (SchemaRegistryError(404, 40403, "Schema not found"), False),
-    (SchemaRegistryError(500, 50001, "Error in the backend data store"), True),
-    (SchemaRegistryError(401, 401, "Unauthorized"), True),
-    (SchemaRegistryError(429, 429, "Too many requests"), True),
-    (ConnectionRefusedError(111, "refused"), True),
-    (TimeoutError(), True),
-    (SerializationError("Invalid magic byte"), False),
-    (EOFError("Expected 1 bytes, read 0"), False),
-    (IndexError("string index out of range"), False),
-])
+@pytest.mark.parametrize(
+    "error, transient",
+    [
+        (SchemaRegistryError(404, 40403, "Schema not found"), False),
+        (SchemaRegistryError(500, 50001, "Error in the backend data store"), True),
+        (SchemaRegistryError(401, 401, "Unauthorized"), True),
+        (SchemaRegistryError(429, 429, "Too many requests"), True),
+        (ConnectionRefusedError(111, "refused"), True),
+        (TimeoutError(), True),
+        (SerializationError("Invalid magic byte"), False),
+        (EOFError("Expected 1 bytes, read 0"), False),
+        (IndexError("string index out of range"), False),
+    ],
+)
 def test_which_errors_are_the_registrys_and_which_the_records(error: Exception, transient: bool) -> None:
     assert is_transient(error) is transient
 
@@ -202,7 +225,9 @@ def test_undecodable_reasons_name_the_schema_id() -> None:
     assert unknown.errors[0]["type"] == "unknown_schema_id" and "schema id 99999 is unknown" in unknown.reason
     mismatch = avro._undecodable(EOFError("Expected 1 bytes, read 0"), framed(3, b"\x02"), [])
     assert mismatch.errors[0]["type"] == "schema_mismatch"
-    assert mismatch.reason == "does not match its writer schema id 3 (avro): EOFError: Expected 1 bytes, read 0"
+    assert (
+        mismatch.reason == "does not match its writer schema id 3 (avro): EOFError: Expected 1 bytes, read 0"
+    )
     # with the schema id in a header, the payload has no frame to judge
     headed = avro._undecodable(EOFError("short"), b"\x02", [("__value_schema_id", b"\x00" * 5)])
     assert headed.errors[0]["type"] == "schema_mismatch" and "(id in a header)" in headed.reason

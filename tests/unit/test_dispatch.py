@@ -35,6 +35,7 @@ def take(d: Dispatcher) -> list[Delivery]:
 def ready(d: Dispatcher) -> list[Message]:
     return [x.msg for x in d.queue.ready_heads()]
 
+
 TPS = [("t", 0), ("t", 1)]
 KEYS = [b"a", b"b", b"c", None, b""]
 
@@ -207,9 +208,19 @@ def _leased_dispatcher() -> tuple[Dispatcher, object]:
     d = Dispatcher("key", 2, seq)
     seq._d = d
     seq._leases = LeaseTable(ttl_s=3.0)
-    seq.parker = Parker(d, seq._leases, _NoRedis(), seq._route, max_parked_per_key=10,  # type: ignore[arg-type]
-                        max_parked_bytes_per_key=1 << 20, max_parked_total=100, max_parked_bytes_total=1 << 20,
-                        seen_retention_s=60.0, quarantine_on_dead_letter=False, max_drains=4)
+    seq.parker = Parker(
+        d,
+        seq._leases,
+        _NoRedis(),
+        seq._route,
+        max_parked_per_key=10,  # type: ignore[arg-type]
+        max_parked_bytes_per_key=1 << 20,
+        max_parked_total=100,
+        max_parked_bytes_total=1 << 20,
+        seen_retention_s=60.0,
+        quarantine_on_dead_letter=False,
+        max_drains=4,
+    )
     d.assign([("t", 0)])
     return d, seq
 
@@ -286,7 +297,11 @@ def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not
     assert not d.may_start(dk1)
     assert d.finish(dk1, NOT_STARTED) is None
     # then k2 is not made ready in its place: k1 waits, still its lane's head
-    assert not d.queue and [x.msg for x in d.queue.held()] == [k1] and [x.msg for x in part.lanes.get(b"k")] == [k2]
+    assert (
+        not d.queue
+        and [x.msg for x in d.queue.held()] == [k1]
+        and [x.msg for x in part.lanes.get(b"k")] == [k2]
+    )
     # when y3 finishes (the highest finished offset is now above k1), k1 may run, and only then k2
     d.finish(dy3, DONE)
     d.release_held()
@@ -308,7 +323,10 @@ def test_one_worker_runs_a_partition_in_offset_order() -> None:
     chunks of many (fast handlers): a chunk ends before a message younger than one queued behind
     its heads."""
     rng = random.Random(3)
-    for keys in ([b"a", b"b", b"a", b"c", b"b", b"a", b"d", b"c"], [b"k%d" % rng.randrange(40) for _ in range(3000)]):
+    for keys in (
+        [b"a", b"b", b"a", b"c", b"b", b"a", b"d", b"c"],
+        [b"k%d" % rng.randrange(40) for _ in range(3000)],
+    ):
         d = Dispatcher("key", concurrency=1)
         d.assign([("t", 0)])
         d.admit([Message("t", 0, off, key, b"v") for off, key in enumerate(keys)])

@@ -38,7 +38,9 @@ def test_every_option_has_a_description() -> None:
     gen = gen_config_docs()
     for model, extra in ((ConsumerConfig, ()), (RedisSequencerConfig, (RedisSequencer,))):
         described = gen.parameters(model, *extra)
-        missing = [name for name, f in model.model_fields.items() if not (f.description or described.get(name))]
+        missing = [
+            name for name, f in model.model_fields.items() if not (f.description or described.get(name))
+        ]
         assert not missing, f"{model.__name__}: document {missing} in the class docstring's Parameters"
 
 
@@ -82,11 +84,12 @@ def test_every_relative_link_and_anchor_resolves() -> None:
                 assert anchor in headings, f"{doc.name} links to {target}: no such heading"
 
 
-
 #: Internal tracker ids that mean nothing to a user: a case number ("case C8", "(C10)"), a source
 #: document of the project ("seed 003", "shared/seeds/..."), an issue of this project's tracker
 #: ("issue 6"; a public one is cited with its repository: "gojekfarm/xtools issue #25").
-TRACKER_IDS = re.compile(r"\bcase C\d+\b|\(C\d+\)|\bseeds?,? \d{3}\b|shared/seeds|\bissue \d+\b", re.IGNORECASE)
+TRACKER_IDS = re.compile(
+    r"\bcase C\d+\b|\(C\d+\)|\bseeds?,? \d{3}\b|shared/seeds|\bissue \d+\b", re.IGNORECASE
+)
 
 
 def test_the_package_cites_public_sources_not_tracker_ids() -> None:

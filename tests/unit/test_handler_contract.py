@@ -38,9 +38,14 @@ def swallow_everything(handler: Any) -> Any:
 STACKS: dict[str, Callable[[InMemoryBroker], list[Any]]] = {
     "no-middleware": lambda broker: [],
     "dead-letter-retry": lambda broker: [
-        DeadLetter(publisher=broker.publisher()), Retry(max_attempts=3, initial_delay_s=1.0, jitter=0.0)
+        DeadLetter(publisher=broker.publisher()),
+        Retry(max_attempts=3, initial_delay_s=1.0, jitter=0.0),
     ],
-    "recover-logging-retry": lambda broker: [Recover(), Logging(), Retry(max_attempts=3, initial_delay_s=1.0)],
+    "recover-logging-retry": lambda broker: [
+        Recover(),
+        Logging(),
+        Retry(max_attempts=3, initial_delay_s=1.0),
+    ],
     "swallowing": lambda broker: [swallow_everything],
 }
 
@@ -61,7 +66,10 @@ def test_sync_handler_returning_a_coroutine_stops_the_consumer_naming_the_messag
         reported.append(err)  # returning normally would mark a failure handled
 
     consumer = broker.consumer(
-        name="g", topics=["orders"], handler=lambda m: handle_async(m), middlewares=STACKS[stack](broker),
+        name="g",
+        topics=["orders"],
+        handler=lambda m: handle_async(m),
+        middlewares=STACKS[stack](broker),
         error_handler=error_handler,
     )
     # when it runs
@@ -98,8 +106,13 @@ def test_middleware_returning_a_coroutine_is_caught_on_the_composed_chain() -> N
     def bad_middleware(handler: Any) -> Any:
         return lambda msg: inner(msg)
 
-    consumer = broker.consumer(name="g", topics=["orders"], handler=lambda m: None, middlewares=[bad_middleware],
-                               error_handler=lambda e, m: None)
+    consumer = broker.consumer(
+        name="g",
+        topics=["orders"],
+        handler=lambda m: None,
+        middlewares=[bad_middleware],
+        error_handler=lambda e, m: None,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(KeyedConsumerError) as info:
@@ -177,14 +190,25 @@ def build(**kw: Any) -> Any:
     "middlewares,expected",
     [
         (lambda: [Retry], "middlewares[0] is the class Retry: pass an instance, e.g. Retry(...)"),
-        (lambda: [Recover(), DeadLetter], "middlewares[1] is the class DeadLetter: pass an instance, e.g. DeadLetter(...)"),
+        (
+            lambda: [Recover(), DeadLetter],
+            "middlewares[1] is the class DeadLetter: pass an instance, e.g. DeadLetter(...)",
+        ),
         (lambda: [Recover], "middlewares[0] is the class Recover: pass an instance, e.g. Recover(...)"),
         (lambda: [Logging(), Typed], "middlewares[1] is the class Typed: pass an instance, e.g. Typed(...)"),
         (lambda: [Retry(), "retry"], "middlewares[1] is a str, not a middleware"),
         (lambda: [None], "middlewares[0] is a NoneType, not a middleware"),
         (lambda: Retry(), "middlewares must be a list of middleware, e.g. [Retry(...)]"),
     ],
-    ids=["class-retry", "class-dead-letter", "class-recover", "class-typed", "a-string", "none", "not-a-list"],
+    ids=[
+        "class-retry",
+        "class-dead-letter",
+        "class-recover",
+        "class-typed",
+        "a-string",
+        "none",
+        "not-a-list",
+    ],
 )
 def test_a_bad_middleware_is_refused_at_construction_saying_what_to_write(
     middlewares: Callable[[], Any], expected: str
@@ -199,7 +223,9 @@ def test_a_middleware_class_whose_constructor_takes_the_handler_is_a_middleware(
     broker.create_topic("t", partitions=1)
     broker.produce("t", "v", key="k")
     seen: list[int] = []
-    consumer = broker.consumer(name="g", topics=["t"], handler=lambda m: seen.append(m.offset), middlewares=[Timing])
+    consumer = broker.consumer(
+        name="g", topics=["t"], handler=lambda m: seen.append(m.offset), middlewares=[Timing]
+    )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
     assert seen == [0]
@@ -216,12 +242,17 @@ async def async_on_error(err: BaseException, msg: Message | None) -> None:
         ("log", "error_handler must be callable as error_handler(error, message), got a str"),
         (lambda err: None, "error_handler(err) cannot be called as error_handler(error, message)"),
         (lambda: None, "error_handler() cannot be called as error_handler(error, message)"),
-        (lambda err, msg, extra: None, "error_handler(err, msg, extra) cannot be called as error_handler(error, message)"),
+        (
+            lambda err, msg, extra: None,
+            "error_handler(err, msg, extra) cannot be called as error_handler(error, message)",
+        ),
         (async_on_error, "error_handler must be a plain function"),
     ],
     ids=["class", "string", "one-argument", "no-argument", "three-arguments", "async-def"],
 )
-def test_a_bad_error_handler_is_refused_at_construction_naming_the_signature(error_handler: Any, expected: str) -> None:
+def test_a_bad_error_handler_is_refused_at_construction_naming_the_signature(
+    error_handler: Any, expected: str
+) -> None:
     with pytest.raises(TypeError) as info:
         build(error_handler=error_handler)
     assert expected in str(info.value)

@@ -34,7 +34,9 @@ class FakeConsumer:
 
     def set(self, partition: int, stored: int | None, end: int | None, unfinished: int = 0) -> None:
         lag = None if end is None else end - (stored or 0)
-        self.statuses[("t", partition)] = PartitionStatus("t", partition, stored, stored, unfinished, 0.0, end, lag)
+        self.statuses[("t", partition)] = PartitionStatus(
+            "t", partition, stored, stored, unfinished, 0.0, end, lag
+        )
         if ("t", partition) not in self.assignment:
             self.assignment.append(("t", partition))
 
@@ -69,7 +71,9 @@ def test_ready_needs_live_and_an_assignment(setup: tuple[FakeConsumer, Clock, He
     assert not health.ready()  # assigned but the loop is not running
 
 
-def test_a_lagging_partition_whose_offset_stands_still_is_stalled(setup: tuple[FakeConsumer, Clock, Health]) -> None:
+def test_a_lagging_partition_whose_offset_stands_still_is_stalled(
+    setup: tuple[FakeConsumer, Clock, Health],
+) -> None:
     consumer, clock, health = setup
     consumer.polled_at_s = clock.now
     # given partition 0 with lag 5 at stored offset 100, and partition 1 caught up
@@ -170,8 +174,17 @@ def test_http_endpoints(setup: tuple[FakeConsumer, Clock, Health]) -> None:
         consumer.polled_at_s = clock.now
         code, body = get(base + "/healthz")
         assert code == 503 and body["healthy"] is False
-        assert body["stalled"] == [{"topic": "t", "partition": 0, "stored_offset": 100, "lag": 5, "unfinished": 5,
-                                    "oldest_unfinished_age_s": 0.0, "stalled_for_s": 15.0}]
+        assert body["stalled"] == [
+            {
+                "topic": "t",
+                "partition": 0,
+                "stored_offset": 100,
+                "lag": 5,
+                "unfinished": 5,
+                "oldest_unfinished_age_s": 0.0,
+                "stalled_for_s": 15.0,
+            }
+        ]
         assert get(base + "/livez")[0] == 200 and get(base + "/readyz/")[0] == 200
         assert get(base + "/nope")[0] == 404
         with pytest.raises(RuntimeError):

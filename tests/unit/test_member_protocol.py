@@ -33,22 +33,28 @@ def test_a_member_joins_is_assigned_fetches_stores_and_commits() -> None:
     broker.join_group(a, ["t"])
     # then its first event assigns both partitions, with the offsets to start from read at once
     event = broker.next_event(a)
-    assert event == GroupEvent("assign", [("t", 0), ("t", 1)], {("t", 0): None, ("t", 1): None},
-                               {("t", 0): 3, ("t", 1): 0})
+    assert event == GroupEvent(
+        "assign", [("t", 0), ("t", 1)], {("t", 0): None, ("t", 1): None}, {("t", 0): 3, ("t", 1): 0}
+    )
     assert broker.next_event(a) is None and broker.assignment(a) == [("t", 0), ("t", 1)]
     assert broker.callbacks("g") == [(a, "assign", [("t", 0), ("t", 1)])]
     # and the fetch path reads from the positions it gives, up to the limit, counted as delivered
     assert [r.offset for r in broker.fetch(a, [(("t", 0), 1), (("t", 1), 0)], max_records=10)] == [1, 2]
     assert [r.offset for r in broker.fetch(a, [(("t", 0), 0)], max_records=2)] == [0, 1]
     assert broker.delivered("g") == 4 and broker.list_offsets([("t", 0), ("t", 9), ("x", 0)]) == {
-        ("t", 0): 3, ("t", 9): None, ("x", 0): None}
+        ("t", 0): 3,
+        ("t", 9): None,
+        ("x", 0): None,
+    }
     # and a stored offset is committed by commit_stored once, an explicit commit at once
     assert broker.store_offset(a, ("t", 0), 2, "m")
     broker.commit_stored(a)
     broker.commit_stored(a)
     assert broker.commit_offsets(a, [(("t", 1), 0, "")]) == []
     assert [(c.partition, c.offset, c.automatic, c.metadata) for c in broker.commits("g")] == [
-        (0, 2, True, "m"), (1, 0, False, "")]
+        (0, 2, True, "m"),
+        (1, 0, False, ""),
+    ]
     assert broker.fetch_committed("g", [("t", 0), ("t", 1)]) == {("t", 0): (2, "m"), ("t", 1): (0, "")}
 
 
@@ -69,15 +75,26 @@ def test_a_second_member_gets_partitions_only_after_the_first_revoked_them() -> 
     broker.revoke_done(a, [("t", 1)], commit_stored=True)
     assert broker.committed("g") == {("t", 1): 5} and broker.assignment(a) == [("t", 0)]
     event = broker.next_event(b)
-    assert event is not None and (event.kind, event.partitions, event.committed) == ("assign", [("t", 1)], {("t", 1): 5})
+    assert event is not None and (event.kind, event.partitions, event.committed) == (
+        "assign",
+        [("t", 1)],
+        {("t", 1): 5},
+    )
     # and the old owner can no longer store or commit for it
     assert not broker.store_offset(a, ("t", 1), 6)
     assert broker.commit_offsets(a, [(("t", 1), 6, "")]) == [(("t", 1), 6)]
     # and when the first leaves, its partition goes to the second
     broker.leave_group(a, [("t", 0)])
     assert broker.assignment(a) == [] and broker.next_event(b) == GroupEvent(
-        "assign", [("t", 0)], {("t", 0): None}, {("t", 0): 0})
-    assert [kind for _, kind, _ in broker.callbacks("g")] == ["assign", "revoke", "assign", "revoke", "assign"]
+        "assign", [("t", 0)], {("t", 0): None}, {("t", 0): 0}
+    )
+    assert [kind for _, kind, _ in broker.callbacks("g")] == [
+        "assign",
+        "revoke",
+        "assign",
+        "revoke",
+        "assign",
+    ]
 
 
 def test_lost_partitions_are_gone_at_once_and_their_stored_offsets_dropped() -> None:
@@ -137,7 +154,14 @@ def _private_reaches(path: Path) -> list[str]:
 def test_the_fakes_use_only_public_methods_of_the_broker_and_of_each_other() -> None:
     # given the testing package's modules
     modules = sorted(TESTING.glob("*.py"))
-    assert {p.name for p in modules} >= {"__init__.py", "broker.py", "client.py", "clock.py", "group.py", "run.py"}
+    assert {p.name for p in modules} >= {
+        "__init__.py",
+        "broker.py",
+        "client.py",
+        "clock.py",
+        "group.py",
+        "run.py",
+    }
     # when every attribute use is read
     reaches = [r for p in modules for r in _private_reaches(p)]
     # then none reaches into another object's private state

@@ -31,6 +31,7 @@ def msg(value: bytes | None = b"{}", key: bytes | None = b"k", attempt: int = 1)
 
 # -- back-off ---------------------------------------------------------------------------------------
 
+
 def test_backoff_defaults_follow_bigben() -> None:
     r = Retry(jitter=0.0)
     assert (r.max_attempts, r.initial_delay_s, r.multiplier) == (3, 1.0, 2.0)
@@ -65,15 +66,27 @@ def test_backoff_policy_is_passed_in() -> None:
     import tenacity
 
     # given a deterministic tenacity wait strategy, when an attempt fails, then its delay is the one asked
-    r = Retry(max_attempts=5, wait=tenacity.wait_fixed(2.5) + tenacity.wait_incrementing(start=0, increment=1))
+    r = Retry(
+        max_attempts=5, wait=tenacity.wait_fixed(2.5) + tenacity.wait_incrementing(start=0, increment=1)
+    )
     assert [r.delay_s(n) for n in (1, 2, 3)] == [2.5, 3.5, 4.5]
     with pytest.raises(RetryLater) as caught:
         r(failing(ValueError("boom")))(msg(attempt=2))
     assert caught.value.delay_s == 3.5
 
 
-@pytest.mark.parametrize("kwargs", [{"initial_delay_s": math.nan}, {"max_delay_s": math.inf}, {"multiplier": 0.5},
-                                    {"jitter": -0.1}, {"max_attempts": 0}, {"initial_delay_s": -1}, {"max_attempts": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"initial_delay_s": math.nan},
+        {"max_delay_s": math.inf},
+        {"multiplier": 0.5},
+        {"jitter": -0.1},
+        {"max_attempts": 0},
+        {"initial_delay_s": -1},
+        {"max_attempts": True},
+    ],
+)
 def test_bad_retry_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Retry(**kwargs)  # type: ignore[arg-type]
@@ -81,9 +94,11 @@ def test_bad_retry_settings_are_refused(kwargs: dict[str, object]) -> None:
 
 # -- retry decisions --------------------------------------------------------------------------------
 
+
 def failing(exc: BaseException):  # type: ignore[no-untyped-def]
     def handler(m: Message) -> None:
         raise exc
+
     return handler
 
 
@@ -128,6 +143,7 @@ def test_retry_wraps_async_handlers_as_async() -> None:
 
 # -- dead-letter headers ----------------------------------------------------------------------------
 
+
 class FakePublisher:
     def __init__(self) -> None:
         self.records: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
@@ -148,7 +164,10 @@ def test_dead_letter_headers_are_replaced_not_appended() -> None:
     topic, key, value, headers = pub.records[-1]
     assert topic == "orders.dlq" and key == b"k" and value == b"{}"
     names = [k for k, _ in headers]
-    assert names[0] == "trace" and set(DEAD_LETTER_HEADERS) - {"kafka_dlt-exception-cause-fqcn", "kafka_dlt-validation-errors"} <= set(names)
+    assert names[0] == "trace" and set(DEAD_LETTER_HEADERS) - {
+        "kafka_dlt-exception-cause-fqcn",
+        "kafka_dlt-validation-errors",
+    } <= set(names)
     # when the dead-letter record is consumed, fails and is dead-lettered again, several times
     for i in range(5):
         again = Message("orders.dlq", 0, i, key, value, headers, None)
@@ -161,7 +180,10 @@ def test_dead_letter_headers_are_replaced_not_appended() -> None:
     assert sorted(k for k, _ in headers) == sorted(set(k for k, _ in headers))
     assert len(headers) <= len(names) + 1
     h = dict(headers)
-    assert h["kafka_dlt-exception-fqcn"] == b"builtins.RuntimeError" and h["kafka_dlt-original-topic"] == b"orders.dlq"
+    assert (
+        h["kafka_dlt-exception-fqcn"] == b"builtins.RuntimeError"
+        and h["kafka_dlt-original-topic"] == b"orders.dlq"
+    )
 
 
 def test_dead_letter_names_the_real_cause_and_bounds_the_trace() -> None:
@@ -190,13 +212,18 @@ def test_dead_letter_publishes_then_counts_the_message_done() -> None:
     h = DeadLetter(publisher=pub)(failing(ValueError("x")))  # type: ignore[arg-type]
     m = msg()
     h(m)  # no exception: the message is done
-    assert m.status.value == "DEAD_LETTERED" and m.state["dead_lettered"] == "orders.dlq" and len(pub.records) == 1
+    assert (
+        m.status.value == "DEAD_LETTERED"
+        and m.state["dead_lettered"] == "orders.dlq"
+        and len(pub.records) == 1
+    )
     with pytest.raises(RetryLater):  # a retry is not a final failure
         DeadLetter(publisher=pub)(failing(RetryLater(1.0)))(msg())  # type: ignore[arg-type]
     assert len(pub.records) == 1
 
 
 # -- typed payloads ---------------------------------------------------------------------------------
+
 
 class Order(BaseModel):
     id: int
@@ -223,6 +250,7 @@ def test_typed_decodes_and_passes_tombstones_and_odd_keys() -> None:
 
 # -- logging and recover ----------------------------------------------------------------------------
 
+
 def test_logging_writes_one_structured_record(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "keyedconsumer.messages")
     Logging()(lambda m: None)(msg(key=b"\xffacct"))
@@ -240,6 +268,7 @@ def test_recover_turns_a_middleware_crash_into_a_failed_message() -> None:
     def broken_middleware(handler):  # type: ignore[no-untyped-def]
         def h(m: Message) -> None:
             raise AttributeError("bug in a middleware")
+
         return h
 
     m = msg()

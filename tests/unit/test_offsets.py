@@ -116,6 +116,7 @@ def test_memory_follows_unfinished_offsets_not_finished_ones() -> None:
 
 # -- commit metadata: the offsets finished above the committed one ------------------------------------
 
+
 @settings(max_examples=120, deadline=None)
 @given(
     gaps=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=400),

@@ -35,15 +35,23 @@ def test_one_module_per_outside_system() -> None:
 
     pkg = pathlib.Path(keyedconsumer.__file__).parent
     # Kafka: three modules of keyedconsumer/kafka/, checked on the syntax tree below
-    redis = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if re.search(r"^\s*import redis|^\s*from redis", p.read_text(), re.M))
+    redis = sorted(
+        str(p.relative_to(pkg))
+        for p in pkg.rglob("*.py")
+        if re.search(r"^\s*import redis|^\s*from redis", p.read_text(), re.M)
+    )
     assert redis == ["sequencing/connection.py", "sequencing/store.py"]
 
 
 # -- confluent_kafka only behind the seam, checked on each module's syntax tree ------------------------
 
 ROOT = Path(keyedconsumer.__file__).resolve().parent.parent
-CONFLUENT_MODULES = {"keyedconsumer.kafka.client", "keyedconsumer.kafka.publisher", "keyedconsumer.kafka.transactional",
-                     "keyedconsumer.kafka.admin"}
+CONFLUENT_MODULES = {
+    "keyedconsumer.kafka.client",
+    "keyedconsumer.kafka.publisher",
+    "keyedconsumer.kafka.transactional",
+    "keyedconsumer.kafka.admin",
+}
 #: The Schema Registry's seam (another outside system, whose client ships in confluent-kafka): the one
 #: middleware module that imports confluent_kafka, and only its schema_registry and serialization parts.
 REGISTRY_MODULE = "keyedconsumer.middleware.schema_registry"
@@ -54,7 +62,10 @@ def _modules() -> dict[str, Path]:
     """``{dotted name: file}`` of every module under keyedconsumer/ and middleware/ (installed as
     keyedconsumer.middleware)."""
     out: dict[str, Path] = {}
-    for folder, package in ((ROOT / "keyedconsumer", "keyedconsumer"), (ROOT / "middleware", "keyedconsumer.middleware")):
+    for folder, package in (
+        (ROOT / "keyedconsumer", "keyedconsumer"),
+        (ROOT / "middleware", "keyedconsumer.middleware"),
+    ):
         for path in folder.rglob("*.py"):
             parts = [package, *path.relative_to(folder).with_suffix("").parts]
             if parts[-1] == "__init__":
@@ -95,7 +106,9 @@ def test_only_the_kafka_implementation_modules_import_confluent_kafka() -> None:
     # then only the client, the publishers and the admin tools import confluent_kafka (and the
     # Schema Registry's decoders, its registry client only: never the Kafka client)
     assert importers == CONFLUENT_MODULES | {REGISTRY_MODULE}
-    registry = {m for m in _imported(REGISTRY_MODULE, modules[REGISTRY_MODULE]) if m.startswith("confluent_kafka")}
+    registry = {
+        m for m in _imported(REGISTRY_MODULE, modules[REGISTRY_MODULE]) if m.startswith("confluent_kafka")
+    }
     assert registry and all(m.startswith(REGISTRY_IMPORTS) for m in registry), sorted(registry)
 
 
@@ -117,7 +130,9 @@ def test_the_kafka_seam_module_loads_nothing_that_imports_confluent_kafka() -> N
 
 
 def test_the_engine_imports_without_redis_installed() -> None:
-    code = "import sys; sys.modules['redis'] = None; import keyedconsumer; print(keyedconsumer.RedisSequencer)"
+    code = (
+        "import sys; sys.modules['redis'] = None; import keyedconsumer; print(keyedconsumer.RedisSequencer)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -130,7 +145,9 @@ def test_middleware_uses_only_the_public_api() -> None:
     for path in root.glob("*.py"):
         text = path.read_text()
         # only `from keyedconsumer import <public names>`, never engine modules
-        assert not re.search(r"from keyedconsumer\.(?!middleware)\w+ import|import keyedconsumer\.\w+", text), path
+        assert not re.search(
+            r"from keyedconsumer\.(?!middleware)\w+ import|import keyedconsumer\.\w+", text
+        ), path
         for names in re.findall(r"from keyedconsumer import ([\w, ]+)", text):
             for name in (n.strip() for n in names.split(",")):
                 assert name in keyedconsumer.__all__, f"{path.name} imports non-public {name}"
@@ -142,7 +159,10 @@ def test_middleware_uses_only_the_public_api() -> None:
 def test_a_built_wheel_holds_every_package_of_the_source_tree(tmp_path: Path) -> None:
     # given the source tree's packages (every folder with an __init__.py under keyedconsumer/ and middleware/)
     root = Path(__file__).resolve().parents[2]
-    want = {"keyedconsumer/" + str(p.parent.relative_to(root / "keyedconsumer")) for p in (root / "keyedconsumer").rglob("__init__.py")}
+    want = {
+        "keyedconsumer/" + str(p.parent.relative_to(root / "keyedconsumer"))
+        for p in (root / "keyedconsumer").rglob("__init__.py")
+    }
     want = {w.rstrip("/.") for w in want} | {"keyedconsumer/middleware"}
     # when a wheel is built from a copy of the sources (not an editable install, which would hide a
     # missing package, and not the tree itself, whose stale build/ folder could fill the gap)
@@ -152,8 +172,12 @@ def test_a_built_wheel_holds_every_package_of_the_source_tree(tmp_path: Path) ->
         shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
-                   check=True, capture_output=True, timeout=110)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=110,
+    )
     [whl] = list((tmp_path / "dist").glob("keyedconsumer-*.whl"))
     names = zipfile.ZipFile(whl).namelist()
     # then every package is in it, with its modules

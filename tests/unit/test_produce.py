@@ -120,8 +120,15 @@ def test_transactional_writes_each_result_once_through_a_rebalance(kc_broker: In
         handled.append(1)
 
     def consumer(tid: str) -> object:
-        return kc_broker.consumer(name="eos", handler=handle, topics=["in"], concurrency=4, transactional=True,
-                                  transactional_id=tid, transaction_interval_s=0.005)
+        return kc_broker.consumer(
+            name="eos",
+            handler=handle,
+            topics=["in"],
+            concurrency=4,
+            transactional=True,
+            transactional_id=tid,
+            transaction_interval_s=0.005,
+        )
 
     # when the group is rebalanced mid-run
     with kc_broker.run(consumer("a"), consumer("b")) as run:  # type: ignore[arg-type]
@@ -132,10 +139,14 @@ def test_transactional_writes_each_result_once_through_a_rebalance(kc_broker: In
     out = _ledger(kc_broker, "out")
     assert sorted(out) == sorted(v.encode() for v in inputs)
     for k in range(4):
-        assert [v for v in out if v.startswith(f"k{k}:".encode())] == [f"k{k}:{s}".encode() for s in range(25)]
+        assert [v for v in out if v.startswith(f"k{k}:".encode())] == [
+            f"k{k}:{s}".encode() for s in range(25)
+        ]
 
 
-def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(kc_broker: InMemoryBroker) -> None:
+def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(
+    kc_broker: InMemoryBroker,
+) -> None:
     # given a transactional consumer whose next transaction will be aborted
     kc_broker.create_topic("in", partitions=1)
     for i in range(5):
@@ -146,10 +157,18 @@ def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(kc_
         started.wait(5)
         msg.produce("out", msg.key, msg.value)
 
-    consumer = kc_broker.consumer(name="abort", handler=handle, topics=["in"], transactional=True,
-                                  transactional_id="abort-1", transaction_interval_s=0.005)
+    consumer = kc_broker.consumer(
+        name="abort",
+        handler=handle,
+        topics=["in"],
+        transactional=True,
+        transactional_id="abort-1",
+        transaction_interval_s=0.005,
+    )
     with kc_broker.run(consumer) as run:
-        run.wait_for(lambda: FakeTransactionalProducer.of(kc_broker, "abort-1") is not None, what="the producer")
+        run.wait_for(
+            lambda: FakeTransactionalProducer.of(kc_broker, "abort-1") is not None, what="the producer"
+        )
         producer = FakeTransactionalProducer.of(kc_broker, "abort-1")
         assert producer is not None
         producer.fail_next = TransactionError("aborted", code="REBALANCE_IN_PROGRESS", abortable=True)
@@ -169,17 +188,29 @@ def test_a_fenced_producer_stops_the_consumer_and_commits_nothing_more(kc_broker
     def handle(msg: Message) -> None:
         msg.produce("out", msg.key, msg.value)
 
-    consumer = kc_broker.consumer(name="fenced", handler=handle, topics=["in"], transactional=True,
-                                  transactional_id="dup", transaction_interval_s=0.005)
+    consumer = kc_broker.consumer(
+        name="fenced",
+        handler=handle,
+        topics=["in"],
+        transactional=True,
+        transactional_id="dup",
+        transaction_interval_s=0.005,
+    )
     with pytest.raises(TransactionError) as info, kc_broker.run(consumer) as run:
         run.until_idle()
         # when another producer with the same transactional id starts (a successor of a zombie)
-        other = kc_broker.consumer(name="other", handler=handle, topics=["elsewhere"], transactional=True,
-                                   transactional_id="dup")
+        other = kc_broker.consumer(
+            name="other", handler=handle, topics=["elsewhere"], transactional=True, transactional_id="dup"
+        )
         run.add(other)
-        run.wait_for(lambda: FakeTransactionalProducer.of(kc_broker, "dup") is not None
-                     and FakeTransactionalProducer.of(kc_broker, "dup").transactional_id == "dup"  # type: ignore[union-attr]
-                     and other.running, what="the second producer")
+        run.wait_for(
+            lambda: (
+                FakeTransactionalProducer.of(kc_broker, "dup") is not None
+                and FakeTransactionalProducer.of(kc_broker, "dup").transactional_id == "dup"  # type: ignore[union-attr]
+                and other.running
+            ),
+            what="the second producer",
+        )
         time.sleep(0.05)
         kc_broker.produce("in", "second", key="k")
         run.wait_for(lambda: not consumer.running, what="the first consumer stopping")
@@ -189,7 +220,9 @@ def test_a_fenced_producer_stops_the_consumer_and_commits_nothing_more(kc_broker
     assert kc_broker.committed("fenced") == {("in", 0): 1}
 
 
-def test_records_of_finished_messages_above_a_slow_one_wait_without_metadata(kc_broker: InMemoryBroker) -> None:
+def test_records_of_finished_messages_above_a_slow_one_wait_without_metadata(
+    kc_broker: InMemoryBroker,
+) -> None:
     # given commit metadata off, one slow message at offset 0 and fast ones behind it on other keys
     kc_broker.create_topic("in", partitions=1)
     kc_broker.produce("in", "slow", key="s")
@@ -205,8 +238,16 @@ def test_records_of_finished_messages_above_a_slow_one_wait_without_metadata(kc_
             fast_done.append(1)
         msg.produce("out", msg.key, msg.value)
 
-    consumer = kc_broker.consumer(name="held", handler=handle, topics=["in"], concurrency=4, transactional=True,
-                                  transactional_id="held-1", transaction_interval_s=0.005, commit_metadata_max_bytes=0)
+    consumer = kc_broker.consumer(
+        name="held",
+        handler=handle,
+        topics=["in"],
+        concurrency=4,
+        transactional=True,
+        transactional_id="held-1",
+        transaction_interval_s=0.005,
+        commit_metadata_max_bytes=0,
+    )
     with kc_broker.run(consumer) as run:
         # when the fast ones finished while the slow one runs
         run.wait_for(lambda: len(fast_done) == 5, what="the fast messages")
@@ -227,8 +268,15 @@ def test_transactional_refuses_manual_commit_naming_the_field() -> None:
     assert "manual_commit" in str(info.value)
 
 
-@pytest.mark.parametrize("field,value", [("transaction_interval_s", 0), ("transaction_timeout_s", 0.5),
-                                         ("produce_timeout_s", -1), ("transactional", 1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("transaction_interval_s", 0),
+        ("transaction_timeout_s", 0.5),
+        ("produce_timeout_s", -1),
+        ("transactional", 1),
+    ],
+)
 def test_bad_transaction_options_name_the_field(field: str, value: object) -> None:
     with pytest.raises(pydantic.ValidationError) as info:
         ConsumerConfig(name="x", topics=["t"], **{field: value})
@@ -264,11 +312,15 @@ def test_a_keyed_app_route_produces_transactionally(kc_broker: InMemoryBroker) -
     out = kc_broker.records("invoices")
     assert sorted(r.value or b"" for r in out) == sorted(f"invoice {i}".encode() for i in range(20))
     for k in range(3):
-        assert [r.value for r in out if r.key == f"c{k}".encode()] == [f"invoice {i}".encode() for i in range(20) if i % 3 == k]
+        assert [r.value for r in out if r.key == f"c{k}".encode()] == [
+            f"invoice {i}".encode() for i in range(20) if i % 3 == k
+        ]
 
 
 @pytest.mark.parametrize("transactional", [False, True])
-def test_a_batch_handler_writes_each_message_s_records_unless_that_message_failed(transactional: bool) -> None:
+def test_a_batch_handler_writes_each_message_s_records_unless_that_message_failed(
+    transactional: bool,
+) -> None:
     # given a batch handler producing one record per message, and failing one message of key "b"
     # with BatchFailed on its first attempt
     from keyedconsumer import BatchFailed
@@ -291,8 +343,14 @@ def test_a_batch_handler_writes_each_message_s_records_unless_that_message_faile
         if errors:
             raise BatchFailed(errors)
 
-    consumer = broker.consumer(name=f"batch-prod-{transactional}", batch_handler=handle, topics=["in"], concurrency=2,
-                               transactional=transactional, transaction_interval_s=0.005)
+    consumer = broker.consumer(
+        name=f"batch-prod-{transactional}",
+        batch_handler=handle,
+        topics=["in"],
+        concurrency=2,
+        transactional=transactional,
+        transaction_interval_s=0.005,
+    )
     # when it runs until idle
     with broker.run(consumer) as run:
         run.until_idle()

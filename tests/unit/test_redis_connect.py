@@ -13,7 +13,13 @@ def test_a_plain_url_gives_a_plain_client() -> None:
     r = connect("redis://:secret@127.0.0.1:6390/2", 1.5)
     kw = r.connection_pool.connection_kwargs
     assert isinstance(r, redis.Redis)
-    assert (kw["host"], kw["port"], kw["db"], kw["password"], kw["socket_timeout"]) == ("127.0.0.1", 6390, 2, "secret", 1.5)
+    assert (kw["host"], kw["port"], kw["db"], kw["password"], kw["socket_timeout"]) == (
+        "127.0.0.1",
+        6390,
+        2,
+        "secret",
+        1.5,
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,10 +30,27 @@ def ca_pem(tmp_path: Path) -> Path:
     """A self-signed CA certificate in PEM (what ``ssl.ca.location`` names)."""
     assert shutil.which("openssl"), "the openssl command line is needed to make the test CA"
     out = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.pem"), "-days", "2",
-         "-subj", "/CN=test CA"],
-        capture_output=True, text=True, timeout=30,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(tmp_path / "ca.key"),
+            "-out",
+            str(tmp_path / "ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test CA",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "ca.pem").read_text().startswith("-----BEGIN CERTIFICATE-----")
@@ -75,10 +92,18 @@ def test_the_same_properties_from_the_environment(
 @pytest.mark.timeout(10)
 def test_password_in_no_repr_or_str(props: dict[str, Any]) -> None:
     cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"], config=props)
-    consumer = KeyedConsumer(handler=lambda m: None, name="n", brokers=[UNREACHABLE], topics=["t"],
-                             config=props)
-    shown = [repr(cfg), str(cfg), f"{cfg}", f"{cfg!r}", repr(consumer.config), str(consumer.config),
-             repr(consumer)]
+    consumer = KeyedConsumer(
+        handler=lambda m: None, name="n", brokers=[UNREACHABLE], topics=["t"], config=props
+    )
+    shown = [
+        repr(cfg),
+        str(cfg),
+        f"{cfg}",
+        f"{cfg!r}",
+        repr(consumer.config),
+        str(consumer.config),
+        repr(consumer),
+    ]
     assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
     # only the secret is hidden: the rest stays readable
     assert "'sasl.password': '***'" in repr(cfg)
@@ -134,13 +159,28 @@ def test_dead_letter_producer_takes_the_same_properties(props: dict[str, Any]) -
 
 def surfaces_of_an_error(err: ValidationError) -> list[str]:
     """Every way a ValidationError is shown or read: ``errors()`` carries each input unless hidden."""
-    return [str(err), repr(err), err.json(), str(err.errors()), repr(err.errors()),
-            str(err.errors(include_input=False)), json.dumps(err.errors(), default=str)]
+    return [
+        str(err),
+        repr(err),
+        err.json(),
+        str(err.errors()),
+        repr(err.errors()),
+        str(err.errors(include_input=False)),
+        json.dumps(err.errors(), default=str),
+    ]
 
 
 def surfaces_of_a_model(model: Any) -> list[str]:
-    return [repr(model), str(model), f"{model}", str(model.model_dump()), repr(model.model_dump()),
-            model.model_dump_json(), json.dumps(model.model_dump(mode="json")), repr(model.__dict__)]
+    return [
+        repr(model),
+        str(model),
+        f"{model}",
+        str(model.model_dump()),
+        repr(model.model_dump()),
+        model.model_dump_json(),
+        json.dumps(model.model_dump(mode="json")),
+        repr(model.__dict__),
+    ]
 
 
 @pytest.mark.timeout(10)
@@ -150,8 +190,12 @@ def test_password_on_no_surface_of_the_config_and_the_client_still_gets_it(props
     merged = KeyedConsumer(handler=lambda m: None, settings=cfg, concurrency=2).config
     for model in (cfg, merged):
         # then neither its repr, dumps, JSON, nor the pass-through dict shows the password
-        shown = surfaces_of_a_model(model) + [str(model.config), repr(model.config),
-                                              str(model.config["sasl.password"]), repr(model.config["sasl.password"])]
+        shown = surfaces_of_a_model(model) + [
+            str(model.config),
+            repr(model.config),
+            str(model.config["sasl.password"]),
+            repr(model.config["sasl.password"]),
+        ]
         assert all(PASSWORD not in s for s in shown), [s for s in shown if PASSWORD in s]
         # and the rest stays readable, while librdkafka gets the real value
         assert model.config["sasl.username"] == "u" and model.config["sasl.mechanism"] == "SCRAM-SHA-512"
@@ -218,7 +262,12 @@ def test_redis_password_on_no_surface_of_the_sequencer_config(url: str) -> None:
 @pytest.mark.parametrize("url", REDIS_URLS, ids=["password", "user-password", "query"])
 @pytest.mark.parametrize(
     "opts",
-    [{"namespace": "bad{ns}"}, {"lease_ttl_s": 1.0, "renew_interval_s": 1.0}, {"namespace": None}, {"no_such": 1}],
+    [
+        {"namespace": "bad{ns}"},
+        {"lease_ttl_s": 1.0, "renew_interval_s": 1.0},
+        {"namespace": None},
+        {"no_such": 1},
+    ],
     ids=["bad-namespace", "ttl-not-above-three-renewals", "missing-namespace", "unknown-keyword"],
 )
 def test_redis_password_in_no_surface_of_a_validation_error(url: str, opts: dict[str, Any]) -> None:

@@ -44,7 +44,9 @@ def in_thread(fn: Any, *args: Any) -> None:
     assert not t.is_alive()
 
 
-def test_one_signal_stops_every_registered_consumer_then_the_previous_handler_comes_back(previous: list[int]) -> None:
+def test_one_signal_stops_every_registered_consumer_then_the_previous_handler_comes_back(
+    previous: list[int],
+) -> None:
     from keyedconsumer import signals
 
     mine = signal.getsignal(signal.SIGTERM)

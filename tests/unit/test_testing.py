@@ -31,12 +31,15 @@ def never_backwards(commits: list[Commit]) -> dict[tuple[str, int], list[int]]:
     seen: dict[tuple[str, int], list[int]] = defaultdict(list)
     for c in commits:
         tp = (c.topic, c.partition)
-        assert not seen[tp] or c.offset >= seen[tp][-1], f"committed offset of {tp} moved back: {seen[tp]} then {c}"
+        assert not seen[tp] or c.offset >= seen[tp][-1], (
+            f"committed offset of {tp} moved back: {seen[tp]} then {c}"
+        )
         seen[tp].append(c.offset)
     return seen
 
 
 # -- the user story ---------------------------------------------------------------------------------
+
 
 def test_three_messages_are_handled_and_their_offsets_committed() -> None:
     # given three messages on a two-partition topic
@@ -46,8 +49,11 @@ def test_three_messages_are_handled_and_their_offsets_committed() -> None:
     handled: list[tuple[int, int, bytes | None]] = []
     # when a consumer built the long way (client_factory + clock) runs until idle
     consumer = KeyedConsumer(
-        name="billing", handler=lambda m: handled.append((m.partition, m.offset, m.value)), topics=["orders"],
-        client_factory=broker.client_factory, clock=broker.clock,
+        name="billing",
+        handler=lambda m: handled.append((m.partition, m.offset, m.value)),
+        topics=["orders"],
+        client_factory=broker.client_factory,
+        clock=broker.clock,
     )
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=5)
@@ -76,9 +82,13 @@ def test_retry_with_minutes_of_backoff_then_dead_letter_takes_milliseconds() -> 
             raise ValueError("card declined")
 
     consumer = broker.consumer(
-        name="payments-processor", handler=handle, topics=["payments"],
-        middlewares=[DeadLetter(publisher=broker.publisher()),
-                     Retry(max_attempts=3, initial_delay_s=60, multiplier=2, max_delay_s=600, jitter=0)],
+        name="payments-processor",
+        handler=handle,
+        topics=["payments"],
+        middlewares=[
+            DeadLetter(publisher=broker.publisher()),
+            Retry(max_attempts=3, initial_delay_s=60, multiplier=2, max_delay_s=600, jitter=0),
+        ],
     )
     # when it runs until idle
     started = time.monotonic()
@@ -103,7 +113,9 @@ def test_retry_with_minutes_of_backoff_then_dead_letter_takes_milliseconds() -> 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("manual_commit", [False, True])
-def test_rebalance_mid_run_keeps_key_order_and_commits_nothing_past_an_unfinished_message(manual_commit: bool) -> None:
+def test_rebalance_mid_run_keeps_key_order_and_commits_nothing_past_an_unfinished_message(
+    manual_commit: bool,
+) -> None:
     broker = InMemoryBroker()
     broker.create_topic("events", partitions=4)
     keys = [f"key-{i}".encode() for i in range(12)]
@@ -132,13 +144,25 @@ def test_rebalance_mid_run_keeps_key_order_and_commits_nothing_past_an_unfinishe
             finally:
                 with lock:
                     running.discard(msg.key)
+
         return handle
 
-    c1, c2 = (broker.consumer(name=name, group_id="grp", handler=handler_of(name), topics=["events"], concurrency=4,
-                              manual_commit=manual_commit) for name in ("c1", "c2"))
+    c1, c2 = (
+        broker.consumer(
+            name=name,
+            group_id="grp",
+            handler=handler_of(name),
+            topics=["events"],
+            concurrency=4,
+            manual_commit=manual_commit,
+        )
+        for name in ("c1", "c2")
+    )
     with broker.run(c1, c2) as run:
         # given two members of one group holding two partitions each
-        run.wait_for(lambda: sorted(map(len, broker.assignments("grp").values())) == [2, 2], what="a 2/2 assignment")
+        run.wait_for(
+            lambda: sorted(map(len, broker.assignments("grp").values())) == [2, 2], what="a 2/2 assignment"
+        )
         records = {}
         for seq in range(10):
             for key in keys:
@@ -164,8 +188,10 @@ def test_rebalance_mid_run_keeps_key_order_and_commits_nothing_past_an_unfinishe
             # when the group rebalances while it still runs
             owner_before = next(m for m, tps in broker.assignments("grp").items() if blocked_tp in tps)
             broker.rebalance("grp")
-            run.wait_for(lambda: sorted(map(len, broker.assignments("grp").values())) == [0, 2],
-                         what="the member without the blocked message to revoke")
+            run.wait_for(
+                lambda: sorted(map(len, broker.assignments("grp").values())) == [0, 2],
+                what="the member without the blocked message to revoke",
+            )
             assert all(offset <= blocked.offset for offset in blocked_commits()), blocked_commits()
         finally:
             release.set()
@@ -187,6 +213,7 @@ def test_rebalance_mid_run_keeps_key_order_and_commits_nothing_past_an_unfinishe
 
 
 # -- the broker model -------------------------------------------------------------------------------
+
 
 def test_partitioner_hashes_keys_like_librdkafka_and_spreads_null_keys() -> None:
     broker = InMemoryBroker()
@@ -225,8 +252,13 @@ def test_auto_commit_waits_for_the_clock_tick_and_manual_commit_does_not() -> No
     for i in range(3):
         broker.produce("t", str(i), key="k")
     hour_ms = 3_600_000
-    auto = broker.consumer(name="auto", handler=lambda m: None, topics=["t"], poll_timeout_s=0.1,
-                           config={"auto.commit.interval.ms": hour_ms})
+    auto = broker.consumer(
+        name="auto",
+        handler=lambda m: None,
+        topics=["t"],
+        poll_timeout_s=0.1,
+        config={"auto.commit.interval.ms": hour_ms},
+    )
     with broker.run(auto) as run:
         # given every message done: its offsets are stored, not committed, until the tick
         run.wait_for(lambda: broker.stored("auto") == {("t", 0): 3}, what="the offsets stored")
@@ -236,8 +268,14 @@ def test_auto_commit_waits_for_the_clock_tick_and_manual_commit_does_not() -> No
         run.wait_for(lambda: broker.committed("auto") == {("t", 0): 3}, what="the auto commit")
     assert broker.commits("auto")[0].automatic
     # with manual_commit the engine commits synchronously, no tick needed
-    manual = broker.consumer(name="manual", handler=lambda m: None, topics=["t"], poll_timeout_s=0.1,
-                             manual_commit=True, config={"auto.commit.interval.ms": hour_ms})
+    manual = broker.consumer(
+        name="manual",
+        handler=lambda m: None,
+        topics=["t"],
+        poll_timeout_s=0.1,
+        manual_commit=True,
+        config={"auto.commit.interval.ms": hour_ms},
+    )
     with broker.run(manual) as run:
         run.wait_for(lambda: broker.committed("manual") == {("t", 0): 3}, what="the manual commit")
     assert broker.commits("manual") and not any(c.automatic for c in broker.commits("manual"))
@@ -247,8 +285,13 @@ def test_lost_partitions_drop_stored_offsets_and_are_delivered_again_but_revoked
     broker = InMemoryBroker()
     broker.create_topic("t", partitions=1)
     handled: list[int] = []
-    consumer = broker.consumer(name="g", handler=lambda m: handled.append(m.offset), topics=["t"], poll_timeout_s=0.1,
-                               config={"auto.commit.interval.ms": 3_600_000})
+    consumer = broker.consumer(
+        name="g",
+        handler=lambda m: handled.append(m.offset),
+        topics=["t"],
+        poll_timeout_s=0.1,
+        config={"auto.commit.interval.ms": 3_600_000},
+    )
     with broker.run(consumer) as run:
         for i in range(3):
             broker.produce("t", str(i), key=f"k{i}")
@@ -256,7 +299,9 @@ def test_lost_partitions_drop_stored_offsets_and_are_delivered_again_but_revoked
         # a revoke commits what is done: nothing is delivered again
         broker.rebalance("g")
         run.wait_for(lambda: broker.committed("g") == {("t", 0): 3}, what="the commit on revoke")
-        run.wait_for(lambda: list(broker.assignments("g").values()) == [[("t", 0)]], what="the partition assigned back")
+        run.wait_for(
+            lambda: list(broker.assignments("g").values()) == [[("t", 0)]], what="the partition assigned back"
+        )
         for i in range(3, 6):
             broker.produce("t", str(i), key=f"k{i}")
         run.wait_for(lambda: broker.stored("g") == {("t", 0): 6}, what="six offsets stored")
@@ -272,8 +317,12 @@ def test_members_joining_and_leaving_move_only_some_partitions() -> None:
     broker = InMemoryBroker()
     broker.create_topic("t", partitions=4)
     handled: list[tuple[str, int, int]] = []
-    c1 = broker.consumer(name="a", group_id="g", topics=["t"], handler=lambda m: handled.append(("a", m.partition, m.offset)))
-    c2 = broker.consumer(name="b", group_id="g", topics=["t"], handler=lambda m: handled.append(("b", m.partition, m.offset)))
+    c1 = broker.consumer(
+        name="a", group_id="g", topics=["t"], handler=lambda m: handled.append(("a", m.partition, m.offset))
+    )
+    c2 = broker.consumer(
+        name="b", group_id="g", topics=["t"], handler=lambda m: handled.append(("b", m.partition, m.offset))
+    )
     with broker.run(c1) as run:
         run.wait_for(lambda: [len(v) for v in broker.assignments("g").values()] == [4], what="all four to a")
         (first,) = broker.assignments("g")
@@ -284,8 +333,10 @@ def test_members_joining_and_leaving_move_only_some_partitions() -> None:
             broker.produce("t", str(i), key=f"k{i}")
         run.until_idle(timeout_s=10)
         run.stop(c2)
-        run.wait_for(lambda: list(broker.assignments("g").values()) == [[("t", p) for p in range(4)]],
-                     what="all four back to a")
+        run.wait_for(
+            lambda: list(broker.assignments("g").values()) == [[("t", p) for p in range(4)]],
+            what="all four back to a",
+        )
         for i in range(40, 60):
             broker.produce("t", str(i), key=f"k{i}")
         run.until_idle(timeout_s=10)
@@ -300,8 +351,9 @@ def test_members_joining_and_leaving_move_only_some_partitions() -> None:
     assert calls[3:] == [(second, "revoke", moved), (first, "assign", moved), (first, "revoke", t)]
     assert len(kept) == 2
     assert {m for m, _, _ in handled} == {"a", "b"}
-    assert sorted((p, o) for _, p, o in handled) == sorted((r.partition, r.offset) for r in
-                                                            (r for p in range(4) for r in broker.records("t", p)))
+    assert sorted((p, o) for _, p, o in handled) == sorted(
+        (r.partition, r.offset) for r in (r for p in range(4) for r in broker.records("t", p))
+    )
     assert set(broker.lag("g", "t").values()) == {0}
 
 
@@ -373,7 +425,9 @@ def test_the_fake_client_alone_models_store_commit_and_the_cooperative_hand_over
     b.close()
     assert lb.calls[-1] == ("revoke", [("t", 1)]) and broker.committed("g")[("t", 1)] == 3
     a.poll_batch(10, 0.1)
-    assert la.calls[-1] == ("assign", [("t", 1)]) and broker.assignments("g") == {a.member_id: [("t", 0), ("t", 1)]}
+    assert la.calls[-1] == ("assign", [("t", 1)]) and broker.assignments("g") == {
+        a.member_id: [("t", 0), ("t", 1)]
+    }
     with pytest.raises(KafkaClientError):
         b.poll_batch(10, 0.1)
     assert errors == []
@@ -405,6 +459,7 @@ def test_run_refuses_a_consumer_of_the_real_kafka_client() -> None:
 
 
 # -- the engine, tested through the harness -------------------------------------------------------
+
 
 def test_an_unhandled_failure_stops_the_consumer_and_commits_up_to_the_failing_message() -> None:
     broker = InMemoryBroker()
@@ -514,7 +569,9 @@ def test_async_handlers_run_through_the_harness_too() -> None:
     consumer = broker.consumer(name="g", handler=handle, topics=["t"], concurrency=3)
     with broker.run(consumer) as run:
         run.until_idle(timeout_s=10)
-    assert sorted(handled) == sorted((r.partition, r.offset) for p in range(2) for r in broker.records("t", p))
+    assert sorted(handled) == sorted(
+        (r.partition, r.offset) for p in range(2) for r in broker.records("t", p)
+    )
     assert set(broker.lag("g", "t").values()) == {0}
 
 
@@ -522,8 +579,12 @@ def test_client_errors_go_to_the_error_handler_and_a_fatal_one_stops_the_consume
     broker = InMemoryBroker()
     broker.create_topic("t", partitions=1)
     reported: list[tuple[BaseException, Message | None]] = []
-    consumer = broker.consumer(name="g", handler=lambda m: None, topics=["t"],
-                               error_handler=lambda err, msg: reported.append((err, msg)))
+    consumer = broker.consumer(
+        name="g",
+        handler=lambda m: None,
+        topics=["t"],
+        error_handler=lambda err, msg: reported.append((err, msg)),
+    )
     with pytest.raises(KafkaClientError, match="broker gone"):
         with broker.run(consumer) as run:
             broker.inject_error(KafkaClientError("_TRANSPORT: flaky", code="_TRANSPORT"), group="g")
@@ -535,7 +596,9 @@ def test_client_errors_go_to_the_error_handler_and_a_fatal_one_stops_the_consume
 
 
 @pytest.mark.timeout(60)
-def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_the_next_owner_skips_it() -> None:
+def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_the_next_owner_skips_it() -> (
+    None
+):
     # given key "a" blocked at offset 0 and 20 other keys finished above it (offsets 1..20)
     broker = InMemoryBroker()
     broker.create_topic("t", partitions=1)
@@ -547,13 +610,15 @@ def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_
             if msg.key == b"a" and member == "c1":
                 release.wait(20)
             runs.append((member, msg.offset))
+
         return handle
 
     broker.produce("t", "blocked", key="a")
     for i in range(20):
         broker.produce("t", str(i), key=f"k{i}")
-    c1 = broker.consumer(name="c1", group_id="g", topics=["t"], handler=handler_of("c1"), concurrency=4,
-                         shutdown_timeout_s=0.5)
+    c1 = broker.consumer(
+        name="c1", group_id="g", topics=["t"], handler=handler_of("c1"), concurrency=4, shutdown_timeout_s=0.5
+    )
     c2 = broker.consumer(name="c2", group_id="g", topics=["t"], handler=handler_of("c2"), concurrency=4)
     try:
         with broker.run(c1) as run:
@@ -605,8 +670,15 @@ def test_a_final_commit_refused_during_a_rebalance_is_made_again_once_the_rebala
 
     stopping, served = threading.Event(), threading.Event()
     handled: list[int] = []
-    c = KeyedConsumer(name="g", topics=["t"], handler=lambda m: handled.append(m.offset), client_factory=factory,
-                      clock=broker.clock, poll_timeout_s=0.05, config={"auto.commit.interval.ms": 3_600_000})
+    c = KeyedConsumer(
+        name="g",
+        topics=["t"],
+        handler=lambda m: handled.append(m.offset),
+        client_factory=factory,
+        clock=broker.clock,
+        poll_timeout_s=0.05,
+        config={"auto.commit.interval.ms": 3_600_000},
+    )
     for i in range(5):
         broker.produce("t", str(i), key=f"k{i}")
     with broker.run(c) as run:

@@ -36,8 +36,14 @@ def test_an_async_handler_is_cancelled_at_the_limit_and_the_failure_is_retried_t
                 raise
 
     consumer = kc_broker.consumer(
-        name="g", handler=handle, topics=["t"], handler_timeout_s=0.2,
-        middlewares=[DeadLetter(publisher=kc_broker.publisher()), Retry(max_attempts=2, initial_delay_s=0.01)],
+        name="g",
+        handler=handle,
+        topics=["t"],
+        handler_timeout_s=0.2,
+        middlewares=[
+            DeadLetter(publisher=kc_broker.publisher()),
+            Retry(max_attempts=2, initial_delay_s=0.01),
+        ],
     )
     started = time.monotonic()
     with kc_broker.run(consumer) as run:
@@ -49,7 +55,9 @@ def test_an_async_handler_is_cancelled_at_the_limit_and_the_failure_is_retried_t
     assert dict(dead.headers)["kafka_dlt-exception-fqcn"] == b"keyedconsumer.errors.HandlerTimeoutError"
 
 
-def test_a_plain_handler_is_reported_while_it_overruns_and_fails_when_it_returns(kc_broker: InMemoryBroker) -> None:
+def test_a_plain_handler_is_reported_while_it_overruns_and_fails_when_it_returns(
+    kc_broker: InMemoryBroker,
+) -> None:
     kc_broker.create_topic("t", partitions=1)
     kc_broker.produce("t", "slow", key="k")
     release = threading.Event()
@@ -58,8 +66,13 @@ def test_a_plain_handler_is_reported_while_it_overruns_and_fails_when_it_returns
     def handle(msg: Message) -> None:
         release.wait(20)
 
-    consumer = kc_broker.consumer(name="g", handler=handle, topics=["t"], handler_timeout_s=0.1,
-                                  error_handler=lambda e, m: errors.append(e))
+    consumer = kc_broker.consumer(
+        name="g",
+        handler=handle,
+        topics=["t"],
+        handler_timeout_s=0.1,
+        error_handler=lambda e, m: errors.append(e),
+    )
     health = Health(consumer)
     with kc_broker.run(consumer) as run:
         run.wait_for(lambda: consumer.overrunning == 1, timeout_s=10, what="the overrun to be noticed")
@@ -75,7 +88,9 @@ def test_no_limit_by_default_and_a_fast_handler_never_counts(kc_broker: InMemory
     kc_broker.create_topic("t", partitions=1)
     for i in range(20):
         kc_broker.produce("t", str(i), key=f"k{i}")
-    limited = kc_broker.consumer(name="g", handler=lambda m: None, topics=["t"], handler_timeout_s=5, concurrency=4)
+    limited = kc_broker.consumer(
+        name="g", handler=lambda m: None, topics=["t"], handler_timeout_s=5, concurrency=4
+    )
     with kc_broker.run(limited) as run:
         run.until_idle()
     assert limited.handler_timeouts == 0 and limited.overrunning == 0

@@ -34,8 +34,11 @@ def otel() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     provider.shutdown()
 
 
-def msg(headers: list[tuple[str, bytes | None]] | None = None, key: bytes | None = b"acct-1",
-        value: bytes | None = b"{}") -> Message:
+def msg(
+    headers: list[tuple[str, bytes | None]] | None = None,
+    key: bytes | None = b"acct-1",
+    value: bytes | None = b"{}",
+) -> Message:
     return Message("orders", 3, 42, key, value, headers, 1_700_000_000_000)
 
 
@@ -116,7 +119,11 @@ def test_handler_spans_are_children_of_the_consumer_span(otel) -> None:  # type:
     Tracing(tracer_provider=provider)(handle)(msg([("traceparent", TRACEPARENT)]))
     inner, outer = exporter.get_finished_spans()
     assert inner.name == "write ledger" and outer.name == "process orders"
-    assert inner.parent is not None and outer.context is not None and inner.parent.span_id == outer.context.span_id
+    assert (
+        inner.parent is not None
+        and outer.context is not None
+        and inner.parent.span_id == outer.context.span_id
+    )
 
 
 def test_a_failure_is_recorded_with_error_status_and_reraised(otel) -> None:  # type: ignore[no-untyped-def]
@@ -146,8 +153,14 @@ def test_ack_fail_is_an_error_and_skip_is_not(otel) -> None:  # type: ignore[no-
     with pytest.raises(SkipMessage):
         tracing(skip)(msg())
     failed, skipped = exporter.get_finished_spans()
-    assert failed.status.status_code is StatusCode.ERROR and dict(failed.attributes or {})["error.type"] == "builtins.KeyError"
-    assert skipped.status.status_code is StatusCode.UNSET and dict(skipped.attributes or {})["keyedconsumer.outcome"] == "SKIP"
+    assert (
+        failed.status.status_code is StatusCode.ERROR
+        and dict(failed.attributes or {})["error.type"] == "builtins.KeyError"
+    )
+    assert (
+        skipped.status.status_code is StatusCode.UNSET
+        and dict(skipped.attributes or {})["keyedconsumer.outcome"] == "SKIP"
+    )
 
 
 def test_retries_are_spans_per_attempt_linked_and_the_dead_letter_carries_the_last(otel) -> None:  # type: ignore[no-untyped-def]
@@ -168,7 +181,11 @@ def test_retries_are_spans_per_attempt_linked_and_the_dead_letter_carries_the_la
     spans = exporter.get_finished_spans()
     assert [dict(s.attributes or {})["keyedconsumer.message.attempt"] for s in spans] == [1, 2, 3]
     assert all(s.parent is not None and s.parent.span_id == PARENT_ID for s in spans)
-    assert [dict(s.attributes or {})["keyedconsumer.outcome"] for s in spans] == ["RETRY", "RETRY", "DEAD_LETTERED"]
+    assert [dict(s.attributes or {})["keyedconsumer.outcome"] for s in spans] == [
+        "RETRY",
+        "RETRY",
+        "DEAD_LETTERED",
+    ]
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
     assert dict(spans[0].attributes or {})["keyedconsumer.retry.delay_s"] == 0.5
     assert dict(spans[2].attributes or {})["error.type"] == "builtins.RuntimeError"
@@ -248,8 +265,12 @@ def test_keys_and_tombstones(otel, key: bytes | None, value: bytes | None, expec
     provider, exporter = otel
     Tracing(tracer_provider=provider)(lambda m: None)(msg(key=key, value=value))
     attrs = dict(exporter.get_finished_spans()[0].attributes or {})
-    extra = {k: v for k, v in attrs.items() if k in ("messaging.kafka.message.key", "messaging.kafka.message.tombstone",
-                                                     "messaging.message.body.size")}
+    extra = {
+        k: v
+        for k, v in attrs.items()
+        if k
+        in ("messaging.kafka.message.key", "messaging.kafka.message.tombstone", "messaging.message.body.size")
+    }
     assert extra == expect
 
 
@@ -271,6 +292,8 @@ def test_the_package_works_without_the_tracing_extra() -> None:
 
 
 def test_importing_middleware_does_not_import_opentelemetry() -> None:
-    code = "import sys, keyedconsumer.middleware; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    code = (
+        "import sys, keyedconsumer.middleware; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -33,9 +33,24 @@ def _site(tmp: Path) -> Path:
 def _mypy(tmp: Path, *files: Path) -> tuple[int, list[str]]:
     env = {**os.environ, "MYPYPATH": str(_site(tmp))}
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--python-version", "3.10", "--no-error-summary",
-         "--show-error-codes", "--cache-dir", str(tmp / "cache"), *map(str, files)],
-        cwd=tmp, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--python-version",
+            "3.10",
+            "--no-error-summary",
+            "--show-error-codes",
+            "--cache-dir",
+            str(tmp / "cache"),
+            *map(str, files),
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     lines = [line for line in out.stdout.splitlines() if ": error: " in line]
     return out.returncode, lines

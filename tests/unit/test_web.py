@@ -35,12 +35,26 @@ class FixedSampler(Sampler):
 
 def _row(topic: str, p: int, committed: int | None, end: int) -> dict[str, Any]:
     lag = None if committed is None else end - committed
-    return {"topic": topic, "partition": p, "committed_offset": committed, "start_offset": 0, "end_offset": end,
-            "lag": lag, "finished_above": 0, "oldest_unfinished_age_s": None, "stalled_for_s": None, "stalled": False}
+    return {
+        "topic": topic,
+        "partition": p,
+        "committed_offset": committed,
+        "start_offset": 0,
+        "end_offset": end,
+        "lag": lag,
+        "finished_above": 0,
+        "oldest_unfinished_age_s": None,
+        "stalled_for_s": None,
+        "stalled": False,
+    }
 
 
 def _client(snap: Snapshot, **options: Any) -> TestClient:
-    app = create_app(WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options), sampler=FixedSampler(snap), start_sampler=False)
+    app = create_app(
+        WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options),
+        sampler=FixedSampler(snap),
+        start_sampler=False,
+    )
     return TestClient(app)
 
 
@@ -51,13 +65,37 @@ def _snap(**kw: Any) -> Snapshot:
 @pytest.mark.timeout(30)
 def test_every_shown_value_is_escaped_and_no_inline_script_may_run() -> None:
     # given a group and a Redis namespace whose names and keys are script payloads
-    g = GroupSnapshot(XSS, state="stable", members=(GroupMember("m1", XSS, "/10.0.0.1", ((XSS, 0),)),),
-                      rows=[_row(XSS, 0, 5, 9)], total_lag=4, sampled_s=1.0)
-    redis = {"ns": {"leases": [{"key": XSS, "lid": "k.00", "owner": XSS, "ttl_ms": 1, "fencing_token": 3}],
-                    "parked": [{"key": XSS, "lid": "k.00", "depth": 1, "next_due_s": None, "attempt": 2, "head": XSS, "quarantined": True,
-                                "last_error": {"type": XSS, "message": XSS, "at": XSS, "attempt": 1, "time_s": 1.0}}],
-                    "scheduled": 1, "scheduled_messages": [{"id": "a" * 32, "key": XSS, "topic": XSS, "due_s": 5.0}],
-                    "instances": [{"id": XSS, "last_seen_s": 1.0}], "scheduler": XSS, "quarantined": [XSS], "now_s": 2.0}}
+    g = GroupSnapshot(
+        XSS,
+        state="stable",
+        members=(GroupMember("m1", XSS, "/10.0.0.1", ((XSS, 0),)),),
+        rows=[_row(XSS, 0, 5, 9)],
+        total_lag=4,
+        sampled_s=1.0,
+    )
+    redis = {
+        "ns": {
+            "leases": [{"key": XSS, "lid": "k.00", "owner": XSS, "ttl_ms": 1, "fencing_token": 3}],
+            "parked": [
+                {
+                    "key": XSS,
+                    "lid": "k.00",
+                    "depth": 1,
+                    "next_due_s": None,
+                    "attempt": 2,
+                    "head": XSS,
+                    "quarantined": True,
+                    "last_error": {"type": XSS, "message": XSS, "at": XSS, "attempt": 1, "time_s": 1.0},
+                }
+            ],
+            "scheduled": 1,
+            "scheduled_messages": [{"id": "a" * 32, "key": XSS, "topic": XSS, "due_s": 5.0}],
+            "instances": [{"id": XSS, "last_seen_s": 1.0}],
+            "scheduler": XSS,
+            "quarantined": [XSS],
+            "now_s": 2.0,
+        }
+    }
     client = _client(_snap(groups={XSS: g}, redis=redis, topics={XSS: 1}), redis_url="redis://:pw@h:1/0")
     # when each page is rendered
     for path in ("/groups", f"/groups/{XSS}", "/keys?ns=ns&q=" + XSS):
@@ -75,7 +113,9 @@ def test_every_shown_value_is_escaped_and_no_inline_script_may_run() -> None:
 @pytest.mark.timeout(30)
 def test_ten_thousand_partitions_are_paginated() -> None:
     rows = [_row("big", p, p, p + 1) for p in range(10_000)]
-    client = _client(_snap(groups={"g": GroupSnapshot("g", state="stable", rows=rows, total_lag=10_000, sampled_s=1.0)}))
+    client = _client(
+        _snap(groups={"g": GroupSnapshot("g", state="stable", rows=rows, total_lag=10_000, sampled_s=1.0)})
+    )
     first = client.get("/groups/g")
     assert first.text.count("<tr data-tp=") == 100 and "page 1 of 100" in first.text
     last = client.get("/groups/g?page=100")
@@ -85,7 +125,9 @@ def test_ten_thousand_partitions_are_paginated() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_group_without_members_and_a_deleted_topic_are_said_plainly() -> None:
-    g = GroupSnapshot("idle", state="empty", rows=[_row("gone-soon", 0, 3, 3)], note="topic(s) deleted: old", sampled_s=1.0)
+    g = GroupSnapshot(
+        "idle", state="empty", rows=[_row("gone-soon", 0, 3, 3)], note="topic(s) deleted: old", sampled_s=1.0
+    )
     text = _client(_snap(groups={"idle": g})).get("/groups/idle").text
     assert "No members" in text and "topic(s) deleted: old" in text and "caught up" in text
 
@@ -93,8 +135,10 @@ def test_a_group_without_members_and_a_deleted_topic_are_said_plainly() -> None:
 @pytest.mark.timeout(30)
 def test_with_redis_down_the_kafka_views_still_render_and_say_so() -> None:
     g = GroupSnapshot("g", state="stable", rows=[_row("t", 0, 1, 2)], sampled_s=1.0)
-    client = _client(_snap(groups={"g": g}, redis_error="Redis redis://h:1/0 did not answer: ConnectionError"),
-                     redis_url="redis://h:1/0")
+    client = _client(
+        _snap(groups={"g": g}, redis_error="Redis redis://h:1/0 did not answer: ConnectionError"),
+        redis_url="redis://h:1/0",
+    )
     for path in ("/groups", "/groups/g", "/keys"):
         text = client.get(path).text
         assert "did not answer" in text and "the Kafka views still work" in text, path
@@ -106,14 +150,19 @@ def test_read_only_by_default_every_action_is_refused() -> None:
     client = _client(_snap(dead_letter_topics=["t.dlq"]))
     assert "read-only" in client.get("/groups").text
     for action in ("replay", "unpark", "cancel-scheduled"):
-        r = client.post(f"/actions/{action}", json={"topic": "t.dlq", "records": [[0, 0]]},
-                        headers={"Authorization": f"Bearer {TOKEN}"})
+        r = client.post(
+            f"/actions/{action}",
+            json={"topic": "t.dlq", "records": [[0, 0]]},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         assert r.status_code == 403 and "actions are off" in r.json()["message"]
 
 
 def test_actions_need_a_token() -> None:
     with pytest.raises(ValueError, match="token"):
-        create_app(WebOptions({}, actions=True, token=None), sampler=FixedSampler(_snap()), start_sampler=False)
+        create_app(
+            WebOptions({}, actions=True, token=None), sampler=FixedSampler(_snap()), start_sampler=False
+        )
 
 
 @pytest.mark.timeout(30)
@@ -123,11 +172,17 @@ def test_an_action_needs_a_session_and_its_csrf_token() -> None:
     # not signed in: refused
     assert client.post("/actions/unpark", json=body).status_code == 403
     # a wrong token does not sign in
-    r = client.post("/login", content="token=wrong", headers={"content-type": "application/x-www-form-urlencoded"})
+    r = client.post(
+        "/login", content="token=wrong", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     assert "not the access token" in r.text and COOKIE not in client.cookies
     # the right one does: an HttpOnly, SameSite=Strict session cookie that is not the token
-    r = client.post("/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"},
-                    follow_redirects=False)
+    r = client.post(
+        "/login",
+        content=f"token={TOKEN}",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
+    )
     assert r.status_code == 303
     cookie = r.headers["set-cookie"]
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower() and TOKEN not in cookie
@@ -147,12 +202,18 @@ def test_an_action_needs_a_session_and_its_csrf_token() -> None:
     # after signing out the session is gone
     client.post("/logout", headers={"X-CSRF-Token": csrf.group(1)})
     client.cookies.clear()
-    assert client.post("/actions/unpark", json=body, headers={"X-CSRF-Token": csrf.group(1)}).status_code == 403
+    assert (
+        client.post("/actions/unpark", json=body, headers={"X-CSRF-Token": csrf.group(1)}).status_code == 403
+    )
 
 
 def test_a_replay_is_only_of_a_dead_letter_topic_shown() -> None:
     client = _client(_snap(dead_letter_topics=["t.dlq"]), actions=True, token=TOKEN)
-    r = client.post("/actions/replay", json={"topic": "orders", "records": [[0, 1]]}, headers={"Authorization": f"Bearer {TOKEN}"})
+    r = client.post(
+        "/actions/replay",
+        json={"topic": "orders", "records": [[0, 1]]},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     assert r.status_code == 400 and "not a dead-letter topic" in r.json()["message"]
 
 
@@ -206,13 +267,19 @@ def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
     from keyedconsumer.web.audit import ActionAudit
 
     audit = ActionAudit({}, "web.audit", publisher=broker.publisher)
-    app = create_app(WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options), sampler=FixedSampler(snap),
-                     start_sampler=False, audit=audit)
+    app = create_app(
+        WebOptions({"bootstrap.servers": "127.0.0.1:1"}, **options),
+        sampler=FixedSampler(snap),
+        start_sampler=False,
+        audit=audit,
+    )
     return TestClient(app)
 
 
 @pytest.mark.timeout(30)
-def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import json
 
     from keyedconsumer.testing import InMemoryBroker
@@ -223,32 +290,75 @@ def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(m
     broker.create_topic("web.audit", partitions=3)
     monkeypatch.setattr(web_app, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
     monkeypatch.setattr(web_app, "cancel_scheduled", lambda url, ns, sid: True)
-    snap = _snap(redis={"ns": {"scheduled_messages": [{"id": "a" * 32, "key": "later", "topic": "orders", "due_s": 5.0}]}})
+    snap = _snap(
+        redis={
+            "ns": {"scheduled_messages": [{"id": "a" * 32, "key": "later", "topic": "orders", "due_s": 5.0}]}
+        }
+    )
     client = _audited(snap, broker, actions=True, token=TOKEN, redis_url="redis://h:1/0")
-    client.post("/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"})
+    client.post(
+        "/login", content=f"token={TOKEN}", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     csrf = re.search(r'name="csrf-token" content="([^"]+)"', client.get("/groups").text)
     assert csrf is not None
     signed_in = {"X-CSRF-Token": csrf.group(1)}
     # when a signed-in person un-parks a key, a script cancels a scheduled message, one request is
     # bad, and a request without a session is refused
-    assert client.post("/actions/unpark", json={"namespace": "ns", "lid": "k.6b6579"}, headers=signed_in).status_code == 200
-    assert client.post("/actions/cancel-scheduled", json={"namespace": "ns", "id": "a" * 32},
-                       headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-    assert client.post("/actions/unpark", json={"namespace": "other", "lid": XSS}, headers=signed_in).status_code == 400
+    assert (
+        client.post(
+            "/actions/unpark", json={"namespace": "ns", "lid": "k.6b6579"}, headers=signed_in
+        ).status_code
+        == 200
+    )
+    assert (
+        client.post(
+            "/actions/cancel-scheduled",
+            json={"namespace": "ns", "id": "a" * 32},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).status_code
+        == 200
+    )
+    assert (
+        client.post("/actions/unpark", json={"namespace": "other", "lid": XSS}, headers=signed_in).status_code
+        == 400
+    )
     assert client.post("/actions/unpark", json={"namespace": "ns", "lid": "k.6b6579"}).status_code == 403
     # then each action that ran or was asked by a signed-in party has one record, keyed by its message key
     recs = [(r.key, json.loads(r.value or b"")) for r in broker.records("web.audit")]
     by_action = {(d["action"], d["result"]): (k, d) for k, d in recs}
-    assert len(recs) == 3 and set(by_action) == {("unpark", "done"), ("cancel-scheduled", "done"), ("unpark", "bad request")}
+    assert len(recs) == 3 and set(by_action) == {
+        ("unpark", "done"),
+        ("cancel-scheduled", "done"),
+        ("unpark", "bad request"),
+    }
     key, unpark = by_action[("unpark", "done")]
     session = unpark["session"]
-    assert key == b"key" and unpark["key"] == "key" and unpark["outcome"] == "ACTION" and unpark["lid"] == "k.6b6579"
-    assert re.fullmatch(r"session-[0-9a-f]{8}", session) and unpark["client"] == "testclient" and "due now" in unpark["message"]
+    assert (
+        key == b"key"
+        and unpark["key"] == "key"
+        and unpark["outcome"] == "ACTION"
+        and unpark["lid"] == "k.6b6579"
+    )
+    assert (
+        re.fullmatch(r"session-[0-9a-f]{8}", session)
+        and unpark["client"] == "testclient"
+        and "due now" in unpark["message"]
+    )
     assert client.cookies.get(COOKIE) not in json.dumps(unpark)  # who, never the session id
     key, cancel = by_action[("cancel-scheduled", "done")]
-    assert (key, cancel["scheduled_id"], cancel["topic"], cancel["session"]) == (b"later", "a" * 32, "orders", "bearer token")
+    assert (key, cancel["scheduled_id"], cancel["topic"], cancel["session"]) == (
+        b"later",
+        "a" * 32,
+        "orders",
+        "bearer token",
+    )
     _, bad = by_action[("unpark", "bad request")]
-    assert bad["session"] == session and bad["namespace"] == "other" and bad["lid"] == XSS[:200] and "not shown here" in bad["message"]
+    assert (
+        bad["session"] == session
+        and bad["namespace"] == "other"
+        and bad["lid"] == XSS[:200]
+        and "not shown here" in bad["message"]
+    )
 
 
 @pytest.mark.timeout(30)
@@ -260,10 +370,22 @@ def test_an_action_whose_audit_record_is_refused_says_so() -> None:
     broker.create_topic("web.audit")
     publisher = broker.publisher()
     publisher.error = PublishError("the audit topic refuses writes")
-    client = _audited(_snap(dead_letter_topics=["t.dlq"]), type("B", (), {"publisher": lambda self: publisher})(),
-                      actions=True, token=TOKEN)
-    r = client.post("/actions/replay", json={"topic": "orders", "records": [[0, 1]]}, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert r.status_code == 400 and "NOT in the audit trail" in r.json()["message"] and "refuses writes" in r.json()["message"]
+    client = _audited(
+        _snap(dead_letter_topics=["t.dlq"]),
+        type("B", (), {"publisher": lambda self: publisher})(),
+        actions=True,
+        token=TOKEN,
+    )
+    r = client.post(
+        "/actions/replay",
+        json={"topic": "orders", "records": [[0, 1]]},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert (
+        r.status_code == 400
+        and "NOT in the audit trail" in r.json()["message"]
+        and "refuses writes" in r.json()["message"]
+    )
     assert broker.records("web.audit") == []
 
 
@@ -280,7 +402,9 @@ def test_the_audit_topic_comes_from_the_option_or_the_environment(monkeypatch: p
     base = ["web", "--brokers", "127.0.0.1:1", "--enable-actions"]
     env = {"KEYEDCONSUMER_WEB_TOKEN": TOKEN}
     assert runner.invoke(cli_app, [*base, "--audit-topic", "ops.audit"], env=env).exit_code == 0
-    assert runner.invoke(cli_app, base, env={**env, "KEYEDCONSUMER_WEB_AUDIT_TOPIC": "env.audit"}).exit_code == 0
+    assert (
+        runner.invoke(cli_app, base, env={**env, "KEYEDCONSUMER_WEB_AUDIT_TOPIC": "env.audit"}).exit_code == 0
+    )
     assert runner.invoke(cli_app, base, env=env).exit_code == 0
     audits = [app.state.dashboard.audit for app in served]
     assert [a.topic if a else None for a in audits] == ["ops.audit", "env.audit", None]

@@ -60,7 +60,9 @@ def handle_counting(msg: Message) -> None:
         key = (msg.key or b"-").decode()
         fd = os.open(os.environ["KC_CLI_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"ok {msg.partition} {msg.offset} {key} {(msg.value or b'-').decode()}|{now}\n".encode())
+            os.write(
+                fd, f"ok {msg.partition} {msg.offset} {key} {(msg.value or b'-').decode()}|{now}\n".encode()
+            )
         finally:
             os.close(fd)
     finally:

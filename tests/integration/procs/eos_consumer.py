@@ -46,8 +46,14 @@ def main() -> int:
 
     options: dict[str, Any] = {"transactional": True, "transactional_id": txn_id} if mode == "tx" else {}
     consumer = KeyedConsumer(
-        name=group, handler=handle, middlewares=[kill_point], brokers=[bootstrap], topics=[in_topic],
-        concurrency=4, config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}, **options,
+        name=group,
+        handler=handle,
+        middlewares=[kill_point],
+        brokers=[bootstrap],
+        topics=[in_topic],
+        concurrency=4,
+        config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        **options,
     )
     print("started", flush=True)
     consumer.run()

@@ -29,8 +29,14 @@ def main() -> None:
         time.sleep(0.003)
         write("E", msg)
 
-    KeyedConsumer(name=group, handler=handle, brokers=[bootstrap], topics=[topic], concurrency=concurrency,
-                  config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}).run()
+    KeyedConsumer(
+        name=group,
+        handler=handle,
+        brokers=[bootstrap],
+        topics=[topic],
+        concurrency=concurrency,
+        config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+    ).run()
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def main() -> None:
     pid = os.getpid()
 
     def log(kind: str, msg: Message) -> None:
-        line = (f"{kind} {pid} {msg.partition} {msg.offset} {(msg.key or b'-').decode()} {(msg.value or b'-').decode()} "
-                f"{msg.attempt} {msg.fencing_token} {time.monotonic_ns()}\n")
+        line = (
+            f"{kind} {pid} {msg.partition} {msg.offset} {(msg.key or b'-').decode()} {(msg.value or b'-').decode()} "
+            f"{msg.attempt} {msg.fencing_token} {time.monotonic_ns()}\n"
+        )
         os.write(fd, line.encode())
 
     def handle(msg: Message) -> None:
@@ -47,9 +49,16 @@ def main() -> None:
         log("E", msg)
 
     seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl)
-    KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=8, sequencer=seq,
-                  middlewares=[Retry(max_attempts=None, initial_delay_s=0.5, multiplier=1.0, jitter=0, park=True)],
-                  config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}).run()
+    KeyedConsumer(
+        name=a.group,
+        handler=handle,
+        brokers=[a.bootstrap],
+        topics=[a.topic],
+        concurrency=8,
+        sequencer=seq,
+        middlewares=[Retry(max_attempts=None, initial_delay_s=0.5, multiplier=1.0, jitter=0, park=True)],
+        config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000},
+    ).run()
 
 
 if __name__ == "__main__":

@@ -52,14 +52,26 @@ def main() -> None:
         log("S", msg)
         slow = a.slow_key and msg.key == a.slow_key.encode()
         time.sleep(a.slow_s if slow else a.sleep)
-        ok = fenced(keys=[f"ext:{a.namespace}:{(msg.key or b'-').decode()}"], args=[msg.fencing_token, msg.offset])
+        ok = fenced(
+            keys=[f"ext:{a.namespace}:{(msg.key or b'-').decode()}"], args=[msg.fencing_token, msg.offset]
+        )
         log("W", msg, "ok " if ok else "refused ")
         log("E", msg)
 
     seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl)
-    KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=a.concurrency,
-                  sequencer=seq, config={"session.timeout.ms": a.session_ms, "heartbeat.interval.ms": 1000,
-                          "auto.commit.interval.ms": 500}).run()
+    KeyedConsumer(
+        name=a.group,
+        handler=handle,
+        brokers=[a.bootstrap],
+        topics=[a.topic],
+        concurrency=a.concurrency,
+        sequencer=seq,
+        config={
+            "session.timeout.ms": a.session_ms,
+            "heartbeat.interval.ms": 1000,
+            "auto.commit.interval.ms": 500,
+        },
+    ).run()
 
 
 if __name__ == "__main__":

@@ -69,10 +69,17 @@ def main() -> int:
             return
         time.sleep(10.0)
 
-    c = KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=8,
-                      shutdown_timeout_s=a.shutdown_s, revoke_timeout_s=3.0,
-                      client_factory=lambda conf, on_error: RevokeSeen(connect(conf, on_error)),
-                      config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.commit.interval.ms": 500})
+    c = KeyedConsumer(
+        name=a.group,
+        handler=handle,
+        brokers=[a.bootstrap],
+        topics=[a.topic],
+        concurrency=8,
+        shutdown_timeout_s=a.shutdown_s,
+        revoke_timeout_s=3.0,
+        client_factory=lambda conf, on_error: RevokeSeen(connect(conf, on_error)),
+        config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "auto.commit.interval.ms": 500},
+    )
     detail, rc = "ok", 0
     try:
         c.run()

@@ -55,8 +55,14 @@ def main() -> None:
 
     def status() -> None:
         p = seq.parker
-        doc = {"pid": pid, "instance": seq.instance_id, "scheduler": seq.is_scheduler, "gone": list(seq.gone_instances),
-               "misfires": p.misfires if p is not None else 0, "moved": p.moved if p is not None else 0}
+        doc = {
+            "pid": pid,
+            "instance": seq.instance_id,
+            "scheduler": seq.is_scheduler,
+            "gone": list(seq.gone_instances),
+            "misfires": p.misfires if p is not None else 0,
+            "moved": p.moved if p is not None else 0,
+        }
         tmp = f"{a.statusfile}.{pid}.tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)
@@ -70,8 +76,15 @@ def main() -> None:
 
     reporter = threading.Thread(target=report, daemon=True)
     reporter.start()
-    KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=4, sequencer=seq,
-                  config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}).run()
+    KeyedConsumer(
+        name=a.group,
+        handler=handle,
+        brokers=[a.bootstrap],
+        topics=[a.topic],
+        concurrency=4,
+        sequencer=seq,
+        config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000},
+    ).run()
     stop.set()
     reporter.join(5)
     status()

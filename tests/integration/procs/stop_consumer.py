@@ -47,13 +47,25 @@ def main() -> int:
         time.sleep(a.sleep)
         os.write(fd, f"E {pid} {msg.partition} {msg.offset}\n".encode())
 
-    config: dict[str, str | int] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-                                    "auto.commit.interval.ms": 500}
+    config: dict[str, str | int] = {
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "auto.commit.interval.ms": 500,
+    }
     if a.protocol == "consumer":
         config = {"group.protocol": "consumer", "auto.commit.interval.ms": 500}
     seq = RedisSequencer(a.redis, a.namespace, lease_ttl_s=3.0) if a.redis else None
-    c = KeyedConsumer(name=a.group, handler=handle, brokers=[a.bootstrap], topics=[a.topic], concurrency=a.concurrency,
-                      shutdown_timeout_s=a.shutdown_s, revoke_timeout_s=2.0, sequencer=seq, config=config)
+    c = KeyedConsumer(
+        name=a.group,
+        handler=handle,
+        brokers=[a.bootstrap],
+        topics=[a.topic],
+        concurrency=a.concurrency,
+        shutdown_timeout_s=a.shutdown_s,
+        revoke_timeout_s=2.0,
+        sequencer=seq,
+        config=config,
+    )
     os.write(fd, f"R {pid}\n".encode())
     detail, rc = "ok", 0
     try:

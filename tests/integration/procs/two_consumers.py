@@ -35,6 +35,7 @@ def main() -> int:
                     print(f"consumed {group}", flush=True)
 
         if mode == "async":
+
             async def handle(msg: Message) -> None:
                 await asyncio.sleep(0)
                 count(msg)
@@ -43,12 +44,22 @@ def main() -> int:
         return count
 
     def consumer(topic: str, group: str) -> KeyedConsumer:
-        return KeyedConsumer(name=group, handler=counter(group), brokers=[bootstrap], topics=[topic], concurrency=4,
-                             config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+        return KeyedConsumer(
+            name=group,
+            handler=counter(group),
+            brokers=[bootstrap],
+            topics=[topic],
+            concurrency=4,
+            config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+        )
 
     errors: list[BaseException] = []
     if mode == "app":
-        app = KeyedApp(brokers=[bootstrap], concurrency=4, config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+        app = KeyedApp(
+            brokers=[bootstrap],
+            concurrency=4,
+            config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+        )
         app.on_startup(lambda: print("startup", flush=True))
         app.on_shutdown(lambda: print("shutdown", flush=True))
         app.handler(topic1, name=group1)(counter(group1))
@@ -61,6 +72,7 @@ def main() -> int:
         return 1 if errors else 0
     c1, c2 = consumer(topic1, group1), consumer(topic2, group2)
     if mode == "threads":
+
         def run_second() -> None:
             try:
                 c2.run()
@@ -75,6 +87,7 @@ def main() -> int:
             errors.append(exc)
         t.join()
     else:
+
         async def both() -> None:
             for result in await asyncio.gather(c1.run_async(), c2.run_async(), return_exceptions=True):
                 if isinstance(result, BaseException):
