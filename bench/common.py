@@ -12,10 +12,12 @@ value.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
 from array import array
+from pathlib import Path
 from typing import Any
 
 HEADER = 25  # b"%010d %013d "
@@ -219,3 +221,25 @@ class Sampler(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.sample()
+
+
+def ratio_rows(ratios: dict[str, list[float]], medians: dict[str, float]) -> list[str]:
+    """Markdown rows of ratios taken within a repeat: ``{name: [ratio per repeat]}`` with their
+    ``{name: median}``."""
+    return [
+        "| ratio (same repeat) | median | each repeat |",
+        "| --- | --- | --- |",
+        *[
+            f"| {k} | {medians.get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
+            for k, v in ratios.items()
+        ],
+    ]
+
+
+def write_report(out_dir: Path, stem: str, result: dict[str, Any], lines: list[str]) -> None:
+    """Write ``<out_dir>/<stem>.json`` (``result``) and ``<out_dir>/<stem>.md`` (``lines``), and print
+    the lines."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines))
+    print("\n".join(lines))

@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import ratio_rows, write_report  # noqa: E402
 from keyedconsumer import KeyedConsumer, Message  # noqa: E402
 
 SIZES = {"ci": 2000, "full": 50_000}
@@ -203,9 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         r["records_read_committed"] >= n for r in runs if r["contender"] != "none"
     )
     result["ok"] = ok
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eos_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# Producing results: at-least-once vs exactly-once (`bench/eos_cost.py`)",
         "",
@@ -217,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- |",
         *[f"| {c} | {v:,.0f} |" for c, v in result["median_msg_per_s"].items()],
         "",
-        "| ratio (same repeat) | median | each repeat |",
-        "| --- | --- | --- |",
-        *[
-            f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
-            for k, v in ratios.items()
-        ],
+        *ratio_rows(ratios, result["median_ratios"]),
         "",
         "msg/s: from the first handler start to the N-th result readable by a `read_committed` reader "
         "(`none`: to the N-th message handled). "
@@ -231,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "`transaction_interval_s` 0.1 / 1.0: records and offsets committed in one transaction per interval.",
         "",
     ]
-    (out_dir / "eos_cost.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(Path(args.out), "eos_cost", result, lines)
     return 0 if ok else 1
 
 

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from keyedconsumer.middleware import Audit  # noqa: E402
 
+from bench.common import ratio_rows, write_report  # noqa: E402
 from keyedconsumer import KeyedConsumer, Message  # noqa: E402
 
 SIZES = {"ci": 4000, "full": 100_000}
@@ -248,9 +249,6 @@ def main(argv: list[str] | None = None) -> int:
         "conflation_handler_calls": calls,
         "ok": ok,
     }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "features_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# The audit trail and conflation: their cost (`bench/features_cost.py`)",
         "",
@@ -263,12 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- |",
         *[f"| {k} | {v:,.0f} |" for k, v in med.items()],
         "",
-        "| ratio (same repeat) | median | each repeat |",
-        "| --- | --- | --- |",
-        *[
-            f"| {k} | {result['median_ratios'].get(k, 0):.2f} | {', '.join(f'{x:.2f}' for x in v)} |"
-            for k, v in ratios.items()
-        ],
+        *ratio_rows(ratios, result["median_ratios"]),
         "",
         f"Handler calls on the conflation workload (median): kc {calls['kc']:,.0f}, kc+conflate "
         f"{calls['kc+conflate']:,.0f} of {nc:,} messages.",
@@ -278,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "offsets stored and auto-committed, no ordering or concurrency.",
         "",
     ]
-    (out_dir / "features_cost.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    write_report(Path(args.out), "features_cost", result, lines)
     return 0 if ok else 1
 
 
