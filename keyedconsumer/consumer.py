@@ -580,14 +580,19 @@ class KeyedConsumer:
         if self._error is not None:
             raise self._error
 
-    def _catch_up(self, parts: list[Partition], deadline: float) -> None:
+    def _catch_up(
+        self, parts: list[Partition], deadline: float, progress: Callable[[], None] | None = None
+    ) -> None:
         """Let the messages below each partition's highest finished offset run (only those start:
         ``Dispatcher.may_start``), until ``deadline`` (monotonic seconds; or the end of the catch-up
         share of a stop requested meanwhile, :data:`~keyedconsumer.engine.rebalance.CATCH_UP_SHARE`),
         so the offset stored next covers every finished message. Retries due within the time left
         run too; longer back-offs are not waited for. Ticks the sequencer meanwhile (this runs in
-        the poll thread, which does not poll Kafka here)."""
+        the poll thread, which does not poll Kafka here), and calls ``progress()`` (a revoke's commit
+        of what finished so far) every ``auto.commit.interval.ms``."""
         d, seq = self._d, self._sequencer
+        every_s = float(self.config.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
+        next_progress = time.monotonic() + every_s
         if self._stop_deadline is not None:  # a stop under way: its own catch-up share
             deadline = min(
                 deadline, self._stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE)
@@ -600,6 +605,9 @@ class KeyedConsumer:
             d.release_due(self._clock())
             d.release_held()
             d.rescue()
+            if progress is not None and time.monotonic() >= next_progress:
+                progress()
+                next_progress = time.monotonic() + every_s
             time.sleep(0.005)
 
     def _shutdown(

@@ -172,6 +172,12 @@ class Recording:
 
         self._inner.subscribe(topics, Listener())
 
+    def commit_async(self, offsets: Any, metadata: Any = None) -> None:
+        self.commits.append(
+            {"offsets": list(offsets), "in_callback": self.in_callback(), "timeout_s": None, "async": True}
+        )
+        self._inner.commit_async(offsets, metadata)
+
     def commit(self, offsets: Any, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
         record: dict[str, Any] = {
             "offsets": list(offsets),
@@ -358,3 +364,66 @@ def test_a_redis_sequencer_that_lost_a_lease_during_a_revoke_commits_nothing_tha
         _went_back(samples),
         final,
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_long_revoke_catch_up_commits_its_progress_on_the_commit_cadence(  # type: ignore[no-untyped-def]
+    kafka_bootstrap, new_topic, start
+) -> None:
+    # given a member whose two partitions each hold a chain of 12 messages of one key (0.3 s each),
+    # the first held until the test releases it, and 188 quick messages of other keys behind it,
+    # finished: the offsets to commit are held at 0, and the revoke's catch-up of whichever
+    # partition moves has its chain to run (about 3.6 s)
+    topic = new_topic(2)
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"chain%d" % p, b"first", p) for p in (0, 1)]
+        + [(b"chain%d" % p, b"next", p) for p in (0, 1) for _ in range(11)]
+        + [(f"k{i % 40}".encode(), b"x", i % 2) for i in range(376)],
+    )
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    done = [0]
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def handle(msg: Message) -> None:
+        if msg.value == b"first":
+            release.wait(60)
+        if msg.key in (b"chain0", b"chain1"):
+            time.sleep(0.3)
+        with lock:
+            done[0] += 1
+
+    clients: list[Recording] = []
+
+    def factory(conf: Any, on_error: Any) -> Any:
+        clients.append(Recording(connect(conf, on_error)))
+        return clients[-1]
+
+    options: dict[str, Any] = {
+        "name": group,
+        "handler": handle,
+        "brokers": [kafka_bootstrap],
+        "topics": [topic],
+        "concurrency": 8,
+        "revoke_timeout_s": 40.0,
+        "config": {"heartbeat.interval.ms": 100, "session.timeout.ms": 6000, "auto.commit.interval.ms": 200},
+    }
+    ra = start(KeyedConsumer(client_factory=factory, **options))
+    assert wait_until(lambda: done[0] >= 376, 60), done
+    # when a second member joins (the partition is revoked from the first) and the chain is released
+    rb = start(KeyedConsumer(**options))
+    try:
+        assert clients[0].revoking.wait(60)
+        release.set()
+        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}, 60)
+    finally:
+        release.set()
+    assert rb.stop(30) and ra.stop(30)
+    assert ra.error is None and rb.error is None
+    # then, inside the revoke callback, before its final commit, the catch-up committed (without
+    # waiting) what the chain had finished so far: an offset above 0 and below 200
+    inside = [c for c in clients[0].commits if c["in_callback"] and c.get("async")]
+    progress = [o for c in inside for (_t, _p, o) in c["offsets"] if 0 < o < 200]
+    assert progress, clients[0].commits
