@@ -1,18 +1,16 @@
-"""KeyedConsumer: the story of a run. Poll, admit, store, commit; stop.
+"""KeyedConsumer: what a user builds and runs. Its settings, its handler chain and its runs.
 
-One poll thread owns the Kafka client: it polls, admits the records to the dispatcher
-(:mod:`keyedconsumer.engine.dispatcher`), stores or commits what the workers finished
-(:mod:`keyedconsumer.engine.commits`), pauses fetching under back-pressure and serves rebalances
-(:mod:`keyedconsumer.engine.rebalance`, whose callbacks librdkafka runs inside its poll call, in the
-same thread). Workers (:mod:`keyedconsumer.engine.executors`) run the handler chain
-(:mod:`keyedconsumer.engine.handler`) and settle each end (:mod:`keyedconsumer.engine.settle`).
+Each ``run()`` (or ``run_async()``) is one :class:`~keyedconsumer.engine.run.Run`: the thread that
+serves it owns the run's engine and Kafka client (poll, admit, hand out, settle, store; serve
+rebalances), workers run the handler chain (:mod:`keyedconsumer.engine.runner`) and post outcomes
+back to it. This module builds the chain (the handler under its time limit, the records it produces,
+the handler contract, the middleware) once, and answers status questions from any thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -21,16 +19,8 @@ from typing import Any
 
 from . import signals
 from .config import ConsumerConfig
-from .engine.batch import (
-    AsyncBatchExecutor,
-    BatchHandler,
-    BatchRun,
-    ThreadBatchExecutor,
-    check_batch_middlewares,
-)
-from .engine.commits import BLOCKING_CALL_S, Committer
-from .engine.dispatcher import Dispatcher
-from .engine.executors import AsyncExecutor, Executor, ThreadExecutor
+from .engine.batch import BatchHandler, BatchRun, check_batch_middlewares
+from .engine.commits import BLOCKING_CALL_S
 from .engine.handler import (
     Contract,
     ErrorHandler,
@@ -41,17 +31,14 @@ from .engine.handler import (
     compose,
     is_async,
 )
-from .engine.partitions import Partition
-from .engine.rebalance import CATCH_UP_SHARE, FINAL_COMMIT_MIN_S, Rebalance
 from .engine.results import Results
-from .engine.settle import Settler
+from .engine.run import CLOSE_TIMEOUT_S, SHUTDOWN_MARGIN_S, Run, StopSignal
+from .engine.sequencer import InMemorySequencer, Sequencer
+from .engine.status import PartitionStatus
 from .engine.timelimit import TimeLimit
-from .engine.transactions import TransactionalCommitter
-from .errors import KafkaClientError, KeyedConsumerError
-from .kafka import TP, ClientFactory, KafkaClient
+from .errors import KeyedConsumerError
+from .kafka import TP, ClientFactory
 from .message import Message
-from .sequencing import RedisSequencer
-from .sequencing.base import InMemorySequencer, Sequencer
 
 __all__ = [
     "KeyedConsumer",
@@ -67,15 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("keyedconsumer")
-
-#: How long ``close()`` of the Kafka client may take (seconds): leaving the group and librdkafka's
-#: own commit at close wait on the broker, which may be stopped or gone (confluent-kafka-python
-#: #1667). Past it the close is left to finish on its own and ``run()`` returns.
-CLOSE_TIMEOUT_S = 5.0
-#: ``run()`` returns within ``max(shutdown_timeout_s, BLOCKING_CALL_S) + SHUTDOWN_MARGIN_S`` seconds
-#: of ``stop()``, whatever the broker does: the final commit, the bounded close, releasing Redis
-#: leases and joining the workers fit in the margin.
-SHUTDOWN_MARGIN_S = 10.0
 
 
 class KeyedConsumer:
@@ -163,7 +141,7 @@ class KeyedConsumer:
             self.config = settings.override(**options) if options else settings
         if sequencer is not None and self.config.ordering == "none":
             raise ValueError("a sequencer orders keys or partitions: it needs ordering='key' or 'partition'")
-        if self.config.transactional and isinstance(sequencer, RedisSequencer):
+        if self.config.transactional and getattr(sequencer, "settles_outside_kafka", False):
             raise ValueError(
                 "transactional=True does not combine with the RedisSequencer: parked messages are "
                 "settled in Redis, outside the Kafka transaction (docs/exactly-once.md)"
@@ -178,7 +156,7 @@ class KeyedConsumer:
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
         self._clock = clock
         self._on_conflated = on_conflated
-        self._conflated_before = 0  # conflated by earlier runs (each run has a dispatcher of its own)
+        self._conflated_before = 0  # conflated by earlier runs (each run has an engine of its own)
         #: The handler contract: a plain handler returning an awaitable is recorded where it
         #: returns, inside every middleware, so that no middleware can hide it.
         self._contract = Contract()
@@ -205,32 +183,11 @@ class KeyedConsumer:
 
             client_factory = connect
         self._factory: ClientFactory = client_factory
-        self._stop = threading.Event()
-        # when the stop in progress must be over (monotonic seconds; None: no stop requested)
-        self._stop_deadline: float | None = None
-        self._error: BaseException | None = None
-        self._error_lock = threading.Lock()
+        self._stop = StopSignal()
         self._active = False
         self._peak = 0
-        self._rebalance: Rebalance | None = None  # the run's rebalance listener and pause set
-        self._d = self._dispatcher()
-        #: When the poll loop last returned from a poll (monotonic seconds; 0.0 before the first):
-        #: liveness for health checks.
-        self.polled_at_s = 0.0
-
-    def _dispatcher(self) -> Dispatcher:
-        cfg = self.config
-        return Dispatcher(
-            cfg.ordering,
-            cfg.concurrency,
-            self._sequencer,
-            self._clock,
-            cfg.group,
-            cfg.commit_metadata_max_bytes,
-            cfg.max_in_flight,
-            cfg.max_in_flight_bytes,
-            cfg.conflate,
-        )
+        self._run: Run | None = None  # the run serving now, or the last one
+        self._skipped_before = 0
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -257,8 +214,7 @@ class KeyedConsumer:
         """
         signals.register(self)
         try:
-            self._reset()
-            self._serve(self._executor(None))
+            self._serve(self._new_run(None))
         finally:
             signals.unregister(self)
 
@@ -272,15 +228,14 @@ class KeyedConsumer:
         awaiting task stops the consumer gracefully, then re-raises the cancellation.
         """
         loop = asyncio.get_running_loop()
-        self._reset()
-        # a thread of its own, not the loop's default executor (a few threads, shared): an app of
-        # many consumers on one loop must never wait for a free thread to start one
+        run = self._new_run(loop)
+        # a thread of its own (the run's owner), not the loop's default executor (a few threads,
+        # shared): an app of many consumers on one loop must never wait for a free thread to start one
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        executor = self._executor(loop)
 
         def serve() -> None:
             try:
-                self._serve(executor)
+                self._serve(run)
             except BaseException as exc:  # handed to the awaiting task
                 done.set_exception(exc)
             else:
@@ -298,38 +253,42 @@ class KeyedConsumer:
         finally:
             signals.unregister(self)
 
-    def _executor(self, loop: asyncio.AbstractEventLoop | None) -> Executor:
-        settle = Settler(
-            self._d,
-            self._error_handler,
-            self._fail,
-            self._contract,
-            self._results.finished if self.config.transactional else None,
-        )
-        cfg = self.config
-        if self._batch is not None:
-            size, linger_s = cfg.handler_batch_size, cfg.handler_batch_linger_s
-            if self._async:
-                return AsyncBatchExecutor(
-                    self._d, self._batch, settle, cfg.concurrency, size, linger_s, loop, cfg.event_loop
-                )
-            return ThreadBatchExecutor(self._d, self._batch, settle, cfg.concurrency, size, linger_s)
-        if self._async:
-            return AsyncExecutor(
-                self._d, self._handler, settle, self.config.concurrency, loop, self.config.event_loop
-            )
-        return ThreadExecutor(self._d, self._handler, settle, self.config.concurrency)
-
-    def _reset(self) -> None:
+    def _new_run(self, loop: asyncio.AbstractEventLoop | None) -> Run:
         if self._active:
             raise KeyedConsumerError("this consumer is already running")
-        # _stop is not cleared here: a stop() that came before this run started must stop it.
-        # It is cleared when a run ends.
-        self._error = None
+        # the stop signal is not cleared here: a stop() that came before this run started must stop
+        # it. It is cleared when a run ends.
         self._contract.clear()
-        self._peak = self.peak_in_flight
-        self._conflated_before += self._d.conflated
-        self._d = self._dispatcher()
+        last = self._run
+        if last is not None:
+            self._peak = max(self._peak, last.engine.flow.peak)
+            self._conflated_before += last.engine.conflated
+            self._skipped_before += last.engine.skipped_finished
+        run = Run(
+            self.config,
+            self._factory,
+            self._sequencer,
+            self._clock,
+            self._handler,
+            self._batch,
+            self._async,
+            loop,
+            self._error_handler,
+            self._contract,
+            self._results,
+            self._stop,
+            self._on_conflated,
+        )
+        self._run = run
+        return run
+
+    def _serve(self, run: Run) -> None:
+        self._active = True
+        try:
+            run.serve()
+        finally:
+            self._stop.clear()
+            self._active = False
 
     def stop(self) -> None:
         """Stop gracefully: start nothing new (from this call on) except messages below their
@@ -342,13 +301,10 @@ class KeyedConsumer:
         ``run()`` returns within ``max(shutdown_timeout_s, 5 s) + 10 s`` of the first ``stop()``
         (:data:`SHUTDOWN_MARGIN_S`), whatever the broker does (stopped, gone, in a rebalance): what
         could not be committed by then is logged and runs again after the restart or rebalance."""
-        # lock-free: workers check it before starting each message. Only messages below their
+        # a one-way latch workers read before starting each message: only messages below their
         # partition's highest finished offset still start (up to shutdown_timeout_s), so the
         # committed offset reaches what already finished and nothing finished runs again.
-        if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
-        self._d.stop_starting()
-        self._stop.set()
+        self._stop.request(self.config.shutdown_timeout_s)
 
     def schedule(
         self,
@@ -374,11 +330,12 @@ class KeyedConsumer:
         ValueError
             Neither or both of ``delay_s`` and ``at``, or a bad time.
         """
-        if not isinstance(self._sequencer, RedisSequencer):
+        schedule = getattr(self._sequencer, "schedule", None)
+        if schedule is None:
             raise KeyedConsumerError(
                 "schedule() needs sequencer=RedisSequencer(...): scheduled messages live in Redis"
             )
-        return self._sequencer.schedule(
+        return schedule(  # type: ignore[no-any-return]
             topic or self.config.topics[0], key, value, headers, delay_s=delay_s, at=at
         )
 
@@ -401,295 +358,53 @@ class KeyedConsumer:
     def conflated(self) -> int:
         """Messages conflated so far, over every run (``conflate=True``): replaced by a newer
         message of their key before they ran; they count done and never ran."""
-        return self._conflated_before + self._d.conflated
-
-    def _report_conflated(self, msgs: list[Message]) -> None:
-        assert self._on_conflated is not None
-        for m in msgs:
-            try:
-                self._on_conflated(m)
-            except Exception:
-                log.exception("on_conflated raised for %s[%d]@%d", m.topic, m.partition, m.offset)
-
-    def _report_sequencer_conflated(self, d: Dispatcher) -> None:
-        """Report the messages the sequencer conflated (a parked key's list in Redis)."""
-        msgs = d.take_conflated()
-        if msgs and self._on_conflated is not None:
-            self._report_conflated(msgs)
+        run = self._run
+        return self._conflated_before + (run.engine.conflated if run is not None else 0)
 
     @property
     def skipped_finished(self) -> int:
-        """Messages of this run not run because the partition's previous owner had finished them
-        (named in its commit metadata; see ``commit_metadata_max_bytes``)."""
-        return self._d.skipped_finished
+        """Messages not run because the partition's previous owner had finished them (named in its
+        commit metadata; see ``commit_metadata_max_bytes``), over every run."""
+        run = self._run
+        return self._skipped_before + (run.engine.skipped_finished if run is not None else 0)
 
     @property
     def in_flight(self) -> int:
         """Messages buffered or running now."""
-        return self._d.in_flight
+        run = self._run
+        return run.engine.in_flight if run is not None and self._active else 0
 
     @property
     def peak_in_flight(self) -> int:
         """The highest number of buffered + running messages seen (over every run)."""
-        return max(self._peak, self._d.flow.peak)
+        run = self._run
+        return max(self._peak, run.engine.flow.peak if run is not None else 0)
+
+    @property
+    def polled_at_s(self) -> float:
+        """When the poll loop last returned from a poll (monotonic seconds; 0.0 before the first):
+        liveness for health checks."""
+        run = self._run
+        return run.polled_at_s if run is not None else 0.0
 
     def partition_status(self) -> list[PartitionStatus]:
         """One :class:`PartitionStatus` per assigned partition (for metrics, health, inspection).
 
-        Safe from any thread. ``end_offset`` is refreshed about once a second from librdkafka's
-        cached fetch state.
+        Safe from any thread: the run's owner publishes it every 0.2 s (``end_offset`` is refreshed
+        then from librdkafka's cached fetch state).
         """
-        now = time.monotonic()
-        d = self._d
-        with d.lock:  # the trackers change under the workers' hands
-            return [_status(p, now) for p in d.partitions.active()]
+        run = self._run
+        return list(run.status) if run is not None and self._active else []
 
     @property
     def assignment(self) -> list[TP]:
         """The partitions assigned now, as ``(topic, partition)``."""
-        return self._d.assigned()
+        run = self._run
+        return list(run.engine.assignment) if run is not None and self._active else []
 
     @property
     def paused(self) -> list[TP]:
         """The partitions back-pressure paused now (``max_in_flight`` / ``max_in_flight_bytes``)."""
-        rebalance = self._rebalance
+        run = self._run
+        rebalance = run.rebalance if run is not None else None
         return rebalance.paused_partitions() if rebalance is not None else []
-
-    # -- failures -------------------------------------------------------------------------------
-
-    def _fail(self, error: BaseException) -> None:
-        with self._error_lock:
-            if self._error is None:
-                self._error = error
-                log.error("stopping: %s", error)
-        if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
-        self._stop.set()
-        self._d.halt()
-
-    def _on_client_error(self, err: KafkaClientError) -> None:
-        if err.fatal:
-            self._fail(err)
-        elif self._error_handler is not None:
-            try:
-                self._error_handler(err, None)
-            except BaseException as exc:
-                self._fail(exc)
-        else:
-            log.warning("%s", err)
-
-    def _budget(self, cap_s: float) -> float:
-        """Seconds a blocking step may take now: ``cap_s``, cut to the stop's deadline when a stop
-        is under way (at least 0.5 s, so one attempt is always made)."""
-        left = cap_s
-        if self._stop_deadline is not None:
-            left = min(left, self._stop_deadline - time.monotonic())
-        return max(0.5, left)
-
-    # -- the poll thread ------------------------------------------------------------------------
-
-    def _serve(self, executor: Executor) -> None:
-        """Poll, admit, store, commit; until stopped. Then :meth:`_shutdown`."""
-        self._active = True
-        cfg, d, seq = self.config, self._d, self._sequencer
-        client = self._factory(cfg.librdkafka(), self._on_client_error)
-        self._results.attach(client.publisher)
-        txn: TransactionalCommitter | None = None
-
-        def commit_revoked(parts: list[Partition], deadline: float) -> None:
-            assert txn is not None
-            txn.commit_revoked(parts, deadline)
-
-        rebalance = self._rebalance = Rebalance(
-            client,
-            d,
-            cfg,
-            self._catch_up,
-            self._budget,
-            lambda: self._stop_deadline,
-            commit_revoked if cfg.transactional else None,
-        )
-        commits: Committer
-        if cfg.transactional:
-            txn = TransactionalCommitter(
-                client,
-                d,
-                cfg,
-                self._budget,
-                self._on_client_error,
-                self._results,
-                self._fail,
-                rebalance.serving,
-            )
-            commits = txn
-        else:
-            commits = Committer(client, d, cfg, self._budget, self._on_client_error, rebalance.serving)
-        started = False
-        try:
-            client.check_brokers(cfg.startup_timeout_s)
-            if isinstance(commits, TransactionalCommitter):
-                commits.start()
-            session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
-            seq.attach(d, self._fail, commits.confirm_ownership, session_s)
-            if not self._stop.is_set():  # stopped before it started: never join the group
-                client.subscribe(cfg.topics, rebalance)
-            executor.start()
-            started = True
-            batch, poll_timeout_s = cfg.batch_size, cfg.poll_timeout_s
-            meta_every_s = float(cfg.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
-            next_status = 0.0
-            next_meta = time.monotonic() + meta_every_s
-            while not self._stop.is_set():
-                timeout_s = poll_timeout_s
-                hint_s = seq.tick()
-                self._report_sequencer_conflated(d)
-                if hint_s is not None and hint_s < timeout_s:
-                    timeout_s = hint_s
-                if d.next_due_s() is not None:
-                    due_s = d.release_due(self._clock())
-                    if due_s is not None and due_s < timeout_s:
-                        timeout_s = due_s
-                if rebalance.paused and timeout_s > 0.01:
-                    timeout_s = 0.01  # paused: nothing arrives, so look again soon for room to resume
-                elif d.flow.short_of_room(batch) and not d.wait_room(batch, timeout_s):
-                    # Near the in-flight bound, wait for running messages to end rather than poll a
-                    # few records and pause (a pause drops librdkafka's prefetched queue, fetched
-                    # again on resume). Still short: poll at once (back-pressure pauses if over).
-                    timeout_s = 0.0
-                msgs = client.poll_batch(d.flow.poll_size(batch), timeout_s)
-                self.polled_at_s = time.monotonic()
-                if msgs:
-                    conflated = d.admit(msgs)
-                    if conflated and self._on_conflated is not None:
-                        self._report_conflated(conflated)
-                d.rescue()
-                commits.store()
-                rebalance.backpressure(d.flow.over(), d.flow.under_half())
-                now = time.monotonic()
-                if now >= next_status:
-                    next_status = now + 1.0
-                    commits.refresh_high_watermarks()
-                if now >= next_meta and cfg.commit_metadata_max_bytes:
-                    next_meta = now + meta_every_s
-                    commits.commit_metadata()
-        finally:
-            self._shutdown(client, executor, commits, rebalance, started)
-            self._stop.clear()
-            self._stop_deadline = None
-            self._active = False
-        if self._error is not None:
-            raise self._error
-
-    def _catch_up(
-        self, parts: list[Partition], deadline: float, progress: Callable[[], None] | None = None
-    ) -> None:
-        """Let the messages below each partition's highest finished offset run (only those start:
-        ``Dispatcher.may_start``), until ``deadline`` (monotonic seconds; or the end of the catch-up
-        share of a stop requested meanwhile, :data:`~keyedconsumer.engine.rebalance.CATCH_UP_SHARE`),
-        so the offset stored next covers every finished message. Retries due within the time left
-        run too; longer back-offs are not waited for. Ticks the sequencer meanwhile (this runs in
-        the poll thread, which does not poll Kafka here), and calls ``progress()`` (a revoke's commit
-        of what finished so far) every ``auto.commit.interval.ms``."""
-        d, seq = self._d, self._sequencer
-        every_s = float(self.config.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
-        next_progress = time.monotonic() + every_s
-        if self._stop_deadline is not None:  # a stop under way: its own catch-up share
-            deadline = min(
-                deadline, self._stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE)
-            )
-        while time.monotonic() < deadline:
-            if not d.catching_up(parts, self._clock() + (deadline - time.monotonic())):
-                return
-            seq.tick()
-            self._report_sequencer_conflated(d)
-            d.release_due(self._clock())
-            d.release_held()
-            d.rescue()
-            if progress is not None and time.monotonic() >= next_progress:
-                progress()
-                next_progress = time.monotonic() + every_s
-            time.sleep(0.005)
-
-    def _shutdown(
-        self, client: KafkaClient, executor: Executor, commits: Committer, rebalance: Rebalance, started: bool
-    ) -> None:
-        """Stop within the stop's deadline (``shutdown_timeout_s`` from ``stop()``) plus
-        :data:`SHUTDOWN_MARGIN_S`: catch up, wait for running handlers, commit, close."""
-        d, cfg = self._d, self.config
-        deadline = self._stop_deadline or time.monotonic() + cfg.shutdown_timeout_s
-        if started and self._error is None:
-            d.stop_starting()
-            self._catch_up(d.active(), deadline)  # its share of the time: see _catch_up
-        d.halt()
-        if started and not d.wait_idle(None, max(0.0, deadline - time.monotonic())):
-            log.warning(
-                "%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
-                d.running,
-                cfg.shutdown_timeout_s,
-            )
-        self._sequencer.settle_pending()
-        self._report_sequencer_conflated(d)
-        try:
-            commits.store()
-            if started:
-                commits.commit_final(max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
-        except KafkaClientError as exc:
-            log.warning("final commit failed: %s (what finished after the last commit runs again)", exc)
-        rebalance.closing()
-        try:
-            if not client.close(timeout_s=CLOSE_TIMEOUT_S):
-                log.warning(
-                    "the Kafka client did not close within %g s (a stopped or unreachable broker?): "
-                    "left to close on its own; the group drops this member after session.timeout.ms",
-                    CLOSE_TIMEOUT_S,
-                )
-        except Exception as exc:  # closing must not hide the error that stopped us
-            log.warning("closing the Kafka client failed: %s", exc)
-        d.close()
-        if started:
-            executor.join(max(0.5, min(5.0, deadline - time.monotonic())))
-        if isinstance(commits, TransactionalCommitter):
-            commits.close()
-        self._results.detach()
-        self._sequencer.detach()
-
-
-def _status(part: Partition, now: float) -> PartitionStatus:
-    """The :class:`PartitionStatus` of ``part`` at ``now`` (monotonic seconds; lock held)."""
-    tracker = part.tracker
-    wm = tracker.watermark()
-    since = tracker.oldest_received_s()
-    base = part.stored if part.stored is not None else wm  # nothing stored yet: where it is
-    high = part.high
-    return PartitionStatus(
-        topic=part.topic,
-        partition=part.partition,
-        first_unfinished_offset=wm,
-        stored_offset=part.stored,
-        unfinished=tracker.pending,
-        oldest_unfinished_age_s=(now - since) if since is not None else 0.0,
-        end_offset=high,
-        lag=max(0, high - base) if high is not None and base is not None else None,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionStatus:
-    """The state of one assigned partition.
-
-    ``first_unfinished_offset``: the offset the engine would store now (``None`` before any
-    message); ``stored_offset``: the last offset stored (or committed, with manual commit);
-    ``unfinished``: received messages not done; ``oldest_unfinished_age_s``: seconds since the
-    oldest of them was received (0 when none); ``end_offset``: the partition's high watermark as
-    last seen; ``lag``: ``end_offset - stored_offset`` (before the first store of the assignment,
-    ``end_offset - first_unfinished_offset``; ``None`` while either is unknown).
-    """
-
-    topic: str
-    partition: int
-    first_unfinished_offset: int | None
-    stored_offset: int | None
-    unfinished: int
-    oldest_unfinished_age_s: float
-    end_offset: int | None
-    lag: int | None

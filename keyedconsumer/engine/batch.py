@@ -1,8 +1,8 @@
 """Batch handlers: one call for a batch of ready lane heads, and an outcome for each message.
 
-A batch is what the dispatcher's ready queue holds now (:meth:`Dispatcher.wait_batch`): up to
-``handler_batch_size`` lane heads, oldest admitted first, gathered for at most
-``handler_batch_linger_s``. A lane has one head at a time, so a batch holds **at most one message
+A batch is what the engine's ready queue holds (:meth:`~.engine.Engine.take_batch`): up to
+``handler_batch_size`` lane heads, oldest admitted first, gathered by the owner for at most
+``handler_batch_linger_s``; a worker runs it (:mod:`.runner`). A lane has one head at a time, so a batch holds **at most one message
 per key** (per partition with ``ordering="partition"``; any messages with ``ordering="none"``):
 per-key order and one message in flight per key hold exactly as for a per-message handler, and the
 next message of a key goes to a later batch once this one settled (Confluent Parallel Consumer's
@@ -20,10 +20,7 @@ is retried or dead-lettered alone, its key waits, the others are done.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -32,20 +29,14 @@ from ..errors import HandlerContractViolation
 from ..message import Message, Status
 from ..outcomes import BatchFailed
 from .delivery import Delivery
-from .dispatcher import LINGER_CHECK_S, Dispatcher
-from .executors import AsyncExecutor, Settle, ThreadExecutor, _cancelling, not_awaited
 from .handler import Middleware, compose, is_async
-from .outcome import NOT_STARTED, Outcome
+from .outcome import Outcome
 from .results import Results
 
-__all__ = [
-    "BatchHandler",
-    "BatchRun",
-    "ThreadBatchExecutor",
-    "AsyncBatchExecutor",
-    "OUTCOME_ONLY",
-    "check_batch_middlewares",
-]
+#: ``settle(msg, exception_or_None) -> Outcome`` (:class:`~.settle.Settler`).
+Settle = Callable[[Message, "BaseException | None"], Outcome]
+
+__all__ = ["BatchHandler", "BatchRun", "OUTCOME_ONLY", "check_batch_middlewares"]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -180,149 +171,3 @@ class BatchRun:
             finally:
                 self._ends.pop(msg, None)  # a middleware that did not call the handler left it
         return out
-
-
-def _split(
-    batch: list[Delivery], may_start: Callable[[Delivery], bool]
-) -> tuple[list[Delivery], list[tuple[Delivery, Outcome]]]:
-    """The messages of ``batch`` that may start now, and the others as not started."""
-    started: list[Delivery] = []
-    not_started: list[tuple[Delivery, Outcome]] = []
-    for dl in batch:
-        if may_start(dl):
-            started.append(dl)
-        else:
-            not_started.append((dl, NOT_STARTED))
-    return started, not_started
-
-
-class ThreadBatchExecutor(ThreadExecutor):
-    """Run a plain batch handler on ``concurrency`` threads, one batch per thread at a time.
-
-    Parameters
-    ----------
-    size, linger_s:
-        ``handler_batch_size`` (messages) and ``handler_batch_linger_s`` (seconds).
-    """
-
-    def __init__(
-        self, d: Dispatcher, run: BatchRun, settle: Settle, concurrency: int, size: int, linger_s: float
-    ) -> None:
-        super().__init__(d, run.handler, settle, concurrency)
-        self._run = run
-        self._size = size
-        self._linger_s = linger_s
-
-    def _work(self) -> None:
-        d = self._d
-        run = self._run
-        handler = run.handler
-        settle = self._settle
-        while True:
-            batch = d.wait_batch(self._size, self._linger_s)
-            if batch is None:
-                return
-            started, results = _split(batch, d.may_start)
-            if started:
-                msgs = [dl.msg for dl in started]
-                error: BaseException | None = None
-                try:
-                    result = handler(msgs)
-                except BaseException as exc:  # the batch's exception: its messages' ends
-                    error = exc
-                else:
-                    if result is not None and inspect.isawaitable(result):  # nothing awaits it
-                        error = not_awaited(msgs[0], result)
-                run.ends(msgs, error)
-                results.extend(run.settle_sync(started, settle))
-            d.finish_batch(results)
-
-
-class AsyncBatchExecutor(AsyncExecutor):
-    """Run an ``async def`` batch handler as ``concurrency`` worker coroutines on one event loop.
-
-    Parameters
-    ----------
-    size, linger_s:
-        ``handler_batch_size`` (messages) and ``handler_batch_linger_s`` (seconds).
-    loop, event_loop:
-        As :class:`~.executors.AsyncExecutor`.
-    """
-
-    def __init__(
-        self,
-        d: Dispatcher,
-        run: BatchRun,
-        settle: Settle,
-        concurrency: int,
-        size: int,
-        linger_s: float,
-        loop: asyncio.AbstractEventLoop | None = None,
-        event_loop: str = "auto",
-    ) -> None:
-        super().__init__(d, run.handler, settle, concurrency, loop, event_loop)
-        self._run = run
-        self._size = size
-        self._linger_s = linger_s
-
-    async def _next_batch(self) -> list[Delivery] | None:
-        """Up to ``size`` ready heads, after up to ``linger_s`` for more; ``None`` once closed."""
-        d = self._d
-        loop = self._loop
-        size, linger_s = self._size, self._linger_s
-        deadline: float | None = None
-        while True:
-            with d.lock:
-                if d.is_closed:
-                    return None
-                count = d.ready_count()
-                if count and deadline is None:
-                    deadline = time.monotonic() + linger_s
-                if count and (
-                    count >= size
-                    or deadline is None
-                    or time.monotonic() >= deadline
-                    or d.halted
-                    or d.stopping
-                ):
-                    return d.take_batch_locked(size)
-                if not count:
-                    deadline = None  # another worker took them: wait for the next first head
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiters.append(fut)
-            if deadline is None:
-                await fut
-            else:
-                try:  # in slices: stop_starting() is lock-free and wakes nobody
-                    await asyncio.wait_for(fut, max(0.0, min(LINGER_CHECK_S, deadline - time.monotonic())))
-                except asyncio.TimeoutError:
-                    pass
-
-    async def _work(self) -> None:
-        d = self._d
-        run = self._run
-        handler = run.handler
-        settle = self._settle
-        while True:
-            batch = await self._next_batch()
-            if batch is None:
-                return
-            started, results = _split(batch, d.may_start)
-            if started:
-                msgs = [dl.msg for dl in started]
-                error: BaseException | None = None
-                try:
-                    await handler(msgs)
-                except asyncio.CancelledError as exc:
-                    if _cancelling():
-                        # this worker is being cancelled (the loop is going away): nothing of the
-                        # batch is done; it is delivered again later
-                        d.finish_batch([*results, *((dl, NOT_STARTED) for dl in started)])
-                        raise
-                    error = exc  # the handler raised it itself: a failure of its messages
-                except BaseException as exc:  # the batch's exception: its messages' ends
-                    error = exc
-                run.ends(msgs, error)
-                results.extend(await run.settle_async(started, settle))
-            d.finish_batch(results)
-            await asyncio.sleep(0)  # a handler that never awaits must not starve the loop

@@ -1,15 +1,22 @@
-"""Store vs commit: getting the finished offsets to the group, from the poll thread.
+"""Commit modes: how the finished offsets reach the consumer group, in the owner thread.
 
 The xkafka proposal (gojekfarm/xtools issue #25): an offset is stored only for a finished message, in
-order, and only for a partition still assigned. ``enable.auto.offset.store`` is always false: after
-each poll the first unfinished offset of every partition whose offset moved is *stored*
-(librdkafka ``offsets_store``, one partition per call: librdkafka fails a call only when every
-partition of it fails, so a mixed call could silently drop one), and librdkafka *commits* stored
-offsets every ``auto.commit.interval.ms``; with ``manual_commit`` each advance is committed
-synchronously instead. Every store and commit carries the metadata naming the offsets finished
-above it (Confluent Parallel Consumer's offset map), and a partition held back by a slow message is
-committed with it on the same cadence. Also here: the final commit of a stop, and the ownership
-check the Redis sequencer asks for after a stall.
+order, and only for a partition still assigned. Three modes implement :class:`CommitMode`
+(Confluent Parallel Consumer's ``CommitMode`` enum, as objects):
+
+- :class:`AutoCommit` (the default): ``enable.auto.offset.store`` is always false; after each turn
+  the first unfinished offset of every partition whose offset moved is *stored* (librdkafka
+  ``offsets_store``, one partition per call: librdkafka fails a call only when every partition of it
+  fails, so a mixed call could silently drop one), and librdkafka *commits* stored offsets every
+  ``auto.commit.interval.ms``.
+- :class:`ManualCommit` (``manual_commit=True``): each advance is committed synchronously instead.
+- ``TransactionalCommit`` (``transactional=True``, :mod:`.transactions`): offsets go with the
+  records handlers produced, in Kafka transactions.
+
+Every store and commit carries the metadata naming the offsets finished above it (Confluent Parallel
+Consumer's offset map), and a partition held back by a slow message is committed with it on the same
+cadence. Also here: a revoke's commits, the final commit of a stop, and the ownership check the Redis
+sequencer asks for after a stall.
 """
 
 from __future__ import annotations
@@ -17,13 +24,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ..config import ConsumerConfig
 from ..errors import CommitError, KafkaClientError
 from ..kafka import TP, KafkaClient
-from .dispatcher import Dispatcher
+from .engine import Engine
+from .partitions import Partition
 
-__all__ = ["Committer", "COMMIT_AGAIN", "BLOCKING_CALL_S"]
+__all__ = [
+    "CommitMode",
+    "AutoCommit",
+    "ManualCommit",
+    "COMMIT_AGAIN",
+    "BLOCKING_CALL_S",
+    "FINAL_COMMIT_MIN_S",
+    "COMMIT_RETRY_S",
+]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -42,97 +59,165 @@ COMMIT_AGAIN = frozenset(
     }
 )
 
-#: Longest wait of one blocking broker call in the poll thread or a rebalance callback (seconds):
+#: Longest wait of one blocking broker call in the owner thread or a rebalance callback (seconds):
 #: the committed offsets read at assign, a synchronous commit (manual commit, the ownership check).
 #: A call under way when ``stop()`` comes is waited for inside ``shutdown_timeout_s``.
 BLOCKING_CALL_S = 5.0
+#: A final or revoke commit gets at least this long (seconds), even when the time was spent
+#: waiting for handlers.
+FINAL_COMMIT_MIN_S = 2.0
+#: Pause between attempts of a commit the group refused during a rebalance (seconds).
+COMMIT_RETRY_S = (0.05, 0.5)
 
 
-class Committer:
-    """The poll thread's offset work for one run of a consumer.
+class CommitMode(Protocol):
+    """What the owner asks of a commit mode (all in the owner thread)."""
+
+    def start(self) -> None:
+        """Before the first poll (a transactional producer starts here)."""
+
+    def store(self) -> None:
+        """After each turn: store (or commit) what advanced."""
+
+    def commit_metadata(self) -> None:
+        """Every ``auto.commit.interval.ms``: partitions held back by an unfinished message."""
+
+    def progress(self) -> None:
+        """During a revoke's catch-up, every ``auto.commit.interval.ms``: what finished so far."""
+
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
+        """Commit the revoked ``parts`` (their handlers are over) and close them, until
+        ``deadline`` (monotonic seconds); ``stopping``: a stop is under way."""
+
+    def commit_final(self, deadline: float) -> None:
+        """The stop's commit of every active partition, until ``deadline`` (monotonic seconds).
+
+        Raises
+        ------
+        KafkaClientError
+            The commit failed (logged by the caller: what finished after the last commit runs again).
+        """
+
+    def confirm_ownership(self) -> bool:
+        """After a stall: does this instance still own its partitions in the group?"""
+
+    def close(self) -> None:
+        """The run ended."""
+
+
+class _OffsetCommits:
+    """What :class:`AutoCommit` and :class:`ManualCommit` share: commits made by the consumer client.
 
     Parameters
     ----------
-    client, dispatcher, config:
-        The run's Kafka client, dispatcher and settings.
+    client, engine, config:
+        The run's Kafka client, engine and settings.
     budget:
         ``budget(cap_s) -> seconds`` a blocking call may take now (cut to a stop's deadline).
     on_error:
         Receives a failed manual commit (the consumer's client-error path).
     in_rebalance:
         ``in_rebalance()``: whether a rebalance callback runs now (the ownership check then commits
-        nothing, see :meth:`confirm_ownership`). Default: never.
+        nothing, see :meth:`confirm_ownership`).
     """
 
     def __init__(
         self,
         client: KafkaClient,
-        dispatcher: Dispatcher,
+        engine: Engine,
         config: ConsumerConfig,
         budget: Callable[[float], float],
         on_error: Callable[[KafkaClientError], None],
         in_rebalance: Callable[[], bool] = lambda: False,
     ) -> None:
         self._client = client
-        self._d = dispatcher
-        self._manual = config.manual_commit
+        self._engine = engine
         self._budget = budget
         self._on_error = on_error
         self._in_rebalance = in_rebalance
         self._meta_sent: dict[TP, tuple[int, str]] = {}  # the last metadata commit sent per partition
 
-    def store(self) -> None:
-        """Store (or, with ``manual_commit``, commit) the partitions whose first unfinished offset
-        moved, each with the metadata naming what finished above it."""
-        advances = self._d.advances()
-        if not advances:
-            return
-        client = self._client
-        if self._manual:
-            meta = {p.tp: m for p, _, m in advances if m}
-            try:
-                client.commit(
-                    [(p.topic, p.partition, wm) for p, wm, _ in advances],
-                    meta,
-                    timeout_s=self._budget(BLOCKING_CALL_S),
-                )
-            except KafkaClientError as exc:
-                self._on_error(exc)
-                self._d.mark_dirty([p for p, _, _ in advances])
-                return
-            for p, wm, _ in advances:
-                p.mark_stored(wm)
-            return
-        for p, wm, m in advances:
-            try:
-                client.store(p.topic, p.partition, wm, m)
-                p.mark_stored(wm)
-            except KafkaClientError as exc:  # e.g. the partition is no longer assigned
-                log.debug("offset not stored: %s", exc)
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _stage(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str]) -> None:
+        """Before a commit of ``offsets``: :class:`AutoCommit` stores them too (librdkafka commits
+        the *stored* offsets on its own cadence and at close, which must not name fewer)."""
 
     def commit_metadata(self) -> None:
         """Commit, without waiting, each partition whose offset is held back by an unfinished
         message while offsets above it finished, with the metadata naming those (the offset alone
         does not move, so librdkafka's auto commit would not send it). A crash then re-runs only
-        what finished since the last of these commits, not everything above a slow key's message
-        (Confluent Parallel Consumer's offset map, committed on its commit cadence)."""
-        offsets, meta = self._d.commit_offsets(self._d.active())
+        what finished since the last of these commits, not everything above a slow key's message."""
+        offsets, meta = self._engine.commit_offsets(self._engine.active())
         sent = self._meta_sent
         todo = [(t, p, o) for t, p, o in offsets if (t, p) in meta and sent.get((t, p)) != (o, meta[(t, p)])]
         if not todo:
             return
-        client = self._client
-        if not self._manual:
-            # stored first: librdkafka's own auto commit, should it send the stored offset meanwhile,
-            # then names as much as this commit does (a commit never names fewer than the one before)
-            for t, p, o in todo:
-                try:
-                    client.store(t, p, o, meta[(t, p)])
-                except KafkaClientError as exc:
-                    log.debug("offset not stored: %s", exc)
-        client.commit_async(todo, meta)
+        self._stage(todo, meta)
+        self._client.commit_async(todo, meta)
         for t, p, o in todo:
             sent[(t, p)] = (o, meta[(t, p)])
+
+    def progress(self) -> None:
+        """During a revoke's catch-up, every ``auto.commit.interval.ms``: commit, without waiting,
+        what every assigned partition finished so far (the revoking ones, and the others, whose
+        handlers go on while the owner serves the callback and stores nothing). The classic
+        protocol's coordinator takes commits of the current generation while the group rebalances.
+        Without it a SIGKILL during a long catch-up re-ran everything finished since the callback
+        began (full fault-harness runs: 3,945 duplicates from one kill)."""
+        offsets, meta = self._engine.commit_offsets(self._engine.active())
+        if offsets:
+            try:
+                self._client.commit_async(offsets, meta)
+            except KafkaClientError as exc:
+                log.debug("progress commit during the revoke's catch-up not sent: %s", exc)
+
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
+        """Commit the revoked partitions' offsets (stored too), again while the group refuses it
+        for a rebalance that moved on, until ``deadline``; then they are closed.
+
+        The commit is made from this thread, the one serving the callback: a commit sent from
+        another thread while a rebalance callback runs waits until the poll serving the callback
+        returns (confluent-kafka serializes the calls on one consumer; measured here), so a commit
+        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's
+        own request timeout (``socket.timeout.ms``).
+
+        While a stop is under way (``stopping``), the commit is sent without waiting for the group
+        coordinator's answer (``commit_async``), so the stop keeps its bound when the broker does
+        not answer (SIGSTOP, a network cut: a synchronous commit in the callback was still waiting
+        100 s later, confluent-kafka-python #1667). Its fate is then unknown: at worst what finished
+        since the last commit runs again (at-least-once).
+        """
+        final, meta = self._engine.close_parts(parts)
+        if not final:
+            return
+        self._stage(final, meta)
+        if stopping:
+            self._client.commit_async(final, meta)
+            log.info("stopping: revoke commit of %s sent (not waiting for the broker's answer)", final)
+            return
+        pause = COMMIT_RETRY_S[0]
+        while True:
+            try:
+                self._client.commit(final, meta)
+                log.info("revoke: committed %s", final)
+                return
+            except CommitError as exc:
+                if exc.code not in COMMIT_AGAIN or time.monotonic() + pause >= deadline:
+                    log.warning(
+                        "commit on revoke failed: %s (what finished after the last commit runs again)", exc
+                    )
+                    return
+                log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
+            except KafkaClientError as exc:
+                log.warning("commit on revoke failed: %s", exc)
+                return
+            time.sleep(pause)
+            pause = min(COMMIT_RETRY_S[1], pause * 2)
 
     def commit_final(self, deadline: float) -> None:
         """Commit every active partition's first unfinished offset, with the metadata naming what
@@ -147,16 +232,13 @@ class Committer:
         KafkaClientError
             Another commit error, no answer by ``deadline``, or still refused at ``deadline``.
         """
-        d, client = self._d, self._client
+        engine, client = self._engine, self._client
         while True:
-            parts = d.active()
-            final, meta = d.commit_offsets(parts)
+            parts = engine.active()
+            final, meta = engine.commit_offsets(parts)
             if not final:
                 return
-            if meta and not self._manual:  # librdkafka's commit at close uses the stored metadata
-                for topic, partition, offset in final:
-                    if (topic, partition) in meta:
-                        client.store(topic, partition, offset, meta[(topic, partition)])
+            self._stage(final, meta)
             try:
                 client.commit(final, meta, timeout_s=max(0.5, deadline - time.monotonic()))
             except CommitError as exc:
@@ -188,15 +270,12 @@ class Committer:
         ``FENCED_MEMBER_EPOCH``). Returns ``False`` while either fails (the caller asks again).
 
         Inside a rebalance callback (a revoke's catch-up ticks the sequencer) it commits nothing and
-        returns ``False``: the commit, bounded, is made from a helper thread, which confluent-kafka
-        lets into the client only once the poll serving the callback returned (measured here). It
-        then lands after the revoke's own commit, with the offsets of before the catch-up, under
-        whatever generation is current by then: the group's committed offset went back (below what
-        the revoke, or the partition's next owner, committed), for a partition this member may no
-        longer own (``tests/integration/test_revoke_commit.py``). The check is asked again after
-        the callback.
+        returns ``False``: a bounded commit is made from a helper thread, which confluent-kafka lets
+        into the client only once the poll serving the callback returned, so it would land after the
+        revoke's own commit with the offsets of before the catch-up, under whatever generation is
+        current by then (``tests/integration/test_revoke_commit.py``). It is asked again after.
         """
-        offsets, meta = self._d.commit_offsets(self._d.active())
+        offsets, meta = self._engine.commit_offsets(self._engine.active())
         if not offsets:
             return True
         if self._in_rebalance():
@@ -224,10 +303,53 @@ class Committer:
         log.info("ownership check passed for %d partition(s)", len(offsets))
         return True
 
-    def refresh_high_watermarks(self) -> None:
-        """Each active partition's end offset, from librdkafka's cached fetch state (no request)."""
-        parts = self._d.active()
-        if parts:
-            highs = self._client.high_watermarks([p.tp for p in parts])
-            for p in parts:
-                p.saw_high(highs.get(p.tp))
+
+class AutoCommit(_OffsetCommits):
+    """Store finished offsets; librdkafka commits them every ``auto.commit.interval.ms``."""
+
+    def store(self) -> None:
+        """Store the partitions whose first unfinished offset moved, each with the metadata naming
+        what finished above it."""
+        advances = self._engine.advances()
+        if not advances:
+            return
+        client = self._client
+        for p, wm, m in advances:
+            try:
+                client.store(p.topic, p.partition, wm, m)
+                p.mark_stored(wm)
+            except KafkaClientError as exc:  # e.g. the partition is no longer assigned
+                log.debug("offset not stored: %s", exc)
+
+    def _stage(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str]) -> None:
+        # stored first: librdkafka's own auto commit (and its commit at close), should it send the
+        # stored offset meanwhile, then names as much as this commit does
+        client = self._client
+        for topic, partition, offset in offsets:
+            try:
+                client.store(topic, partition, offset, meta.get((topic, partition), ""))
+            except KafkaClientError as exc:
+                log.debug("offset not stored: %s", exc)
+
+
+class ManualCommit(_OffsetCommits):
+    """Commit each advance synchronously (``manual_commit=True``)."""
+
+    def store(self) -> None:
+        """Commit the partitions whose first unfinished offset moved, with their metadata."""
+        advances = self._engine.advances()
+        if not advances:
+            return
+        meta = {p.tp: m for p, _, m in advances if m}
+        try:
+            self._client.commit(
+                [(p.topic, p.partition, wm) for p, wm, _ in advances],
+                meta,
+                timeout_s=self._budget(BLOCKING_CALL_S),
+            )
+        except KafkaClientError as exc:
+            self._on_error(exc)
+            self._engine.mark_dirty([p for p, _, _ in advances])
+            return
+        for p, wm, _ in advances:
+            p.mark_stored(wm)

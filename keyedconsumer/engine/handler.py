@@ -11,9 +11,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HandlerContractError
+from ..errors import HandlerContractError, HandlerContractViolation
 from ..message import Message
-from .executors import not_awaited
 
 if TYPE_CHECKING:
     from ..config import ConsumerConfig
@@ -28,6 +27,7 @@ __all__ = [
     "check_error_handler",
     "is_async",
     "Contract",
+    "not_awaited",
 ]
 
 #: A handler: ``def handle(msg) -> None`` or ``async def handle(msg) -> None``.
@@ -192,3 +192,17 @@ class Contract:
     def __bool__(self) -> bool:
         """True once a run broke the contract (until :meth:`clear`)."""
         return bool(self._broken)
+
+
+def not_awaited(msg: Message, result: object) -> HandlerContractViolation:
+    """The violation of a handler that returned the awaitable ``result`` for ``msg``; a coroutine
+    (or anything with a ``close()``) is closed first, so it never warns "never awaited"."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # closing is a courtesy: the error below is what matters
+            pass
+    return HandlerContractViolation(
+        HandlerContractError(msg.topic, msg.partition, msg.offset, type(result).__name__)
+    )

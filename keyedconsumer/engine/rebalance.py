@@ -32,14 +32,14 @@ import time
 from collections.abc import Callable
 
 from ..config import ConsumerConfig
-from ..errors import CommitError, KafkaClientError
+from ..errors import KafkaClientError
 from ..kafka import TP, KafkaClient
 from ..offsets import FinishedOffsets
-from .commits import BLOCKING_CALL_S, COMMIT_AGAIN
-from .dispatcher import Dispatcher
+from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, CommitMode
+from .engine import Engine
 from .partitions import Partition
 
-__all__ = ["Rebalance", "CATCH_UP_SHARE", "FINAL_COMMIT_MIN_S", "COMMIT_RETRY_S"]
+__all__ = ["Rebalance", "CATCH_UP_SHARE"]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -47,56 +47,61 @@ log = logging.getLogger("keyedconsumer")
 #: still starts messages below their partition's highest finished offset (the catch-up); the rest is
 #: left to the handlers running then, so a long one started late is not cut short by the commit.
 CATCH_UP_SHARE = 0.5
-#: A final or revoke commit gets at least this long (seconds), even when the time was spent
-#: waiting for handlers.
-FINAL_COMMIT_MIN_S = 2.0
-#: Pause between attempts of a commit the group refused during a rebalance (seconds).
-COMMIT_RETRY_S = (0.05, 0.5)
 
 
 class Rebalance:
-    """The rebalance listener and the pause set of one run of a consumer.
+    """The rebalance listener and the pause set of one run of a consumer (owner thread).
 
     Parameters
     ----------
-    client, dispatcher, config:
-        The run's Kafka client, dispatcher and settings.
+    client, engine, config:
+        The run's Kafka client, engine and settings.
+    mode:
+        The run's commit mode: it commits (and closes) the revoked partitions.
     catch_up:
-        ``catch_up(parts, deadline)`` runs what lies below each partition's highest finished
-        offset until ``deadline`` (monotonic seconds).
+        ``catch_up(parts, deadline, progress)`` runs what lies below each partition's highest
+        finished offset until ``deadline`` (monotonic seconds), calling ``progress()`` every
+        ``auto.commit.interval.ms``.
+    wait_idle:
+        ``wait_idle(parts, timeout_s) -> bool``: wait until nothing of ``parts`` runs.
     budget:
         ``budget(cap_s) -> seconds`` a blocking call may take now (cut to a stop's deadline).
     stop_deadline:
         ``stop_deadline()``: when a stop under way must be over (monotonic seconds), or ``None``.
-    commit_revoked:
-        With ``transactional``: ``commit_revoked(parts, deadline)`` commits the revoked partitions
-        in a transaction before they are closed (instead of the consumer client's commit).
     """
 
     def __init__(
         self,
         client: KafkaClient,
-        dispatcher: Dispatcher,
+        engine: Engine,
         config: ConsumerConfig,
+        mode: CommitMode,
         catch_up: Callable[[list[Partition], float, Callable[[], None] | None], None],
+        wait_idle: Callable[[list[Partition], float], bool],
         budget: Callable[[float], float],
         stop_deadline: Callable[[], float | None],
-        commit_revoked: Callable[[list[Partition], float], None] | None = None,
     ) -> None:
         self._client = client
-        self._commit_revoked = commit_revoked
-        self._d = dispatcher
+        self._engine = engine
         self._config = config
+        self._mode = mode
         self._catch_up = catch_up
+        self._wait_idle = wait_idle
         self._budget = budget
         self._stop_deadline = stop_deadline
         self._closing = False
+        self._at_close: tuple[list[tuple[str, int, int]], dict[TP, str]] = ([], {})
         self._paused: set[TP] = set()
-        self._serving = 0  # rebalance callbacks running now (in the poll thread, or in close())
+        self._serving = 0  # rebalance callbacks running now (in the owner thread, or in close())
 
-    def closing(self) -> None:
-        """The client is being closed: its revoke commits at once, without a catch-up."""
+    def closing(self, final: tuple[list[tuple[str, int, int]], dict[TP, str]]) -> None:
+        """The client is being closed, after the stop's final commit of ``final`` (as
+        ``Engine.commit_offsets``). The bounded close may serve a last revoke in a helper thread
+        while the owner waits for it: that revoke touches nothing of the engine, and sends
+        ``final``'s offsets of its partitions again without waiting (not with ``transactional``:
+        the final transaction committed them)."""
         self._closing = True
+        self._at_close = final
 
     def serving(self) -> bool:
         """Whether a rebalance callback (assign, revoke, lost) is running now."""
@@ -107,7 +112,8 @@ class Rebalance:
     def on_assign(self, partitions: list[TP]) -> None:
         self._serving += 1
         try:
-            self._assign(partitions)
+            if not self._closing:
+                self._assign(partitions)
         finally:
             self._serving -= 1
 
@@ -116,16 +122,31 @@ class Rebalance:
         running handlers, and commit, all within ``revoke_timeout_s`` (see the module docstring)."""
         self._serving += 1
         try:
-            self._revoke(partitions)
+            if self._closing:
+                self._revoke_at_close(partitions)
+            else:
+                self._revoke(partitions)
         finally:
             self._serving -= 1
+
+    def _revoke_at_close(self, partitions: list[TP]) -> None:
+        offsets, meta = self._at_close
+        mine = set(partitions)
+        final = [(t, p, o) for t, p, o in offsets if (t, p) in mine]
+        if final and not self._config.transactional:
+            try:
+                self._client.commit_async(final, meta)
+            except KafkaClientError as exc:
+                log.debug("commit at close not sent: %s", exc)
+        log.info("revoked %s at close", partitions)
 
     def on_lost(self, partitions: list[TP]) -> None:
         self._serving += 1
         try:
             log.warning("lost %s: dropping their messages without committing", partitions)
-            self._d.begin_revoke(partitions, lost=True)
-            self._unpause(partitions)
+            if not self._closing:
+                self._engine.begin_revoke(partitions, lost=True)
+                self._unpause(partitions)
         finally:
             self._serving -= 1
 
@@ -152,101 +173,29 @@ class Rebalance:
                 log.warning(
                     "committed offsets of %s unavailable: finished offsets run again (%s)", partitions, exc
                 )
-        self._d.assign(partitions, finished)
+        self._engine.assign(partitions, finished)
 
     def _revoke(self, partitions: list[TP]) -> None:
-        d = self._d
-        timeout_s = 0.0 if self._closing else self._config.revoke_timeout_s
+        engine = self._engine
+        timeout_s = self._config.revoke_timeout_s
         deadline = time.monotonic() + timeout_s
-        if not self._closing:  # finish what lies below the highest finished offset first: no re-runs
-            catching = [p for tp in partitions if (p := d.partition(tp)) is not None]
-            d.catch_up(catching)
-            progress = None if self._commit_revoked is not None else self._commit_progress
-            self._catch_up(catching, deadline - timeout_s * (1 - CATCH_UP_SHARE), progress)
-        parts = d.begin_revoke(partitions)
+        # finish what lies below the highest finished offset first: no re-runs
+        catching = [p for tp in partitions if (p := engine.partition(tp)) is not None]
+        engine.catch_up(catching)
+        self._catch_up(catching, deadline - timeout_s * (1 - CATCH_UP_SHARE), self._mode.progress)
+        parts = engine.begin_revoke(partitions)
         self._unpause(partitions)
         if not parts:
             return
         stop = self._stop_deadline()
         if stop is not None:
             deadline = min(deadline, stop)
-        if not d.wait_idle(parts, max(0.0, deadline - time.monotonic())) and not self._closing:
+        if not self._wait_idle(parts, max(0.0, deadline - time.monotonic())):
             log.warning(
                 "revoke: handlers of %s still running after %g s", partitions, self._config.revoke_timeout_s
             )
-        if self._commit_revoked is not None:  # transactional: their records and offsets, before they close
-            self._commit_revoked(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
-            d.close_parts(parts)
-            log.info("revoked %s", partitions)
-            return
-        final, meta = d.close_parts(parts)
-        if final:
-            # Store as well as commit: with auto commit librdkafka commits the *stored* offsets of
-            # the partitions it unassigns after this callback, which must not be older ones.
-            if not self._config.manual_commit:
-                for topic, partition, offset in final:
-                    try:
-                        self._client.store(topic, partition, offset, meta.get((topic, partition), ""))
-                    except KafkaClientError as exc:
-                        log.debug("store on revoke failed: %s", exc)
-            self._commit(final, meta, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
-        log.info("revoked %s, committed %s", partitions, final)
-
-    def _commit_progress(self) -> None:
-        """During a revoke's catch-up, every ``auto.commit.interval.ms``: commit, without waiting,
-        what every assigned partition finished so far (first unfinished offsets, with the metadata
-        naming what finished above): the revoking ones, and the others, whose handlers go on while
-        the poll thread serves this callback and stores nothing. The classic protocol's coordinator
-        takes commits of the current generation while the group rebalances. Without it a SIGKILL
-        during a long catch-up re-ran everything finished since the callback began (full
-        fault-harness runs: 3,945 duplicates from one kill with nothing committed for 9 s; then, with
-        only the revoking partitions committed, 2,098 from the partitions that kept running). Not
-        with ``transactional`` (the offsets go with their records in the transaction)."""
-        offsets, meta = self._d.commit_offsets(self._d.active())
-        if offsets:
-            try:
-                self._client.commit_async(offsets, meta)
-            except KafkaClientError as exc:
-                log.debug("progress commit during the revoke's catch-up not sent: %s", exc)
-
-    def _commit(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str], deadline: float) -> None:
-        """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
-        that moved on, until ``deadline`` (monotonic seconds).
-
-        The commit is made from this thread, the one serving the callback: a commit sent from
-        another thread while a rebalance callback runs waits until the poll serving the callback
-        returns (confluent-kafka serializes the calls on one consumer; measured here), so a commit
-        in a callback cannot be bounded by a helper thread. Each attempt is bounded by librdkafka's
-        own request timeout (``socket.timeout.ms``).
-
-        While a stop is under way (``stop()`` came before this commit), the commit is sent without
-        waiting for the group coordinator's answer (``commit_async``), so the stop keeps its bound
-        when the broker does not answer (SIGSTOP, a network cut: measured here, a synchronous commit
-        in the callback was still waiting 100 s later). Its fate is then unknown: at worst what
-        finished since the last commit runs again (at-least-once). A stop that comes while a
-        synchronous commit already waits is not bounded by this.
-        """
-        if self._stop_deadline() is not None:
-            self._client.commit_async(offsets, meta)
-            log.info("stopping: revoke commit of %s sent without waiting for the answer", offsets)
-            return
-        pause = COMMIT_RETRY_S[0]
-        while True:
-            try:
-                self._client.commit(offsets, meta)
-                return
-            except CommitError as exc:
-                if exc.code not in COMMIT_AGAIN or time.monotonic() + pause >= deadline:
-                    log.warning(
-                        "commit on revoke failed: %s (what finished after the last commit runs again)", exc
-                    )
-                    return
-                log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
-            except KafkaClientError as exc:
-                log.warning("commit on revoke failed: %s", exc)
-                return
-            time.sleep(pause)
-            pause = min(COMMIT_RETRY_S[1], pause * 2)
+        self._mode.revoke(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S), stop is not None)
+        log.info("revoked %s", partitions)
 
     # -- the pause set --------------------------------------------------------------------------
 
@@ -262,12 +211,12 @@ class Rebalance:
     def backpressure(self, over: bool, under_half: bool) -> None:
         """Pause every assigned partition when ``over`` a bound; resume them when ``under_half``."""
         if over:
-            new = [tp for tp in self._d.assigned() if tp not in self._paused]
+            new = [tp for tp in self._engine.assignment if tp not in self._paused]
             if new:
                 self._client.pause(new)
                 self._paused.update(new)
         elif self._paused and under_half:
-            assigned = set(self._d.assigned())
+            assigned = set(self._engine.assignment)
             self._client.resume([tp for tp in self._paused if tp in assigned])
             self._paused.clear()
 

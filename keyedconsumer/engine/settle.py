@@ -17,7 +17,7 @@ from ..outcomes import RetryLater, SkipMessage
 from .outcome import DEAD_LETTERED, DONE, HALT, Outcome, Park, Retry
 
 if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
+    from .engine import Engine
     from .handler import Contract
 
 __all__ = ["Settler"]
@@ -31,8 +31,8 @@ class Settler:
 
     Parameters
     ----------
-    dispatcher:
-        The run's dispatcher: once it is closed, a late end changes nothing (``Halt``).
+    engine:
+        The run's engine: once it is closed, a late end changes nothing (``Halt``).
     error_handler:
         ``error_handler(error, message)``; returning normally marks a failure handled.
     fail:
@@ -41,20 +41,20 @@ class Settler:
         The handler contract's record of broken runs.
     finished:
         ``finished(msg)`` for a message settled done with ``SUCCESS`` or ``SKIP``, before the
-        dispatcher marks it done (``Results.finished``: its produced records, with ``transactional``).
+        engine marks it done (``Results.finished``: its produced records, with ``transactional``).
     """
 
     __slots__ = ("_d", "_error_handler", "_fail", "_contract", "_finished")
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        engine: Engine,
         error_handler: Callable[[BaseException, Message | None], Any] | None,
         fail: Callable[[BaseException], None],
         contract: Contract,
         finished: Callable[[Message], None] | None = None,
     ) -> None:
-        self._d = dispatcher
+        self._d = engine
         self._error_handler = error_handler
         self._fail = fail
         self._contract = contract

@@ -5,10 +5,10 @@ With ``transactional=True`` offsets are never stored nor committed by the consum
 poll thread runs one transaction (:class:`~keyedconsumer.kafka.TransactionalProducer`):
 
 1. it reads what to commit: each partition's first unfinished offset and the commit metadata
-   naming the offsets finished above it (``Dispatcher.commit_offsets``);
+   naming the offsets finished above it (``Engine.commit_offsets``);
 2. then it takes the records of the messages settled done meanwhile
    (:meth:`~.results.Results.take_finished`): a message is queued there by its worker *before* the
-   dispatcher marks it done, so every message that step 1 counted done has its records in hand;
+   engine marks it done, so every message that step 1 counted done has its records in hand;
 3. it writes the records of the messages step 1 covers (below the offset, or named in the
    metadata as decoded, so a truncated metadata never covers more than it names), in the order
    they finished, and keeps the others for a later transaction (and every later record of that
@@ -42,16 +42,15 @@ import uuid
 from collections.abc import Callable
 
 from ..config import ConsumerConfig
-from ..errors import KafkaClientError, TransactionError
+from ..errors import TransactionError
 from ..kafka import TP, KafkaClient, TransactionalProducer
 from ..message import Record
 from ..offsets import FinishedOffsets
-from .commits import Committer
-from .dispatcher import Dispatcher
+from .engine import Engine
 from .partitions import CLOSED, Partition
 from .results import Finished, Results
 
-__all__ = ["TransactionalCommitter", "TRANSACTION_RETRY_S", "HELD_WARNING"]
+__all__ = ["TransactionalCommit", "TRANSACTION_RETRY_S", "HELD_WARNING"]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -63,13 +62,16 @@ TRANSACTION_RETRY_S = (0.1, 2.0)
 HELD_WARNING = 10_000
 
 
-class TransactionalCommitter(Committer):
-    """The poll thread's offset work with ``transactional=True`` (see the module docstring).
+class TransactionalCommit:
+    """The owner's offset work with ``transactional=True`` (a :class:`~.commits.CommitMode`; see
+    the module docstring).
 
     Parameters
     ----------
-    client, dispatcher, config, budget, on_error:
-        As :class:`~.commits.Committer`.
+    client, engine, config:
+        The run's Kafka client, engine and settings.
+    budget:
+        ``budget(cap_s) -> seconds`` a blocking call may take now (cut to a stop's deadline).
     results:
         The consumer's produced records.
     fail:
@@ -79,15 +81,15 @@ class TransactionalCommitter(Committer):
     def __init__(
         self,
         client: KafkaClient,
-        dispatcher: Dispatcher,
+        engine: Engine,
         config: ConsumerConfig,
         budget: Callable[[float], float],
-        on_error: Callable[[KafkaClientError], None],
         results: Results,
         fail: Callable[[BaseException], None],
-        in_rebalance: Callable[[], bool] = lambda: False,
     ) -> None:
-        super().__init__(client, dispatcher, config, budget, on_error, in_rebalance)
+        self._client = client
+        self._engine = engine
+        self._budget = budget
         self._config = config
         self._results = results
         self._fail = fail
@@ -125,38 +127,43 @@ class TransactionalCommitter(Committer):
         if producer is not None:
             producer.close()
 
-    # -- the Committer's hooks --------------------------------------------------------------------
+    # -- the commit mode --------------------------------------------------------------------------
 
     def store(self) -> None:
-        """After each poll: a transaction when ``transaction_interval_s`` passed."""
+        """After each turn: a transaction when ``transaction_interval_s`` passed."""
         now = time.monotonic()
         if now >= self._next_s:
             self._next_s = now + self._config.transaction_interval_s
-            self.commit(self._d.active(), self._budget(self._config.transaction_timeout_s))
+            self.commit(self._engine.active(), self._budget(self._config.transaction_timeout_s))
 
     def commit_metadata(self) -> None:
         """Nothing: every transaction commits the metadata with the offsets."""
 
+    def progress(self) -> None:
+        """Nothing: a revoke's catch-up commits in its transaction at the end (the offsets go with
+        their records)."""
+
     def commit_final(self, deadline: float) -> None:
         """The stop's transaction, tried again after abortable failures until ``deadline``."""
         while not self._broken:
-            if self.commit(self._d.active(), max(0.5, deadline - time.monotonic())):
+            if self.commit(self._engine.active(), max(0.5, deadline - time.monotonic())):
                 return
             if time.monotonic() + self._pause_s >= deadline:
                 log.warning("final transaction not committed: what finished after the last one runs again")
                 return
             time.sleep(self._pause_s)
 
-    def commit_revoked(self, parts: list[Partition], deadline: float) -> None:
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
         """A revoke: commit the revoked (and every other) partition's offsets and records before they
-        are given up, tried again after abortable failures until ``deadline``."""
+        are given up, tried again after abortable failures until ``deadline``; then close them."""
         while not self._broken:
-            if self.commit([*self._d.active(), *parts], max(0.5, deadline - time.monotonic())):
-                return
+            if self.commit([*self._engine.active(), *parts], max(0.5, deadline - time.monotonic())):
+                break
             if time.monotonic() + self._pause_s >= deadline:
                 log.warning("revoke: transaction not committed: what finished after the last one runs again")
-                return
+                break
             time.sleep(self._pause_s)
+        self._engine.close_parts(parts)
 
     def confirm_ownership(self) -> bool:
         """Not used: ``transactional`` refuses the Redis sequencer, the only caller."""
@@ -170,7 +177,7 @@ class TransactionalCommitter(Committer):
         stay in hand; or the consumer is stopping with the error)."""
         if self._broken or self._producer is None:
             return False
-        offsets, meta = self._d.commit_offsets(parts)  # first: what counts done now
+        offsets, meta = self._engine.commit_offsets(parts)  # first: what counts done now
         kept = self._kept
         kept.extend(self._results.take_finished())  # then: their records are all in hand
         done: dict[int, tuple[int, FinishedOffsets | None]] = {}

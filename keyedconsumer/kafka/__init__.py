@@ -67,6 +67,14 @@ class KafkaClient(Protocol):
     def check_brokers(self, timeout_s: float) -> None: ...
     def close(self, timeout_s: float | None = None) -> bool: ...
 
+    def wait_outcomes(self, wait: Callable[[float], int], timeout_s: float) -> int:
+        """The owner waits for its workers' outcomes instead of in a poll: ``wait(seconds)`` waits
+        on its mailbox and returns how many posts it ran. The real client calls
+        ``wait(timeout_s)``; the in-memory one waits a moment of real time and, when nothing came,
+        lets ``timeout_s`` pass on its fake clock, as an idle poll does.
+        """
+        ...
+
     def publisher(self, delivery_timeout_s: float) -> BatchPublisher:
         """A producer of the same cluster (same brokers and security settings) for the records
         handlers produce (``msg.produce``), waiting for each record's acknowledgement.

@@ -377,6 +377,9 @@ class _ConfluentClient:
             transaction_timeout_s,
         )
 
+    def wait_outcomes(self, wait: Callable[[float], int], timeout_s: float) -> int:
+        return wait(timeout_s)
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
         offsets and leaves the group. Returns ``False`` if that did not end within ``timeout_s``

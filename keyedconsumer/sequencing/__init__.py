@@ -1,4 +1,4 @@
-"""Sequencers: who may run a lane's head (see :mod:`.base` for the protocol).
+"""Sequencers: who may run a lane's head (the protocol: :mod:`keyedconsumer.engine.sequencer`).
 
 The default, :class:`InMemorySequencer`, keeps order inside one process. :class:`RedisSequencer`
 adds per-key leases in Redis, so that one key never runs on two instances at once: across a

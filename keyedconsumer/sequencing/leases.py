@@ -8,7 +8,8 @@ Redis round trip. A lease is released when no local lane needs it.
 A lease's *holders* are the lane heads (:class:`~keyedconsumer.engine.delivery.Delivery`) and the
 drain jobs of a parked key that wait for it or run under it: anything with a ``fencing_token``.
 
-All methods run under the dispatcher's lock.
+All methods run in the engine's owner thread (the renewer thread only reads the list of leases
+the owner publishes for it: :meth:`LeaseTable.to_renew` builds it).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ time, moved when due) and of go-distr-ep's per-key event lists and ScheduleEvent
   themselves. No instance's wall clock is read, so instances whose clocks differ neither run a
   parked retry or a scheduled message early nor very late (rq-scheduler #246).
 
-Every method runs in the poll thread; Redis calls are made without the dispatcher's lock.
+Every method runs in the engine's owner thread (the poll thread), which owns this state too.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from .keys import lease_id
 from .leases import LeaseTable
 
 if TYPE_CHECKING:
-    from ..engine.dispatcher import Dispatcher
+    from ..engine.sequencer import LanePort
     from .store import LastError, LeaseStore
 
 __all__ = [
@@ -165,14 +165,14 @@ class Parker:
     """Parks keys, drains due keys and moves due scheduled messages (owned by ``RedisSequencer``).
 
     Its in-memory state (the heads waiting to be parked, the drain jobs holding their lease, the
-    drained batches running, their results) is guarded by the engine's lock: the methods marked
-    *lock held* are called by the sequencer under it; the others run in the poll thread and take
-    it around their own steps, never across a Redis call.
+    drained batches running, their results) is the owner thread's, like every call to it: the
+    sequencer's protocol methods and its tick (the Redis round trips) run there.
 
     Parameters
     ----------
-    engine:
-        The dispatcher (its ``*_locked`` methods: lanes, offsets counted done, messages made ready).
+    port:
+        The engine's lanes as a sequencer sees them (:class:`~keyedconsumer.engine.sequencer.LanePort`:
+        lanes, offsets counted done, messages made ready).
     leases:
         The instance's lease table (the sequencer's).
     store:
@@ -198,7 +198,7 @@ class Parker:
 
     def __init__(
         self,
-        engine: Dispatcher,
+        port: LanePort,
         leases: LeaseTable,
         store: LeaseStore,
         route: Callable[[Any], Delivery | None],
@@ -211,7 +211,7 @@ class Parker:
         quarantine_on_dead_letter: bool,
         max_drains: int,
     ) -> None:
-        self.engine = engine
+        self.port = port
         self.leases = leases
         self.store = store
         self._route = route
@@ -249,25 +249,25 @@ class Parker:
         """A unique due-set score at ``due_ms``: a compare-and-remove never mistakes a newer ZADD."""
         return float(int(due_ms)) + (next(self._uniq) % 1000 + 1) / 1024.0
 
-    # -- the engine's side (lock held) ------------------------------------------------------------
+    # -- the engine's side ------------------------------------------------------------
 
     def park(self, head: Delivery, delay_s: float, error: LastError | None = None) -> None:
-        """``head`` (and its lane's queued messages) go to its key's list (lock held); ``error``:
+        """``head`` (and its lane's queued messages) go to its key's list; ``error``:
         the failure that parks it, stored as the key's last error."""
         self._to_park.append((head, delay_s, error))
 
     def add_drain(self, job: DrainJob) -> None:
-        """A drain job holds its key's lease now (lock held)."""
+        """A drain job holds its key's lease now."""
         self._drains.append(job)
 
     def on_external_end(self, d: Delivery, outcome: Outcome) -> Delivery | None:
-        """A message run from a parked list ended (lock held). Returns the next of its batch, to
+        """A message run from a parked list ended. Returns the next of its batch, to
         run under the same lease, when it succeeded; else the batch ends here (what did not start
         is read again later) and its end is settled in Redis at the next tick."""
         lid = d.lease_id or ""
         batch = self._batches.get(lid)
         dead = self.quarantine and isinstance(outcome, Done) and outcome.dead_lettered
-        if batch and isinstance(outcome, Done) and not dead and not self.engine.halted:
+        if batch and isinstance(outcome, Done) and not dead and not self.port.halted:
             self._results.append((d, outcome, False))
             nxt = batch.popleft()
             if not batch:
@@ -275,13 +275,13 @@ class Parker:
             self.leases.handover(d, nxt, lid)
             return nxt
         if batch is not None:
-            self.engine.forget_locked(self._batches.pop(lid))
+            self.port.forget(self._batches.pop(lid))
         self._results.append((d, outcome, True))
         return None
 
     def drop(self, keep: Callable[[Delivery], bool]) -> list[Delivery]:
         """Drop the heads waiting to be parked that ``keep`` refuses, and (when ``keep`` refuses
-        messages run from lists) the drained batches' messages not started (lock held)."""
+        messages run from lists) the drained batches' messages not started."""
         out: list[Delivery] = []
         stay: list[tuple[Delivery, float, LastError | None]] = []
         for head, delay_s, error in self._to_park:
@@ -299,7 +299,7 @@ class Parker:
 
     @property
     def busy(self) -> bool:
-        """Heads wait to be parked (lock held or not: a snapshot)."""
+        """Heads wait to be parked ."""
         return bool(self._to_park)
 
     @property
@@ -308,17 +308,17 @@ class Parker:
         return bool(self._to_park or self._drains or self._results or self.draining or self.capped)
 
     def _make_ready(self, holder: Any) -> None:
-        """Route a lease holder that may go on (lock held)."""
+        """Route a lease holder that may go on."""
         if holder is not None:
             d = self._route(holder)
             if d is not None:
-                self.engine.make_ready_locked(d)
+                self.port.make_ready(d)
 
     # -- parking (the poll thread) --------------------------------------------------------------
 
     def park_pending(self) -> None:
         """Send the lanes waiting to be parked to Redis, one pipelined round trip."""
-        engine, store, leases = self.engine, self.store, self.leases
+        port, store, leases = self.port, self.store, self.leases
         now = time.monotonic()
         if not self._to_park or now < self._blocked_until:
             return
@@ -326,18 +326,17 @@ class Parker:
             n, nbytes = store.totals()
             self._totals_at = now
             self._over_total = n >= self.max_total or nbytes >= self.max_total_bytes
-        with engine.lock:
-            work, self._to_park = self._to_park, []
-            batches: list[_Batch] = []
-            for head, delay_s, error in work:
-                lid = head.lease_id or ""
-                owner = leases.owner(lid)
-                if owner is None:
-                    # lost meanwhile: it waits, first in line, for the lease again (the lease
-                    # table only marks a lost lease wanted; its active head must be put back)
-                    leases.requeue(head, lid)
-                    continue
-                batches.append((lid, owner, [head, *engine.lane_rest_locked(head)], delay_s, error))
+        work, self._to_park = self._to_park, []
+        batches: list[_Batch] = []
+        for head, delay_s, error in work:
+            lid = head.lease_id or ""
+            owner = leases.owner(lid)
+            if owner is None:
+                # lost meanwhile: it waits, first in line, for the lease again (the lease
+                # table only marks a lost lease wanted; its active head must be put back)
+                leases.requeue(head, lid)
+                continue
+            batches.append((lid, owner, [head, *port.lane_rest(head)], delay_s, error))
         if not batches:
             return
         if self._over_total and any(not leases.is_parked(lid) for lid, *_ in batches):
@@ -360,68 +359,65 @@ class Parker:
             for lid, _owner, _ds, delay_s, _error in batches:
                 if not leases.is_parked(lid):  # the list may be empty: the due set first (invariant)
                     store.set_due(lid, self.score(due_ms(now_ms, delay_s)))
-            results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes, engine.conflate)
+            results = store.park(calls, self.seen_ttl_ms, self.max_key, self.max_key_bytes, port.conflate)
         except Exception as exc:  # StoreUnavailable: keep them, try again
             self._put_back(batches, f"Redis unavailable: {exc}")
             return
-        with engine.lock:
-            for (lid, _owner, ds, _delay, _error), (status, _before, taken, _bytes, gone) in zip(
-                batches, results, strict=True
-            ):
-                head = ds[0]
-                if gone:  # replaced by a newer message of the key: conflated (their offsets count done)
-                    self._conflated_locked(gone, ds)
-                if status == 0:  # Redis refused: the lease is not ours; they wait for it again
-                    engine.lane_put_back_locked(head, ds[1:])
-                    leases.requeue(head, lid)
-                    continue
-                leases.set_parked(lid, True)
-                self.parked += taken
-                engine.parked_locked(ds[:taken])
-                rest = ds[taken:]
-                if rest:  # the key's list is full: the rest waits in memory, unfinished
-                    engine.lane_put_back_locked(head, rest[1:])
-                    self._make_ready(leases.step_aside(lid, rest[0]))
-                    self.capped[lid] = now + CAPPED_RETRY_S
-                    if rest[0] is not head:
-                        log.info("key %s: parked list at its cap; later messages wait in memory", lid)
-                    continue
-                nxt = engine.lane_advance_locked(head)  # arrived meanwhile: parked next, under the lease
-                if nxt is not None:
-                    leases.handover(head, nxt, lid)
-                    self._to_park.append((nxt, 0.0, None))
+        for (lid, _owner, ds, _delay, _error), (status, _before, taken, _bytes, gone) in zip(
+            batches, results, strict=True
+        ):
+            head = ds[0]
+            if gone:  # replaced by a newer message of the key: conflated (their offsets count done)
+                self._conflated(gone, ds)
+            if status == 0:  # Redis refused: the lease is not ours; they wait for it again
+                port.lane_put_back(head, ds[1:])
+                leases.requeue(head, lid)
+                continue
+            leases.set_parked(lid, True)
+            self.parked += taken
+            port.parked(ds[:taken])
+            rest = ds[taken:]
+            if rest:  # the key's list is full: the rest waits in memory, unfinished
+                port.lane_put_back(head, rest[1:])
+                self._make_ready(leases.step_aside(lid, rest[0]))
+                self.capped[lid] = now + CAPPED_RETRY_S
+                if rest[0] is not head:
+                    log.info("key %s: parked list at its cap; later messages wait in memory", lid)
+                continue
+            nxt = port.lane_advance(head)  # arrived meanwhile: parked next, under the lease
+            if nxt is not None:
+                leases.handover(head, nxt, lid)
+                self._to_park.append((nxt, 0.0, None))
 
-    def _conflated_locked(self, entries: list[bytes], ds: list[Delivery] | None = None) -> None:
-        """Parked entries removed by a newer one of their key (lock held): counted and reported as
+    def _conflated(self, entries: list[bytes], ds: list[Delivery] | None = None) -> None:
+        """Parked entries removed by a newer one of their key: counted and reported as
         conflated; ``ds``: the messages just parked, whose own :class:`Message` is reported."""
         mine = {(d.msg.topic, d.msg.partition, d.msg.offset): d.msg for d in ds or [] if d.msg.offset >= 0}
         msgs = []
         for raw in entries:
             msg, doc = decode_entry(raw)
             msgs.append(mine.get((msg.topic, msg.partition, msg.offset), msg) if "sid" not in doc else msg)
-        self.engine.conflated_locked(msgs)
+        self.port.conflated(msgs)
 
     def retry_capped(self) -> None:
         """Lanes that waited for room in their key's list try again when their lease is free."""
         now = time.monotonic()
         leases = self.leases
-        with self.engine.lock:
-            for lid, due in list(self.capped.items()):
-                if due > now:
-                    continue
-                if not leases.has_waiting(lid):
-                    del self.capped[lid]
-                    continue
-                head = leases.take_free(lid)
-                if head is not None:
-                    del self.capped[lid]
-                    self._make_ready(head)
+        for lid, due in list(self.capped.items()):
+            if due > now:
+                continue
+            if not leases.has_waiting(lid):
+                del self.capped[lid]
+                continue
+            head = leases.take_free(lid)
+            if head is not None:
+                del self.capped[lid]
+                self._make_ready(head)
 
     def _put_back(self, batches: list[_Batch], why: str) -> None:
-        with self.engine.lock:
-            for _lid, _owner, ds, delay_s, error in batches:
-                self.engine.lane_put_back_locked(ds[0], ds[1:])
-                self._to_park.append((ds[0], delay_s, error))
+        for _lid, _owner, ds, delay_s, error in batches:
+            self.port.lane_put_back(ds[0], ds[1:])
+            self._to_park.append((ds[0], delay_s, error))
         self._blocked_until = time.monotonic() + 1.0
         log.warning("parking waits 1 s: %s", why)
 
@@ -464,9 +460,8 @@ class Parker:
             room -= 1
             self.draining[lid] = score
             job = DrainJob(lid)
-            with self.engine.lock:
-                if self.leases.admit_head(job, lid):
-                    self._make_ready(job)
+            if self.leases.admit_head(job, lid):
+                self._make_ready(job)
 
     # -- draining (whoever holds the key's lease runs its list) ---------------------------------
 
@@ -475,18 +470,16 @@ class Parker:
         results of parked messages that ran."""
         from .store import StoreUnavailable
 
-        with self.engine.lock:
-            jobs, self._drains = self._drains, []
-            results, self._results = self._results, []
+        jobs, self._drains = self._drains, []
+        results, self._results = self._results, []
         i = 0
         try:
             for i, job in enumerate(jobs):  # noqa: B007 (i is read after an error)
                 self._next(job, job.lid)
             i = len(jobs)
         except StoreUnavailable:
-            with self.engine.lock:  # Redis is down: the rest waits for the next tick, nothing is lost
-                self._drains[:0] = jobs[i:]
-                self._results[:0] = results
+            self._drains[:0] = jobs[i:]
+            self._results[:0] = results
             raise
         i = 0
         while i < len(results):
@@ -511,35 +504,30 @@ class Parker:
                 for (r, _, _), raw in zip(group, raws, strict=True):
                     if raw is not None:
                         self.heads[id(r)] = raw
-                with self.engine.lock:
-                    self._results[:0] = results[i:]
+                self._results[:0] = results[i:]
                 raise
             i = j if j > i else i + 1
 
     def _next(self, current: Any, lid: str) -> None:
         """Run the list's next due messages (up to ``DRAIN_BATCH``, one after the other, by one
         worker) under the lease ``current`` holds, or end the drain."""
-        store, engine = self.store, self.engine
+        store, port = self.store, self.port
         owner = self.leases.owner(lid)
         if owner is None:
             self._end(current, lid)
             return
-        if (
-            engine.halted or engine.stopping
-        ):  # stopping: start nothing new (the list stays for the next drain)
+        if port.halted or port.stopping:  # stopping: start nothing new (the list stays for the next drain)
             self._end(current, lid)
             return
-        ok, entries, _depth, gone = store.fetch(lid, owner, DRAIN_BATCH, engine.conflate)
+        ok, entries, _depth, gone = store.fetch(lid, owner, DRAIN_BATCH, port.conflate)
         if gone:  # conflated: the list keeps its head and its newest message
-            with engine.lock:
-                self._conflated_locked(gone)
+            self._conflated(gone)
         if not ok:
             self._end(current, lid)
             return
         if not entries:  # the list is empty: the key is no longer parked
             store.clear_due(lid, self.draining.get(lid, -1.0))
-            with engine.lock:
-                self.leases.set_parked(lid, False)
+            self.leases.set_parked(lid, False)
             self._end(current, lid)
             return
         _, head_doc = decode_entry(entries[0])
@@ -564,15 +552,14 @@ class Parker:
             d = Delivery(msg, None, None, lid, size)
             self.heads[id(d)] = raw
             batch.append(d)
-        with engine.lock:
-            if not self.leases.activate(lid, current, batch[0]):
-                for d in batch:
-                    self.heads.pop(id(d), None)
-                self._end_locked(current, lid)
-                return
-            if len(batch) > 1:
-                self._batches[lid] = deque(batch[1:])
-            engine.admit_external_locked(batch)
+        if not self.leases.activate(lid, current, batch[0]):
+            for d in batch:
+                self.heads.pop(id(d), None)
+            self._end_now(current, lid)
+            return
+        if len(batch) > 1:
+            self._batches[lid] = deque(batch[1:])
+        port.admit_external(batch)
 
     def _settle_done(self, group: list[tuple[Delivery, Outcome, bool]]) -> None:
         """Remove from Redis the successes of a drained batch that did not end it (one round trip)."""
@@ -590,8 +577,7 @@ class Parker:
         store, leases = self.store, self.leases
         lid = d.lease_id or ""
         raw = self.heads.pop(id(d))
-        with self.engine.lock:
-            valid = leases.still_valid(d, lid) or (not last and isinstance(outcome, Done))
+        valid = leases.still_valid(d, lid) or (not last and isinstance(outcome, Done))
         owner = leases.owner(lid)
         if not valid or owner is None:
             self._end(d, lid)  # the entry stays: whoever holds the lease runs it again
@@ -604,7 +590,7 @@ class Parker:
                 new = json.dumps(doc, separators=(",", ":")).encode()
                 error = last_error(d.msg, f"scheduled {doc['sid']}" if "sid" in doc else None)
                 if store.replace_head(lid, owner, raw, new, error):
-                    self.engine.count_retry()
+                    self.port.count_retry()
                     self._reschedule_end(d, lid, doc["due"])
                 else:
                     self._end(d, lid)
@@ -631,10 +617,9 @@ class Parker:
         self._end(current, lid)
 
     def _end(self, current: Any, lid: str) -> None:
-        with self.engine.lock:
-            self._end_locked(current, lid)
+        self._end_now(current, lid)
 
-    def _end_locked(self, current: Any, lid: str) -> None:
+    def _end_now(self, current: Any, lid: str) -> None:
         self.draining.pop(lid, None)
         self._make_ready(self.leases.lane_dry(current, lid))
 

@@ -2,7 +2,7 @@
 
 One key never runs on two instances at once: across a rebalance, a long pause of the old owner
 (SIGSTOP, GC, network stall), or when one key's messages arrive on several partitions or topics.
-It implements :class:`~keyedconsumer.sequencing.base.Sequencer` on :mod:`.leases` (the instance's
+It implements :class:`~keyedconsumer.engine.sequencer.Sequencer` on :mod:`.leases` (the instance's
 view of its leases), :mod:`.parking` (ordered non-blocking retries and scheduled messages) and
 :mod:`.store` (the Lua scripts).
 """
@@ -27,7 +27,7 @@ from .leases import LeaseTable
 from .parking import DrainJob, Parker, last_error
 
 if TYPE_CHECKING:
-    from ..engine.dispatcher import Dispatcher
+    from ..engine.sequencer import LanePort
 
 __all__ = ["RedisSequencer", "inspect_redis", "unpark_now", "cancel_scheduled"]
 
@@ -105,6 +105,10 @@ def _with_store(url: str, namespace: str, socket_timeout_s: float, act: Callable
 
 class RedisSequencer:
     """Per-key leases with fencing tokens in Redis (``KeyedConsumer(..., sequencer=...)``).
+
+    (Engine threads: every method of the sequencer protocol and :meth:`tick` run in the engine's
+    owner thread, which owns the lease table and the parker; the renewer thread only talks to Redis
+    and posts what it answered to the owner.)
 
     Before a lane's head runs, this instance holds the lease of its key (``SET NX PX`` with a random
     owner token; the same Lua script ``INCR``s the key's fencing counter, exposed as
@@ -185,7 +189,11 @@ class RedisSequencer:
 
     def __init__(self, url: str, namespace: str, **options: Any) -> None:
         self.config = RedisSequencerConfig.model_validate({"url": url, "namespace": namespace, **options})
-        self._d: Dispatcher | None = None
+        self._port: LanePort | None = None
+        self._renew_set: list[
+            tuple[str, str]
+        ] = []  # the held leases the renewer renews (published by the owner)
+        self._renew_published_s = 0.0
         self._leases = LeaseTable(self.config.lease_ttl_s)
         self._key_lanes = True  # lanes by key (ordering="key"), else by partition
         self._store: Any = None
@@ -208,6 +216,10 @@ class RedisSequencer:
         self._suspect = False  # a stall or a lost lease: no lease is acquired until confirmed
         self._next_confirm_s = 0.0
         self.stalls = 0  # stalls or lease losses that needed an ownership check
+
+    #: Parked messages are settled in Redis, outside a Kafka transaction: ``transactional=True``
+    #: refuses this sequencer.
+    settles_outside_kafka = True
 
     def __repr__(self) -> str:
         c = self.config
@@ -295,13 +307,13 @@ class RedisSequencer:
 
     def attach(
         self,
-        d: Dispatcher,
+        port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool] | None = None,
         session_timeout_s: float | None = None,
     ) -> None:
-        """Start serving ``d`` (called by the consumer before polling; see
-        :class:`~keyedconsumer.sequencing.base.Sequencer`).
+        """Start serving the engine's lanes behind ``port`` (called by the consumer before polling;
+        see :class:`~keyedconsumer.engine.sequencer.Sequencer`).
 
         ``confirm()`` tells whether this instance still owns its partitions in the consumer group
         (see :meth:`tick`); ``session_timeout_s`` is the group session timeout (seconds).
@@ -309,7 +321,9 @@ class RedisSequencer:
         from .store import LeaseStore
 
         c = self.config
-        self._d = d
+        self._port = port
+        self._renew_set = []
+        self._renew_published_s = 0.0
         self._fatal = fatal
         self._confirm = confirm or (lambda: True)
         # a poll thread silent this long may have lost partitions or leases (half the shorter bound)
@@ -322,9 +336,9 @@ class RedisSequencer:
 
         self._store = LeaseStore(c.url.get_secret_value(), c.namespace, c.socket_timeout_s)
         self._leases = LeaseTable(c.lease_ttl_s, min(c.lease_linger_s, c.lease_ttl_s / 2))
-        self._key_lanes = d.ordering == "key"
+        self._key_lanes = port.ordering == "key"
         self.parker = Parker(
-            d,
+            port,
             self._leases,
             self._store,
             self._route,
@@ -356,8 +370,8 @@ class RedisSequencer:
         """
         from .store import StoreUnavailable
 
-        d, store = self._d, self._store
-        if d is None:
+        port, store = self._port, self._store
+        if port is None:
             return None
         leases = self._leases
         now = time.monotonic()
@@ -381,13 +395,12 @@ class RedisSequencer:
                 if self.config.require_durable:
                     store.check_durable()
                 self._checked = True
-            with d.lock:
-                leases.expire_unconfirmed(now)
-                if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
-                    self._lost_seen = leases.lost
-                    self._suspected()
-                asks = [] if self._suspect else leases.to_acquire(now)
-                releases = leases.to_release(now)
+            leases.expire_unconfirmed(now)
+            if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
+                self._lost_seen = leases.lost
+                self._suspected()
+            asks = [] if self._suspect else leases.to_acquire(now)
+            releases = leases.to_release(now)
             if releases:
                 store.release(releases)
             if asks:
@@ -406,13 +419,13 @@ class RedisSequencer:
                 tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
                 self.acquire_calls += len(asks)
                 now = time.monotonic()
-                with d.lock:
-                    for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
-                        head = leases.acquired(lid, owner, token, asked_s, now, depth)
-                        if head is not None:
-                            ready = self._route(head)
-                            if ready is not None:
-                                d.make_ready_locked(ready)
+                for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
+                    head = leases.acquired(lid, owner, token, asked_s, now, depth)
+                    if head is not None:
+                        ready = self._route(head)
+                        if ready is not None:
+                            port.make_ready(ready)
+            self._publish_renewals(time.monotonic())
             busy = self._parking_tick()
         except StoreUnavailable as exc:
             self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
@@ -435,8 +448,8 @@ class RedisSequencer:
 
     def _parking_tick(self) -> bool:
         """Park, drain and (as the scheduler) move due work; ``True`` while anything is under way."""
-        p, d = self.parker, self._d
-        assert p is not None and d is not None
+        p, port = self.parker, self._port
+        assert p is not None and port is not None
         now = time.monotonic()
         if self.config.scheduler and now >= self._sched_check_s:
             self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
@@ -453,7 +466,7 @@ class RedisSequencer:
             p.retry_capped()
         if p.busy:
             p.park_pending()
-        if self.is_scheduler and not d.halted:
+        if self.is_scheduler and not port.halted:
             p.move_scheduled()
             p.take_due_keys()
         p.drain()
@@ -464,7 +477,7 @@ class RedisSequencer:
         graceful stop re-runs none of them."""
         from .store import StoreUnavailable
 
-        if self.parker is None or self._d is None:
+        if self.parker is None or self._port is None:
             return
         try:
             self.parker.drain()
@@ -478,10 +491,8 @@ class RedisSequencer:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(5)
-        d = self._d
-        if d is not None and self._store is not None:
-            with d.lock:
-                held = self._leases.release_all()
+        if self._port is not None and self._store is not None:
+            held = self._leases.release_all()
             try:
                 self._store.release(held)
                 from . import keys
@@ -599,12 +610,35 @@ class RedisSequencer:
             self.config.url.get_secret_value(), self.config.namespace, self.config.socket_timeout_s
         )
 
+    # -- renewals: the owner publishes what to renew, the renewer thread renews it ---------------
+
+    def _publish_renewals(self, now: float) -> None:
+        """(Owner.) Give the renewer the leases held now, at most every quarter renew interval, so
+        the renewer never reads the lease table itself; a lease acquired meanwhile is renewed from
+        the next publication on, well within its TTL (which is above three renew intervals)."""
+        interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
+        if now - self._renew_published_s >= interval / 4:
+            self._renew_published_s = now
+            self._renew_set = self._leases.to_renew()  # a new list: the renewer reads the reference
+
+    def _renewed(self, answer: tuple[list[tuple[str, str]], list[bool], float]) -> None:
+        """(Owner, posted by the renewer.) Redis answered renewals sent at ``asked_s``."""
+        asks, oks, asked_s = answer
+        leases = self._leases
+        for (lid, owner), ok in zip(asks, oks, strict=True):
+            leases.renewed(lid, owner, ok, asked_s)
+
+    def _renewal_failed(self, now: float) -> None:
+        """(Owner, posted by the renewer.) Redis did not answer: leases unconfirmed for a TTL are lost."""
+        self._leases.expire_unconfirmed(now)
+
     def _renew_loop(self) -> None:
+        """The renewer thread: checks in and renews the published leases every ``renew_interval_s``,
+        and posts what Redis answered to the owner (it never touches the lease table)."""
         from .store import StoreUnavailable
 
-        d = self._d
-        assert d is not None
-        leases = self._leases
+        port = self._port
+        assert port is not None
         interval = float(self.config.renew_interval_s or self.config.lease_ttl_s / 4)
         ttl_ms = redis_ms(self.config.lease_ttl_s)
         timeout_ms = redis_ms(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s))
@@ -618,8 +652,7 @@ class RedisSequencer:
                 self.gone_instances.extend(gone)
             except StoreUnavailable as exc:
                 log.warning("check-in failed: %s", exc)
-            with d.lock:
-                asks = leases.to_renew()
+            asks = self._renew_set
             if not asks:
                 continue
             asked_s = time.monotonic()
@@ -627,9 +660,6 @@ class RedisSequencer:
                 oks = self._store.renew(asks, ttl_ms)
             except StoreUnavailable as exc:
                 log.warning("lease renewal failed: %s", exc)
-                with d.lock:
-                    leases.expire_unconfirmed(time.monotonic())
+                port.post(self._renewal_failed, time.monotonic())
                 continue
-            with d.lock:
-                for (lid, owner), ok in zip(asks, oks, strict=True):
-                    leases.renewed(lid, owner, ok, asked_s)
+            port.post(self._renewed, (asks, oks, asked_s))

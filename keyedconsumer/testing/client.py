@@ -191,6 +191,14 @@ class FakeClient:
         """The in-memory broker always answers."""
         self._check_open("list_topics")
 
+    def wait_outcomes(self, wait: Callable[[float], int], timeout_s: float) -> int:
+        """Wait ``idle_wait_s`` of real time for the owner's mailbox; when nothing came, let
+        ``timeout_s`` pass on the fake clock (as an idle :meth:`poll_batch` does)."""
+        n = wait(self._broker.idle_wait_s)
+        if not n:
+            self._broker.clock.advance(max(0.0, timeout_s))
+        return n
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Revoke the whole assignment (``on_revoke``, in this thread), auto-commit the stored offsets,
         and leave the group, whose partitions go to the other members. A second call does nothing.

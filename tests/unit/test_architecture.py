@@ -116,8 +116,8 @@ def test_no_module_writes_another_modules_objects_fields() -> None:
     assert found == []
 
 
-def test_the_dispatcher_never_asks_which_sequencer_it_has() -> None:
-    source = (PACKAGE / "engine" / "dispatcher.py").read_text()
+def test_the_engine_never_asks_which_sequencer_it_has() -> None:
+    source = (PACKAGE / "engine" / "engine.py").read_text()
     for word in ("RedisSequencer", "leases", "parking", "parked_part", "quarantine"):
         assert word not in source, word
     tree = ast.parse(source)

@@ -9,7 +9,7 @@ import pytest
 import uvloop
 
 from keyedconsumer.config import ConsumerConfig
-from keyedconsumer.engine.executors import new_event_loop
+from keyedconsumer.engine.workers import new_event_loop
 
 pytestmark = pytest.mark.timeout(30)
 

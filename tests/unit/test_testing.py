@@ -636,7 +636,7 @@ def test_a_stop_that_cannot_finish_a_message_commits_what_finished_above_it_and_
     finally:
         release.set()
     assert sorted(o for m, o in runs if m == "c2") == [0, 21]
-    assert c2._d.skipped_finished == 20
+    assert c2.skipped_finished == 20
     assert broker.committed("g") == {("t", 0): 22}
 
 

@@ -1,0 +1,572 @@
+"""The engine's state and its one owner: lanes, offsets, the ready queue and the in-flight counts.
+
+One thread owns an :class:`Engine`: the consumer's poll thread (:mod:`.run`). It admits polled
+records, hands work to the workers (:meth:`Engine.take`, :meth:`Engine.take_batch`), settles what
+they report (:meth:`Engine.finish`, from the mailbox it drains in bulk), serves rebalances and reads
+the offsets to store. No lock guards this state: nothing but the owner writes it. Workers only read
+it, through :meth:`Engine.may_start` and :meth:`Engine.owns`, and reach the owner by posting to its
+mailbox (:mod:`.workers`). The sequencer (:mod:`.sequencer`) is called in the owner thread and acts
+on the lanes through the narrow :class:`~.sequencer.LanePort` the engine hands it.
+
+The objects under it are pure data, each behind a short list of methods: the partitions and their
+offset trackers (:mod:`.partitions`), each partition's lanes (:mod:`.lanes`), the heads waiting for
+a worker (:mod:`.ready`) and the in-flight accounting (:mod:`.flow`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..kafka import TP
+from ..message import Message
+from ..offsets import FinishedOffsets
+from .delivery import NULL_KEY, Delivery
+from .flow import InFlight
+from .outcome import HALT, Done, NotStarted, Outcome, Park, Retry
+from .partitions import ACTIVE, CLOSED, REVOKING, Partition, Partitions
+from .ready import ReadyQueue
+from .sequencer import InMemorySequencer, LanePort, Sequencer
+
+__all__ = ["Engine", "CHUNK_QUANTUM_S", "MAX_CHUNK"]
+
+#: A worker gets at once as many ready messages as its handler runs in about this time (seconds,
+#: from a moving average of handler durations): fast handlers are handed over in chunks, so one
+#: hand-over serves many messages; slow handlers one by one.
+CHUNK_QUANTUM_S = 0.002
+#: Upper bound of a chunk, in messages.
+MAX_CHUNK = 256
+
+
+def _nothing_behind(d: Delivery) -> None:
+    return None
+
+
+class Engine:
+    """Lanes, ready heads, in-flight accounting and partitions of one run of a consumer.
+
+    Owner thread only, except :meth:`may_start`, :meth:`owns`, :meth:`signal_halt` and the read-only
+    counters (see the module docstring).
+
+    Parameters
+    ----------
+    ordering:
+        ``"key"``, ``"partition"`` or ``"none"``.
+    sequencer:
+        Who may run a lane's head (default :class:`~.sequencer.InMemorySequencer`).
+    post:
+        ``post(fn, arg)`` runs ``fn(arg)`` in the owner thread soon (the owner's mailbox): given to
+        the sequencer's threads through its port.
+    clock:
+        Monotonic clock in seconds for retry due times (:mod:`keyedconsumer.testing` passes a fake one).
+    group:
+        The consumer group, set on every message admitted (``Message.group_id``).
+    metadata_max_bytes:
+        Bound of the commit metadata (``commit_metadata_max_bytes``).
+    max_in_flight, max_in_flight_bytes:
+        The back-pressure bounds.
+    conflate:
+        Only the newest waiting message of a lane runs (``conflate=True``).
+    """
+
+    def __init__(
+        self,
+        ordering: str,
+        sequencer: Sequencer | None = None,
+        post: Callable[[Callable[[Any], None], Any], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        group: str = "",
+        metadata_max_bytes: int = 0,
+        max_in_flight: int = 1 << 62,
+        max_in_flight_bytes: int = 1 << 62,
+        conflate: bool = False,
+        stop_signal: threading.Event | None = None,
+    ) -> None:
+        self.ordering = ordering
+        self.group = group
+        self.seq: Sequencer = sequencer or InMemorySequencer()
+        # an in-memory sequencer answers every question with the default: not asked on the hot path
+        self._plain = bool(getattr(self.seq, "trivial", False))
+        self.partitions = Partitions(metadata_max_bytes)
+        self.queue = ReadyQueue(clock)
+        self.flow = InFlight(max_in_flight, max_in_flight_bytes)
+        self.conflate = conflate and ordering != "none"
+        self.halted = False  # no new message starts
+        # a graceful stop (set from any thread: KeyedConsumer.stop()): only messages below their
+        # partition's highest finished offset start, so the committed offset can reach what
+        # already finished (no re-runs after the stop)
+        self._stop_signal = stop_signal if stop_signal is not None else threading.Event()
+        self.closed = False  # the run is over: no result counts any more
+        self._halt_signal = threading.Event()  # a failure in a worker: nothing new starts from now
+        self.retries = 0  # Retry and Park outcomes so far
+        self.conflated = 0  # messages conflated so far (replaced by a newer one of their lane)
+        self._conflated_out: list[Message] = []  # conflated by the sequencer, not reported yet
+        self._avg_handler_s = 0.001  # moving average of handler durations
+        self._chunk = 1  # messages one worker gets at once
+        self._lane_id = self.seq.lane_id
+        #: The partitions assigned now (a tuple the owner replaces: safe to read from any thread).
+        self.assignment: tuple[TP, ...] = ()
+        self.port: LanePort = _Port(self, post or _no_post)
+
+    # -- handing out work ---------------------------------------------------------------------------
+
+    def take(self, max_chunks: int) -> list[list[Delivery]]:
+        """Up to ``max_chunks`` chunks of ready heads, oldest admitted first, for workers that run
+        them one message after the other. A chunk stops before a head younger than a message queued
+        behind one of its heads, so one worker running it still runs in admission order."""
+        out: list[list[Delivery]] = []
+        queue, chunk = self.queue, self._chunk
+        while queue and len(out) < max_chunks:
+            taken = queue.take(chunk, self._behind)
+            self.partitions.started(taken)
+            self.flow.started(len(taken))
+            out.append(taken)
+        return out
+
+    def take_batch(self, size: int) -> list[Delivery]:
+        """Up to ``size`` ready heads for one batch handler call, oldest admitted first. A lane has
+        one head at a time, so a batch holds at most one message per lane."""
+        batch = self.queue.take(size, _nothing_behind)
+        self.partitions.started(batch)
+        self.flow.started(len(batch))
+        return batch
+
+    @property
+    def chunk(self) -> int:
+        """Messages a worker gets at once now (from the handlers' moving average duration)."""
+        return self._chunk
+
+    @property
+    def stopping(self) -> bool:
+        """A graceful stop is under way (see :meth:`stop_starting`)."""
+        return self._stop_signal.is_set()
+
+    @staticmethod
+    def _behind(d: Delivery) -> int | None:
+        part = d.part
+        return part.lanes.next_order(d) if part is not None and d.lane is not None else None
+
+    def ready_count(self) -> int:
+        """How many heads wait for a worker now."""
+        return len(self.queue)
+
+    def may_start(self, d: Delivery) -> bool:
+        """(Workers, read only.) True unless the consumer halted, its partition was revoked or
+        lost, the consumer is stopping (or its partition being revoked) and it is not below its
+        partition's highest finished offset, or the sequencer says no."""
+        if self.halted or self._halt_signal.is_set():
+            return False
+        part = d.part
+        if part is not None:
+            # (the common case, an active partition and no stop, without a call)
+            stopping = self._stop_signal.is_set()
+            if (part.state != ACTIVE or stopping or part.catching_up) and not part.may_start(
+                d.offset, stopping
+            ):
+                return False
+            if d.lane is None or self._plain:
+                return True
+        return self.seq.may_start(d)
+
+    def signal_halt(self) -> None:
+        """(Any thread.) A failure nothing handled: no message starts from now on; the owner
+        :meth:`halt`\\ s the engine next."""
+        self._halt_signal.set()
+
+    # -- settling -------------------------------------------------------------------------------------
+
+    def finish(self, results: list[tuple[Delivery, Outcome]], elapsed_s: float = 0.0) -> None:
+        """Workers ran ``results`` (``[(delivery, outcome)]``) in ``elapsed_s`` seconds of handler
+        time: the lanes go on (their next messages become ready), the offsets count done."""
+        if elapsed_s and results:
+            avg = self._avg_handler_s = self._avg_handler_s * 0.95 + elapsed_s / len(results) * 0.05
+            self._chunk = max(1, min(MAX_CHUNK, int(CHUNK_QUANTUM_S / avg) if avg > 0 else MAX_CHUNK))
+        finish, push = self._finish, self.queue.push
+        for d, outcome in results:
+            nxt = finish(d, outcome)
+            if nxt is not None:
+                push(nxt)
+
+    def give_back(self, ds: Iterable[Delivery]) -> None:
+        """Taken, not started messages return to the ready queue (a worker was stuck in a slow
+        handler and the rest of its chunk was taken back)."""
+        for d in ds:
+            if self.halted or (d.part is not None and not d.part.active):
+                nxt = self._finish(d, HALT)
+                if nxt is not None:
+                    self.give_back([nxt])
+                continue
+            if d.part is not None:
+                d.part.ended()
+            self.flow.ended()
+            self.queue.push(d)
+
+    def _finish(self, d: Delivery, outcome: Outcome) -> Delivery | None:
+        """One taken message ended: returns its lane's next message when that may run now."""
+        part = d.part
+        flow = self.flow
+        if part is None:  # brought by the sequencer: it settles it (e.g. in Redis)
+            flow.ended()
+            flow.forget(d.size)
+            return self.seq.on_external_end(d, outcome)
+        lane = d.lane
+        live = part.state == ACTIVE and not self.halted
+        plain = self._plain
+        if lane is not None and live and not plain and not self.seq.accepts(d):
+            # it ran under a lease this instance lost: its result does not count; the sequencer
+            # keeps it, first of its lane, until it may run again
+            part.ended()
+            flow.ended()
+            return None
+        if type(outcome) is not Done and self._keep(d, part, outcome, live):
+            return None
+        nxt = None
+        if lane is not None:
+            lanes = part.lanes
+            nxt = lanes.advance(d)
+            if nxt is not None:
+                if self.halted or nxt.part is None or nxt.part.state != ACTIVE:
+                    for x in [nxt, *lanes.end(nxt)]:
+                        flow.forget(x.size)
+                    if not plain:
+                        self.seq.on_drop(d)
+                    nxt = None
+                elif not plain:
+                    self.seq.on_next(d, nxt)
+            elif not plain:
+                ready = self.seq.on_lane_end(d)
+                if ready is not None:
+                    self.queue.push(ready)
+        if type(outcome) is Done:
+            self.partitions.done(part, d.offset)
+        part.ended()
+        flow.ended()
+        flow.forget(d.size)
+        return nxt
+
+    def _keep(self, d: Delivery, part: Partition, outcome: Outcome, live: bool) -> bool:
+        """A run that did not end its message (not started, a retry, a park): keep the message
+        where it belongs now and return ``True``; ``False`` when it ends after all (its partition
+        or the consumer stopped: it is dropped, not done)."""
+        lane = d.lane
+        match outcome:
+            case NotStarted() if lane is not None and live:
+                # it stays its lane's head: the lane does not go on without it (that would run its
+                # key's later messages first). While the consumer stops or the partition is being
+                # revoked it is held until it is below the highest finished offset (or dropped);
+                # else (its lease was briefly unconfirmed) it is ready again at once.
+                part.ended()
+                self.flow.ended()
+                if self.stopping or part.catching_up:
+                    self.queue.hold(d)
+                else:
+                    self.queue.push(d)
+                return True
+            case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
+                # its key is parked: it and its lane's later messages go to the sequencer, whose
+                # offsets count done once it stored them (LanePort.parked)
+                part.ended()
+                self.flow.ended()
+                d.msg.attempt += 1
+                self.retries += 1
+                return True
+            case Retry(delay_s) | Park(delay_s) if live:
+                # run again later: it stays its lane's head (its key waits, others go on) and its
+                # offset stays unfinished; the attempt number grows before the next attempt
+                part.ended()
+                self.flow.ended()
+                d.msg.attempt += 1
+                self.retries += 1
+                self.queue.delay(d, delay_s)
+                return True
+        return False
+
+    # -- admitting --------------------------------------------------------------------------------
+
+    def admit(self, msgs: list[Message]) -> list[Message]:
+        """Take freshly polled messages: track their offsets and queue them on their lanes.
+
+        Returns the messages conflated meanwhile (``conflate``): they count done and never run."""
+        by_key = self.ordering == "key"
+        sequenced = self.ordering != "none"
+        lane_id, seq, plain = self._lane_id, self.seq, self._plain
+        push = self.queue.push
+        flow = self.flow
+        group, owns = self.group, self.owns
+        admitted = nbytes = 0
+        conflated: list[Message] = []
+        now = time.monotonic()
+        receive = self.partitions.receive
+        for msg in msgs:
+            part = receive(msg.topic, msg.partition, msg.offset, now)
+            if part is None:
+                continue  # not assigned (any more), a re-delivery, or finished by the previous owner
+            key, value = msg.key, msg.value
+            size = (len(key) if key else 0) + (len(value) if value else 0)
+            msg.group_id = group
+            if sequenced:
+                lane: object = (key if key is not None else NULL_KEY) if by_key else 0
+                d = Delivery(
+                    msg, part, lane, None if plain else lane_id(part.topic, part.partition, lane), size
+                )
+            else:
+                d = Delivery(msg, part, None, None, size)
+            msg._bind(owns, d)
+            admitted += 1
+            nbytes += size
+            if sequenced and not part.lanes.push(d):
+                if self.conflate:  # queued behind its lane's head: the older waiting ones go
+                    for old in part.lanes.conflate(d):
+                        self.partitions.done(part, old.offset)
+                        flow.forget(old.size)
+                        conflated.append(old.msg)
+                continue
+            if sequenced and not plain and not seq.on_head(d):
+                continue  # kept by the sequencer
+            push(d)
+        flow.admit(admitted, nbytes)
+        flow.observe_batch(len(msgs), nbytes)
+        self.conflated += len(conflated)
+        return conflated
+
+    # -- retries, holds, stop -----------------------------------------------------------------------
+
+    def release_due(self, now: float) -> float | None:
+        """Make ready the retries due at ``now`` (clock seconds). Returns the seconds until the
+        next one is due, or ``None`` when none waits."""
+        self.queue.release_due(now)
+        due = self.queue.next_due_s()
+        return None if due is None else due - now
+
+    def next_due_s(self) -> float | None:
+        """When the next retry is due (clock seconds), or ``None``."""
+        return self.queue.next_due_s()
+
+    def release_held(self) -> None:
+        """Make ready the held heads that may start now (below their partition's highest finished
+        offset, or no longer stopping / catching up)."""
+        stopping = self.stopping
+        self.queue.release_held(lambda d: d.part is None or d.part.may_start(d.offset, stopping))
+
+    def stop_starting(self) -> None:
+        """(Any thread.) From now on only messages below their partition's highest finished offset
+        start (a graceful stop)."""
+        self._stop_signal.set()
+
+    def halt(self) -> None:
+        """Start nothing new: drop every ready, delayed, held and queued message (they stay not done)."""
+        self.halted = True
+        self._halt_signal.set()
+        forget = self.flow.forget
+        for d in self.queue.clear():
+            forget(d.size)
+            self.seq.on_drop(d)
+        for d in self.seq.drop(lambda d: False):
+            forget(d.size)
+        for lanes in self.partitions.lanes_of():
+            for d in lanes.clear_queued():
+                forget(d.size)
+
+    def close(self) -> None:
+        """The run is over: nothing starts, no late result counts."""
+        self.closed = True
+        self.halted = True
+        self._halt_signal.set()
+
+    def catching_up(self, parts: list[Partition], retry_before: float) -> bool:
+        """Whether a catch-up of ``parts`` should go on: one still has a message below its highest
+        finished offset, and something may still finish it (a handler running, a head ready, a
+        retry due before ``retry_before`` (clock seconds), or the sequencer's work under way)."""
+        if not any(p.active and p.tracker.behind_done() for p in parts):
+            return False
+        due = self.queue.next_due_s()
+        soon = due is not None and due < retry_before
+        return self.flow.running > 0 or bool(self.queue) or soon or self.seq.busy()
+
+    def running_in(self, parts: list[Partition] | None) -> int:
+        """Messages of ``parts`` (all when ``None``) taken by a worker and not finished."""
+        return self.flow.running if parts is None else sum(p.running for p in parts)
+
+    # -- assignment -----------------------------------------------------------------------------
+
+    def assign(self, tps: Iterable[TP], finished: dict[TP, FinishedOffsets] | None = None) -> None:
+        """Start tracking newly assigned partitions; ``finished``: per partition, the offsets its
+        previous owner finished above the committed offset (read from the commit metadata)."""
+        self.partitions.assign(tps, finished)
+        self.assignment = tuple(self.partitions.by_tp)
+
+    def partition(self, tp: TP) -> Partition | None:
+        return self.partitions.by_tp.get(tp)
+
+    def active(self) -> list[Partition]:
+        return self.partitions.active()
+
+    def catch_up(self, parts: list[Partition]) -> None:
+        """``parts`` are being revoked: only their messages below the highest finished offset start."""
+        for p in parts:
+            p.catch_up(True)
+
+    def begin_revoke(self, tps: Iterable[TP], lost: bool = False) -> list[Partition]:
+        """Stop the partitions: drop their queued messages; none of theirs starts from now on.
+        With ``lost`` the partitions are closed at once (nothing of theirs is stored again)."""
+        parts = self.partitions.begin_revoke(tps, lost)
+        self.assignment = tuple(self.partitions.by_tp)
+        for part in parts:
+            self._drop_queued(part)
+        return parts
+
+    def _drop_queued(self, part: Partition) -> None:
+        """Forget every message of ``part`` that has not started: those queued behind their lanes'
+        heads, the heads waiting for a worker, and the heads the sequencer keeps."""
+        forget = self.flow.forget
+        lanes = part.lanes
+        for d in lanes.clear_queued():
+            forget(d.size)
+        for d in self.queue.remove(lambda d: d.part is part):
+            forget(d.size)
+            lanes.end(d)
+            self.seq.on_drop(d)
+        for d in self.seq.drop(lambda d: d.part is not part):
+            forget(d.size)
+            lanes.end(d)
+
+    def close_parts(self, parts: list[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
+        """Close revoked partitions; return what to commit for them (as :meth:`commit_offsets`)."""
+        out = self.partitions.commit_offsets([p for p in parts if p.state == REVOKING])
+        self.partitions.close(parts)
+        return out
+
+    def commit_offsets(self, parts: Iterable[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
+        """What to commit for ``parts``: ``([(topic, partition, first unfinished offset)],
+        {tp: metadata naming the offsets finished above it})``."""
+        return self.partitions.commit_offsets(parts)
+
+    def advances(self) -> list[tuple[Partition, int, str]]:
+        """Partitions whose first unfinished offset moved past what was stored (see
+        :meth:`~.partitions.Partitions.advances`)."""
+        return self.partitions.advances()
+
+    def mark_dirty(self, parts: Iterable[Partition]) -> None:
+        self.partitions.mark_dirty(parts)
+
+    def take_conflated(self) -> list[Message]:
+        """The messages the sequencer conflated since the last call (the owner reports them)."""
+        out, self._conflated_out = self._conflated_out, []
+        return out
+
+    @property
+    def skipped_finished(self) -> int:
+        return self.partitions.skipped_finished
+
+    # -- still owned (Message.still_owned; any thread, read only) -------------------------------
+
+    def owns(self, d: Delivery) -> bool:
+        """True while a run of ``d`` still counts: its partition is assigned (or being revoked: the
+        revoke's commit covers it), this run of the consumer is not over, and the sequencer agrees
+        (its key's lease is still this instance's)."""
+        if self.closed:
+            return False
+        part = d.part
+        if part is not None and part.state == CLOSED:
+            return False
+        if part is not None and d.lane is None:
+            return True
+        return self.seq.owns(d)
+
+    # -- status (any thread: plain counters) ------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Messages buffered or running now."""
+        return self.flow.buffered
+
+    @property
+    def running(self) -> int:
+        return self.flow.running
+
+
+def _no_post(fn: Callable[[Any], None], arg: Any = None) -> None:
+    raise RuntimeError("this engine has no owner mailbox to post to")
+
+
+class _Port:
+    """The engine as a sequencer sees it (:class:`~.sequencer.LanePort`): owner thread only, but
+    :meth:`post`."""
+
+    __slots__ = ("_e", "_post")
+
+    def __init__(self, engine: Engine, post: Callable[[Callable[[Any], None], Any], None]) -> None:
+        self._e = engine
+        self._post = post
+
+    def post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
+        self._post(fn, arg)
+
+    @property
+    def ordering(self) -> str:
+        return self._e.ordering
+
+    @property
+    def conflate(self) -> bool:
+        return self._e.conflate
+
+    @property
+    def halted(self) -> bool:
+        return self._e.halted
+
+    @property
+    def stopping(self) -> bool:
+        return self._e.stopping
+
+    def make_ready(self, d: Delivery) -> None:
+        self._e.queue.push(d)
+
+    def lane_rest(self, head: Delivery) -> list[Delivery]:
+        return head.part.lanes.take_rest(head) if head.part is not None else []
+
+    def lane_put_back(self, head: Delivery, rest: list[Delivery]) -> None:
+        if head.part is not None:
+            head.part.lanes.put_back(head, rest)
+
+    def lane_advance(self, head: Delivery) -> Delivery | None:
+        e = self._e
+        if head.part is None:
+            return None
+        nxt = head.part.lanes.advance(head)
+        if nxt is None:
+            ready = e.seq.on_lane_end(head)
+            if ready is not None:
+                e.queue.push(ready)
+        return nxt
+
+    def parked(self, ds: Iterable[Delivery]) -> None:
+        e = self._e
+        for d in ds:
+            if d.part is not None:
+                e.partitions.done(d.part, d.offset)
+            e.flow.forget(d.size)
+
+    def conflated(self, msgs: list[Message]) -> None:
+        e = self._e
+        for m in msgs:
+            m.group_id = e.group
+        e.conflated += len(msgs)
+        e._conflated_out.extend(msgs)
+
+    def admit_external(self, batch: list[Delivery]) -> None:
+        e = self._e
+        for d in batch:
+            d.msg.group_id = e.group
+            d.msg._bind(e.owns, d)
+            e.flow.admit(1, d.size)
+        if batch:
+            e.queue.push(batch[0])
+
+    def forget(self, ds: Iterable[Delivery]) -> None:
+        for d in ds:
+            self._e.flow.forget(d.size)
+
+    def count_retry(self) -> None:
+        self._e.retries += 1

@@ -1,0 +1,522 @@
+"""One run of a consumer: the owner loop, from the first poll to the closed client.
+
+The owner thread (the thread that calls :meth:`Run.serve`: ``KeyedConsumer.run()``'s, or the poll
+thread ``run_async()`` starts) owns the run's :class:`~.engine.Engine` and its Kafka client. Each
+*turn* it drains its :class:`~.workers.Mailbox` (the workers' outcomes, the sequencer's posts),
+ticks the sequencer, makes due retries ready, hands ready work to the workers, waits (on the
+mailbox while handlers run, else in the poll), polls and admits a batch of records, takes back work
+from a worker stuck in a slow handler, stores (or commits) what advanced, and pauses or resumes
+fetching under back-pressure. librdkafka runs the rebalance callbacks inside the poll, in this
+thread (:mod:`.rebalance`): a revoke's catch-up and its wait for running handlers pump the mailbox
+like a turn, without polling.
+
+A stop (:class:`StopSignal`, from any thread) lets the loop end; :meth:`Run.serve` then catches up,
+waits for running handlers, commits and closes, within the stop's deadline plus
+:data:`SHUTDOWN_MARGIN_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import ConsumerConfig
+from ..errors import KafkaClientError
+from ..kafka import ClientFactory, KafkaClient
+from ..message import Message
+from .batch import BatchRun
+from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, AutoCommit, CommitMode, ManualCommit
+from .engine import Engine
+from .handler import Contract
+from .partitions import Partition
+from .rebalance import CATCH_UP_SHARE, Rebalance
+from .results import Results
+from .runner import AsyncRunner, Runner
+from .sequencer import Sequencer
+from .settle import Settler
+from .status import PartitionStatus, statuses
+from .transactions import TransactionalCommit
+from .workers import AsyncWorkers, Mailbox, ThreadWorkers, Workers
+
+__all__ = ["Run", "StopSignal", "CLOSE_TIMEOUT_S", "SHUTDOWN_MARGIN_S"]
+
+log = logging.getLogger("keyedconsumer")
+
+#: How long ``close()`` of the Kafka client may take (seconds): leaving the group and librdkafka's
+#: own commit at close wait on the broker, which may be stopped or gone (confluent-kafka-python
+#: #1667). Past it the close is left to finish on its own and ``run()`` returns.
+CLOSE_TIMEOUT_S = 5.0
+#: ``run()`` returns within ``max(shutdown_timeout_s, BLOCKING_CALL_S) + SHUTDOWN_MARGIN_S`` seconds
+#: of ``stop()``, whatever the broker does: the final commit, the bounded close, releasing Redis
+#: leases and joining the workers fit in the margin.
+SHUTDOWN_MARGIN_S = 10.0
+#: The longest wait for workers' outcomes while Kafka may have records for idle workers (seconds);
+#: it grows from 1 ms while nothing happens.
+IDLE_SLICE_S = (0.001, 0.02)
+#: How often the owner looks for a worker stuck in a slow handler (seconds).
+RESCUE_EVERY_S = 0.005
+#: How often the owner publishes the partitions' status (seconds).
+STATUS_EVERY_S = 0.2
+
+
+class StopSignal:
+    """A graceful stop, requested from any thread (``KeyedConsumer.stop()``, a signal handler, a
+    failure): a one-way latch and the stop's deadline (monotonic seconds). The owner clears it when
+    its run ended."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.deadline: float | None = None
+        self.wake: Callable[[], None] | None = None  # wakes the owner waiting on its mailbox
+
+    def request(self, timeout_s: float) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + timeout_s
+        self.event.set()
+        wake = self.wake
+        if wake is not None:
+            wake()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def clear(self) -> None:
+        self.event.clear()
+        self.deadline = None
+
+
+def _noop(_: Any) -> None:
+    pass
+
+
+class Run:
+    """One run of a consumer (see the module docstring). Built by ``KeyedConsumer`` for each run.
+
+    Parameters
+    ----------
+    config:
+        The consumer's settings.
+    factory:
+        Builds the Kafka client.
+    sequencer, clock:
+        As ``KeyedConsumer``'s.
+    handler:
+        The composed handler chain, or the batch handler (with ``batch``).
+    batch:
+        The batch handler's run, or ``None``.
+    is_async:
+        Whether ``handler`` is ``async def`` (run by worker coroutines on ``loop``).
+    loop:
+        The event loop of ``async def`` handlers (``run_async``: the caller's); ``None``: a
+        private loop in a thread of its own.
+    error_handler, contract, results:
+        As ``KeyedConsumer``'s: the settling step's.
+    stop:
+        The consumer's stop signal.
+    on_conflated:
+        ``on_conflated(message)`` for each conflated message, or ``None``.
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        factory: ClientFactory,
+        sequencer: Sequencer,
+        clock: Callable[[], float],
+        handler: Any,
+        batch: BatchRun | None,
+        is_async: bool,
+        loop: asyncio.AbstractEventLoop | None,
+        error_handler: Callable[[BaseException, Message | None], Any] | None,
+        contract: Contract,
+        results: Results,
+        stop: StopSignal,
+        on_conflated: Callable[[Message], None] | None,
+    ) -> None:
+        self.config = cfg = config
+        self._factory = factory
+        self._seq = sequencer
+        self._clock = clock
+        self._results = results
+        self._stop = stop
+        self._on_conflated = on_conflated
+        self._error_handler = error_handler
+        self.error: BaseException | None = None
+        self._error_lock = threading.Lock()
+        self.mailbox = Mailbox()
+        self.engine = Engine(
+            cfg.ordering,
+            sequencer,
+            self.mailbox.post,
+            clock,
+            cfg.group,
+            cfg.commit_metadata_max_bytes,
+            cfg.max_in_flight,
+            cfg.max_in_flight_bytes,
+            cfg.conflate,
+            stop.event,
+        )
+        settle = Settler(
+            self.engine, error_handler, self.fail, contract, results.finished if cfg.transactional else None
+        )
+        may_start = self.engine.may_start
+        self._batch_size = cfg.handler_batch_size if batch is not None else 0
+        self.workers: Workers
+        if is_async:
+            arunner = AsyncRunner(handler, settle, may_start, batch)
+            self.workers = AsyncWorkers(
+                arunner.run, self.mailbox, self._report, cfg.concurrency, loop, cfg.event_loop
+            )
+        else:
+            runner = Runner(handler, settle, may_start, batch)
+            self.workers = ThreadWorkers(runner.run, self.mailbox, self._report, cfg.concurrency)
+        self._outstanding = 0  # units handed to the workers whose outcomes were not reported yet
+        self._linger_until: float | None = None  # a partial batch waits for more until then
+        self._more = False  # batch handlers: the last poll was full, more records are at hand
+        self._slice_s = IDLE_SLICE_S[0]
+        self._next_rescue = 0.0
+        self.client: KafkaClient | None = None
+        self.rebalance: Rebalance | None = None
+        #: When the loop last returned from a poll (monotonic seconds; 0.0 before the first).
+        self.polled_at_s = 0.0
+        #: The partitions' status, published by the owner every ``STATUS_EVERY_S``.
+        self.status: list[PartitionStatus] = []
+        self._meta_every_s = float(cfg.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
+
+    # -- failures (any thread) ----------------------------------------------------------------------
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the run with ``error`` (``run()`` raises it): nothing new starts from now on."""
+        with self._error_lock:
+            if self.error is None:
+                self.error = error
+                log.error("stopping: %s", error)
+        self.engine.signal_halt()
+        self._stop.request(self.config.shutdown_timeout_s)
+        self.mailbox.post(self._halt)
+
+    def _halt(self, _: Any = None) -> None:
+        self.engine.halt()
+
+    def on_client_error(self, err: KafkaClientError) -> None:
+        if err.fatal:
+            self.fail(err)
+        elif self._error_handler is not None:
+            try:
+                self._error_handler(err, None)
+            except BaseException as exc:
+                self.fail(exc)
+        else:
+            log.warning("%s", err)
+
+    def _budget(self, cap_s: float) -> float:
+        """Seconds a blocking step may take now: ``cap_s``, cut to the stop's deadline when a stop
+        is under way (at least 0.5 s, so one attempt is always made)."""
+        left = cap_s
+        deadline = self._stop.deadline
+        if deadline is not None:
+            left = min(left, deadline - time.monotonic())
+        return max(0.5, left)
+
+    # -- the owner loop -----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Poll, admit, hand out, settle, store; until stopped. Then shut down (see the module
+        docstring).
+
+        Raises
+        ------
+        BaseException
+            What stopped the run (:meth:`fail`), after the shutdown.
+        """
+        cfg, engine, seq = self.config, self.engine, self._seq
+        client = self.client = self._factory(cfg.librdkafka(), self.on_client_error)
+        self._results.attach(client.publisher)
+        self._stop.wake = lambda: self.mailbox.post(_noop)
+        mode = self.mode = self._commit_mode(client)
+        rebalance = self.rebalance = Rebalance(
+            client,
+            engine,
+            cfg,
+            mode,
+            self._catch_up,
+            self.wait_idle,
+            self._budget,
+            lambda: self._stop.deadline,
+        )
+        started = False
+        try:
+            client.check_brokers(cfg.startup_timeout_s)
+            mode.start()
+            session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
+            seq.attach(engine.port, self.fail, mode.confirm_ownership, session_s)
+            if not self._stop.is_set():  # stopped before it started: never join the group
+                client.subscribe(cfg.topics, rebalance)
+            self.workers.start()
+            started = True
+            self._loop(client, mode, rebalance)
+        finally:
+            self._shutdown(client, mode, rebalance, started)
+            self._stop.wake = None
+        if self.error is not None:
+            raise self.error
+
+    def _commit_mode(self, client: KafkaClient) -> CommitMode:
+        cfg, engine = self.config, self.engine
+        if cfg.transactional:
+            return TransactionalCommit(client, engine, cfg, self._budget, self._results, self.fail)
+        serving = self._serving
+        if cfg.manual_commit:
+            return ManualCommit(client, engine, cfg, self._budget, self.on_client_error, serving)
+        return AutoCommit(client, engine, cfg, self._budget, self.on_client_error, serving)
+
+    def _serving(self) -> bool:
+        return self.rebalance is not None and self.rebalance.serving()
+
+    def _loop(self, client: KafkaClient, mode: CommitMode, rebalance: Rebalance) -> None:
+        cfg, engine, mailbox, stop = self.config, self.engine, self.mailbox, self._stop
+        flow = engine.flow
+        batch, poll_timeout_s = cfg.batch_size, cfg.poll_timeout_s
+        next_status = 0.0
+        next_meta = time.monotonic() + self._meta_every_s
+        while not stop.is_set():
+            mailbox.drain()
+            timeout_s = self._timers(poll_timeout_s)
+            self._dispatch()
+            if mailbox or self._more:
+                timeout_s = 0.0
+            elif rebalance.paused and timeout_s > 0.01 and not flow.running:
+                timeout_s = 0.01  # paused: nothing arrives, so look again soon for room to resume
+            if timeout_s > 0 and flow.running:
+                # handlers run: their outcomes free lanes and room, so wait for them rather than
+                # in the poll; in slices when workers are idle and Kafka may have records for them
+                saturated = engine.ready_count() or rebalance.paused or flow.short_of_room(batch)
+                wait_s = timeout_s if saturated else min(timeout_s, self._slice_s)
+                if client.wait_outcomes(mailbox.wait, wait_s):
+                    self._slice_s = IDLE_SLICE_S[0]
+                    self._dispatch()
+                elif not saturated:
+                    self._slice_s = min(IDLE_SLICE_S[1], self._slice_s * 2)
+                timeout_s = 0.0
+            asked = flow.poll_size(batch)
+            msgs = client.poll_batch(asked, timeout_s)
+            now = self.polled_at_s = time.monotonic()
+            # a batch handler's partial batch is not cut while records are at hand
+            self._more = bool(self._batch_size) and len(msgs) >= asked
+            if msgs:
+                self._slice_s = IDLE_SLICE_S[0]
+                conflated = engine.admit(msgs)
+                if conflated:
+                    self._report_conflated(conflated)
+                self._dispatch()
+            if now >= self._next_rescue:
+                self._rescue(False)
+            mode.store()
+            rebalance.backpressure(flow.over(), flow.under_half())
+            if now >= next_status:
+                next_status = now + STATUS_EVERY_S
+                self._refresh_status(client)
+            if now >= next_meta and cfg.commit_metadata_max_bytes:
+                next_meta = now + self._meta_every_s
+                mode.commit_metadata()
+
+    def _timers(self, timeout_s: float) -> float:
+        """Tick the sequencer and make due retries ready; returns ``timeout_s`` cut to the next
+        timer (the sequencer's hint, the next retry due, a batch's linger)."""
+        engine = self.engine
+        hint_s = self._seq.tick()
+        conflated = engine.take_conflated()
+        if conflated:
+            self._report_conflated(conflated)
+        if hint_s is not None and hint_s < timeout_s:
+            timeout_s = hint_s
+        if engine.next_due_s() is not None:
+            due_s = engine.release_due(self._clock())
+            if due_s is not None and due_s < timeout_s:
+                timeout_s = max(0.0, due_s)
+        if self._linger_until is not None:
+            timeout_s = min(timeout_s, max(0.0, self._linger_until - time.monotonic()))
+        return timeout_s
+
+    # -- handing out work and taking outcomes -------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand ready heads to the workers, up to what they can take without waiting for the owner
+        (one unit a worker, and with fast handlers one more each, so none waits for a hand-over)."""
+        engine = self.engine
+        if not engine.ready_count():
+            self._linger_until = None
+            return
+        workers = self.workers
+        if self._batch_size:
+            units = self._batches(workers.concurrency - self._outstanding)
+        else:
+            limit = workers.concurrency * (2 if engine.chunk > 1 else 1)
+            units = engine.take(limit - self._outstanding)
+        if units:
+            self._outstanding += len(units)
+            workers.submit(units)
+
+    def _batches(self, room: int) -> list[list[Any]]:
+        """Batches for idle batch workers: a partial batch waits while the last poll was full (more
+        records are at hand) and up to ``handler_batch_linger_s`` for more ready heads (not while
+        stopping or halted)."""
+        engine, size = self.engine, self._batch_size
+        out = []
+        while room > 0 and engine.ready_count():
+            if engine.ready_count() < size and not (engine.halted or engine.stopping):
+                if self._more:
+                    break
+                now = time.monotonic()
+                if self._linger_until is None:
+                    self._linger_until = now + self.config.handler_batch_linger_s
+                if now < self._linger_until:
+                    break
+            out.append(engine.take_batch(size))
+            room -= 1
+        if not engine.ready_count():
+            self._linger_until = None
+        return out
+
+    def _report(self, outcome: tuple[list[Any], float]) -> None:
+        """A worker ended a unit (run by the mailbox, in the owner thread)."""
+        self._outstanding -= 1
+        results, elapsed_s = outcome
+        if results:
+            self.engine.finish(results, elapsed_s)
+
+    def _rescue(self, force: bool) -> None:
+        """Take back from a worker stuck in one handler for more than ``RESCUE_AFTER_S`` (or from
+        every worker with ``force``) the messages of its chunk it has not started, and settle the
+        outcomes it has not reported yet."""
+        now = time.monotonic()
+        self._next_rescue = now + RESCUE_EVERY_S
+        engine = self.engine
+        for slot in self.workers.slots:
+            rest, results = slot.take_back(force, now)
+            if results:
+                engine.finish(results)
+            if rest:
+                engine.give_back(reversed(rest))
+
+    def _pump(self, wait_s: float) -> None:
+        """A turn without polling Kafka (inside a rebalance callback, or stopping): tick the
+        sequencer, release due retries and held heads, settle outcomes, hand out work."""
+        self._timers(0.0)
+        self.engine.release_held()
+        self._rescue(False)
+        self._dispatch()
+        if self.mailbox.wait(wait_s):
+            self._dispatch()
+
+    def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
+        """Wait until nothing of ``parts`` (all partitions when ``None``) runs; returns success.
+        Messages a worker took but has not started are taken back meanwhile, and outcomes it has
+        not reported yet are settled, so only handlers really running are waited for."""
+        deadline = time.monotonic() + timeout_s
+        engine = self.engine
+        while True:
+            self._rescue(True)
+            self.mailbox.drain()
+            if engine.running_in(parts) == 0:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._pump(min(left, 0.05))
+
+    def _catch_up(
+        self, parts: list[Partition], deadline: float, progress: Callable[[], None] | None = None
+    ) -> None:
+        """Let the messages below each partition's highest finished offset run (only those start:
+        ``Engine.may_start``), until ``deadline`` (monotonic seconds; or the end of the catch-up
+        share of a stop requested meanwhile, :data:`~.rebalance.CATCH_UP_SHARE`), so the offset
+        stored next covers every finished message. Retries due within the time left run too; longer
+        back-offs are not waited for. Calls ``progress()`` (a revoke's commit of what finished so
+        far) every ``auto.commit.interval.ms``."""
+        engine = self.engine
+        next_progress = time.monotonic() + self._meta_every_s
+        stop_deadline = self._stop.deadline
+        if stop_deadline is not None:  # a stop under way: its own catch-up share
+            deadline = min(deadline, stop_deadline - self.config.shutdown_timeout_s * (1 - CATCH_UP_SHARE))
+        while time.monotonic() < deadline:
+            if not engine.catching_up(parts, self._clock() + (deadline - time.monotonic())):
+                return
+            self._pump(min(0.005, max(0.0, deadline - time.monotonic())))
+            if progress is not None and time.monotonic() >= next_progress:
+                progress()
+                next_progress = time.monotonic() + self._meta_every_s
+
+    # -- reports ------------------------------------------------------------------------------------
+
+    def _report_conflated(self, msgs: list[Message]) -> None:
+        if self._on_conflated is None:
+            return
+        for m in msgs:
+            try:
+                self._on_conflated(m)
+            except Exception:
+                log.exception("on_conflated raised for %s[%d]@%d", m.topic, m.partition, m.offset)
+
+    def _refresh_status(self, client: KafkaClient) -> None:
+        """Each active partition's end offset (librdkafka's cached fetch state, no request), and
+        the published status."""
+        parts = self.engine.active()
+        if parts:
+            highs = client.high_watermarks([p.tp for p in parts])
+            for p in parts:
+                p.saw_high(highs.get(p.tp))
+        self.status = statuses(parts, time.monotonic())
+
+    # -- the end ------------------------------------------------------------------------------------
+
+    def _shutdown(self, client: KafkaClient, mode: CommitMode, rebalance: Rebalance, started: bool) -> None:
+        """Stop within the stop's deadline (``shutdown_timeout_s`` from ``stop()``) plus
+        :data:`SHUTDOWN_MARGIN_S`: catch up, wait for running handlers, commit, close."""
+        engine, cfg = self.engine, self.config
+        deadline = self._stop.deadline or time.monotonic() + cfg.shutdown_timeout_s
+        self.mailbox.drain()
+        if started and self.error is None:
+            self._catch_up(engine.active(), deadline)  # its share of the time: see _catch_up
+        engine.halt()
+        if started and not self.wait_idle(None, max(0.0, deadline - time.monotonic())):
+            log.warning(
+                "%d handler(s) still running after shutdown_timeout_s=%g; their offsets are not committed",
+                engine.running,
+                cfg.shutdown_timeout_s,
+            )
+        self._seq.settle_pending()
+        conflated = engine.take_conflated()
+        if conflated:
+            self._report_conflated(conflated)
+        try:
+            mode.store()
+            if started:
+                mode.commit_final(max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
+        except KafkaClientError as exc:
+            log.warning("final commit failed: %s (what finished after the last commit runs again)", exc)
+        self.status = statuses(engine.active(), time.monotonic())
+        rebalance.closing(engine.commit_offsets(engine.active()))
+        try:
+            if not client.close(timeout_s=CLOSE_TIMEOUT_S):
+                log.warning(
+                    "the Kafka client did not close within %g s (a stopped or unreachable broker?): "
+                    "left to close on its own; the group drops this member after session.timeout.ms",
+                    CLOSE_TIMEOUT_S,
+                )
+        except Exception as exc:  # closing must not hide the error that stopped us
+            log.warning("closing the Kafka client failed: %s", exc)
+        engine.close()
+        self.workers.close()
+        if started:
+            self.workers.join(max(0.5, min(5.0, deadline - time.monotonic())))
+        mode.close()
+        self._results.detach()
+        self._seq.detach()
+
+
+__all__ += ["BLOCKING_CALL_S"]

@@ -1,0 +1,359 @@
+"""Workers and the owner's mailbox: how work leaves the owner thread and how its outcomes come back.
+
+The owner (:mod:`.run`) hands *units* (a chunk of lane heads run one after the other, or one batch
+handler call) to a pool of workers: threads for a plain handler (:class:`ThreadWorkers`, on one
+shared ``queue.SimpleQueue``), coroutines on an event loop for an ``async def`` one
+(:class:`AsyncWorkers`, fed with one ``call_soon_threadsafe`` per hand-over). A worker runs a unit
+(:mod:`.runner`) and posts its outcomes to the owner's :class:`Mailbox`, which the owner drains in
+bulk. No worker touches the engine's state: outcomes travel one way, work the other (Confluent
+Parallel Consumer's control loop and its ``workMailBox``; dramatiq's consumer thread and its acks
+queue).
+
+A chunk is loaded into the worker's :class:`Slot`, the one place a worker and the owner both reach:
+if a handler runs long, the owner takes back the unstarted rest of the chunk and the outcomes not
+reported yet (:meth:`Slot.take_back`), so a slow handler never holds other keys' messages or
+finished offsets hostage. Each message and each outcome leaves its deque by one ``popleft``
+(atomic in CPython), taken by the worker or by the owner, never by both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .delivery import Delivery
+from .outcome import NOT_STARTED, Outcome
+
+__all__ = [
+    "Mailbox",
+    "Slot",
+    "ThreadWorkers",
+    "AsyncWorkers",
+    "Workers",
+    "Unit",
+    "Results",
+    "RESCUE_AFTER_S",
+    "new_event_loop",
+]
+
+_T = TypeVar("_T")
+
+#: One piece of work: a chunk (run one message after the other) or a batch (one handler call).
+Unit = list[Delivery]
+#: What a unit ended with: ``[(delivery, outcome)]``.
+Results = list[tuple[Delivery, Outcome]]
+#: A worker in one handler for longer than this (seconds) gets its chunk's unstarted messages
+#: taken back and its finished ones reported by the owner (:meth:`Slot.take_back`).
+RESCUE_AFTER_S = 0.01
+
+
+class Mailbox:
+    """The owner thread's inbox: ``post(fn, arg)`` from any thread (a worker, a lease renewer, a
+    signal handler: ``SimpleQueue.put`` is reentrant), ``fn(arg)`` run by the owner in
+    :meth:`drain`, in the order posted."""
+
+    __slots__ = ("_q", "post")
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        self.post = self._post
+
+    def _post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
+        self._q.put((fn, arg))
+
+    def __bool__(self) -> bool:
+        return not self._q.empty()
+
+    def drain(self) -> int:
+        """Run everything posted so far (owner thread). Returns how many."""
+        get = self._q.get_nowait
+        n = 0
+        while True:
+            try:
+                fn, arg = get()
+            except queue.Empty:
+                return n
+            fn(arg)
+            n += 1
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` seconds for something to be posted, then :meth:`drain`.
+        Returns how many ran (0: nothing came)."""
+        try:
+            fn, arg = self._q.get(timeout=timeout_s) if timeout_s > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return 0
+        fn(arg)
+        return 1 + self.drain()
+
+
+class Slot:
+    """What one worker holds of its chunk: the unstarted rest and the outcomes not reported yet."""
+
+    __slots__ = ("todo", "results", "started_s")
+
+    def __init__(self) -> None:
+        self.todo: deque[Delivery] = deque()
+        self.results: deque[tuple[Delivery, Outcome]] = deque()
+        self.started_s = 0.0  # when the running handler (or the chunk) started (monotonic seconds)
+
+    def load(self, chunk: Unit) -> None:
+        self.started_s = time.monotonic()
+        self.todo.extend(chunk)
+
+    def next(self, done: tuple[Delivery, Outcome] | None) -> Delivery | None:
+        """Record the last message's outcome (if any) and take the next one, or ``None`` at the end
+        of the chunk (or when the owner took the rest back)."""
+        if done is not None:
+            self.results.append(done)
+        todo = self.todo
+        if not todo:
+            return None
+        try:
+            d = todo.popleft()
+        except IndexError:  # the owner took the rest meanwhile
+            return None
+        self.started_s = time.monotonic()
+        return d
+
+    @staticmethod
+    def _drain(q: deque[_T]) -> list[_T]:
+        out: list[_T] = []
+        while q:
+            try:
+                out.append(q.popleft())
+            except IndexError:
+                break
+        return out
+
+    def cancelled(self, results: Results) -> None:
+        """The worker is being cancelled: ``results`` (its messages not done) go with the outcomes
+        :meth:`abandon` returns."""
+        self.results.extend(results)
+
+    def abandon(self) -> Results:
+        """End the unit early (the worker is cancelled): the outcomes so far, and every unstarted
+        message as not started."""
+        results = self._drain(self.results)
+        results.extend((d, NOT_STARTED) for d in self._drain(self.todo))
+        return results
+
+    def unload(self) -> Results:
+        """End the chunk: the outcomes not reported yet."""
+        return self._drain(self.results)
+
+    def take_back(self, force: bool, now: float) -> tuple[list[Delivery], Results]:
+        """(The owner.) The unstarted rest of a chunk stuck in one handler for more than
+        ``RESCUE_AFTER_S`` (or any chunk with ``force``), and the outcomes not reported yet."""
+        if not self.todo and not self.results:
+            return [], []
+        if not (force or now - self.started_s > RESCUE_AFTER_S):
+            return [], []
+        return self._drain(self.todo), self._drain(self.results)
+
+
+#: ``run(slot, unit) -> (results, handler seconds)``: a worker thread runs a unit (:mod:`.runner`).
+RunUnit = Callable[[Slot, Unit], tuple[Results, float]]
+#: ``await run(slot, unit) -> (results, handler seconds)``: a worker coroutine runs a unit.
+RunUnitAsync = Callable[[Slot, Unit], Awaitable[tuple[Results, float]]]
+#: ``report((results, handler seconds))``, run in the owner thread (posted to its mailbox).
+Report = Callable[[tuple[Results, float]], None]
+
+
+class Workers:
+    """What the owner needs of a pool (threads or coroutines)."""
+
+    concurrency: int
+    slots: list[Slot]
+
+    def start(self) -> None: ...
+    def submit(self, units: list[Unit]) -> None: ...
+    def close(self) -> None: ...
+    def join(self, timeout_s: float) -> None: ...
+
+
+class ThreadWorkers(Workers):
+    """``concurrency`` threads taking units from one shared queue, oldest handed over first."""
+
+    def __init__(self, run: RunUnit, mailbox: Mailbox, report: Report, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.slots = [Slot() for _ in range(concurrency)]
+        self._run = run
+        self._post = mailbox.post
+        self._report = report
+        self._q: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, args=(slot,), name=f"keyedconsumer-worker-{i}", daemon=True)
+            for i, slot in enumerate(self.slots)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def submit(self, units: list[Unit]) -> None:
+        put = self._q.put
+        for u in units:
+            put(u)
+
+    def close(self) -> None:
+        """Let every thread exit once the units handed over are done."""
+        for _ in self._threads:
+            self._q.put(None)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the threads up to ``timeout_s`` in all (hung handlers' threads are daemons)."""
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.ident is not None:
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def _work(self, slot: Slot) -> None:
+        get, run, post, report = self._q.get, self._run, self._post, self._report
+        while True:
+            unit = get()
+            if unit is None:
+                return
+            post(report, run(slot, unit))
+
+
+class AsyncWorkers(Workers):
+    """``concurrency`` worker coroutines on one event loop.
+
+    Parameters
+    ----------
+    loop:
+        The loop to run on (``run_async`` passes the caller's); ``None`` starts a private loop in a
+        thread of its own, of the ``event_loop`` kind (:func:`new_event_loop`).
+    """
+
+    def __init__(
+        self,
+        run: RunUnitAsync,
+        mailbox: Mailbox,
+        report: Report,
+        concurrency: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+        event_loop: str = "auto",
+    ) -> None:
+        self.concurrency = concurrency
+        self.slots = [Slot() for _ in range(concurrency)]
+        self._run = run
+        self._post = mailbox.post
+        self._report = report
+        self._own_loop = loop is None
+        self._loop = loop or new_event_loop(event_loop)
+        # the loop thread's own: units handed over, and the idle workers' wake-ups
+        self._units: deque[Unit] = deque()
+        self._idle: deque[asyncio.Future[None]] = deque()
+        self._closing = False
+        self._steps = 0  # units run so far by all the workers (see _work)
+        self._thread: threading.Thread | None = None
+        self._done: Any = None
+
+    def start(self) -> None:
+        if self._own_loop:
+            self._thread = threading.Thread(target=self._run_loop, name="keyedconsumer-asyncio", daemon=True)
+            self._thread.start()
+        else:
+            self._done = asyncio.run_coroutine_threadsafe(self._main(), self._loop)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._work(slot) for slot in self.slots))
+
+    def submit(self, units: list[Unit]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._feed, units)
+        except RuntimeError:  # the loop is closed: the units are never run (the run is over)
+            pass
+
+    def close(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._feed, None)
+        except RuntimeError:
+            pass
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        elif self._done is not None:
+            try:
+                self._done.result(timeout_s)
+            except Exception:  # timed out or cancelled: the loop's owner ends it
+                pass
+
+    def _feed(self, units: list[Unit] | None) -> None:
+        """(The loop thread.) Queue ``units`` and wake as many idle workers; ``None``: close."""
+        if units is None:
+            self._closing = True
+            n = len(self._idle)
+        else:
+            self._units.extend(units)
+            n = len(units)
+        idle = self._idle
+        while n > 0 and idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    async def _work(self, slot: Slot) -> None:
+        units, idle, loop = self._units, self._idle, self._loop
+        run, post, report = self._run, self._post, self._report
+        while True:
+            if not units:
+                if self._closing:
+                    return
+                fut: asyncio.Future[None] = loop.create_future()
+                idle.append(fut)
+                await fut
+                continue
+            unit = units.popleft()
+            steps = self._steps
+            try:
+                out = await run(slot, unit)
+            except asyncio.CancelledError:
+                # this worker is cancelled (the loop is going away): what it did not finish is not
+                # done and runs again later (the runner left its outcomes in the slot)
+                post(report, (slot.abandon(), 0.0))
+                raise
+            post(report, out)
+            # Handlers that never await must not starve the loop (the hand-overs, the caller's
+            # tasks): yield after a unit unless another worker ran one meanwhile, which it could
+            # only do while this one was suspended in an await, when the loop ran what else was ready.
+            self._steps += 1
+            if self._steps == steps + 1:
+                await asyncio.sleep(0)
+
+
+def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new event loop for the workers' own thread (``ConsumerConfig.event_loop``): uvloop's for
+    ``"uvloop"``, and for ``"auto"`` when uvloop is installed (the ``keyedconsumer[uvloop]``
+    extra); else asyncio's.
+
+    Raises
+    ------
+    ImportError
+        ``kind="uvloop"`` and uvloop is not installed.
+    """
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
