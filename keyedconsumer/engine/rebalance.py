@@ -194,7 +194,9 @@ class Rebalance:
             log.warning(
                 "revoke: handlers of %s still running after %g s", partitions, self._config.revoke_timeout_s
             )
-        self._mode.revoke(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S), stop is not None)
+        # a stop that came meanwhile makes the commit one that does not wait (see CommitMode.revoke)
+        stopping = self._stop_deadline() is not None
+        self._mode.revoke(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S), stopping)
         log.info("revoked %s", partitions)
 
     # -- the pause set --------------------------------------------------------------------------

@@ -177,6 +177,9 @@ class Run:
         self._outstanding = 0  # units handed to the workers whose outcomes were not reported yet
         self._linger_until: float | None = None  # a partial batch waits for more until then
         self._more = False  # batch handlers: the last poll was full, more records are at hand
+        # concurrency 1: per unit handed out (oldest first), the lowest admission order queued
+        # behind its heads (None: none), which work handed out after it must not pass
+        self._limits: list[int | None] = []
         self._slice_s = IDLE_SLICE_S[0]
         self._next_rescue = 0.0
         self.client: KafkaClient | None = None
@@ -354,9 +357,19 @@ class Run:
         workers = self.workers
         if self._batch_size:
             units = self._batches(workers.concurrency - self._outstanding)
+        elif workers.concurrency == 1:
+            # one worker runs everything in admission order, hence each partition in offset order:
+            # work handed out ahead stops before a message queued behind a head not finished yet
+            units = []
+            while self._outstanding + len(units) < 2:
+                barrier = min((x for x in self._limits if x is not None), default=None)
+                taken, limit = engine.take(1, barrier)
+                if not taken:
+                    break
+                units += taken
+                self._limits.append(limit)
         else:
-            limit = workers.concurrency * (2 if engine.chunk > 1 else 1)
-            units = engine.take(limit - self._outstanding)
+            units, _ = engine.take(workers.concurrency * (2 if engine.chunk > 1 else 1) - self._outstanding)
         if units:
             self._outstanding += len(units)
             workers.submit(units)
@@ -385,6 +398,8 @@ class Run:
     def _report(self, outcome: tuple[list[Any], float]) -> None:
         """A worker ended a unit (run by the mailbox, in the owner thread)."""
         self._outstanding -= 1
+        if self._limits:
+            self._limits.pop(0)  # one worker: units end in the order handed out
         results, elapsed_s = outcome
         if results:
             self.engine.finish(results, elapsed_s)
@@ -420,6 +435,9 @@ class Run:
         deadline = time.monotonic() + timeout_s
         engine = self.engine
         while True:
+            stop = self._stop.deadline
+            if stop is not None and stop < deadline:  # a stop came meanwhile: its deadline binds
+                deadline = stop
             self._rescue(True)
             self.mailbox.drain()
             if engine.running_in(parts) == 0:
