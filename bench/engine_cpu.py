@@ -1,5 +1,6 @@
 """The engine's own CPU per message, without Kafka: W1's shape (8 partitions, 10,000 keys, 100 B,
-no-op handler) through admit -> take -> run -> settle -> finish, in one thread, as a worker runs it.
+no-op handler) through admit -> take -> run -> settle -> finish, in one thread: the owner's steps
+(admit, take, finish) and a worker's (the runner over a chunk), without the hand-overs between them.
 
     .venv/bin/python bench/engine_cpu.py [--messages 200000] [--calls]
 
@@ -19,9 +20,11 @@ import time
 
 sys.path.insert(0, os.environ.get("KC_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keyedconsumer.engine.dispatcher import Dispatcher, Slot  # noqa: E402
+from keyedconsumer.engine.engine import Engine  # noqa: E402
 from keyedconsumer.engine.handler import Contract  # noqa: E402
+from keyedconsumer.engine.runner import Runner  # noqa: E402
 from keyedconsumer.engine.settle import Settler  # noqa: E402
+from keyedconsumer.engine.workers import Slot  # noqa: E402
 from keyedconsumer.message import Message  # noqa: E402
 
 PARTITIONS, KEYS, BATCH, ROUND = 8, 10_000, 500, 20_000
@@ -30,7 +33,7 @@ PARTITIONS, KEYS, BATCH, ROUND = 8, 10_000, 500, 20_000
 def run(n: int) -> float:
     """CPU seconds per message of one pass over ``n`` messages (built 20,000 at a time, untimed,
     as the poll thread would hand them over; the engine's work on them is timed)."""
-    d = Dispatcher("key", 1)
+    d = Engine("key")
     d.assign([("t", p) for p in range(PARTITIONS)])
     settle = Settler(d, None, print, Contract())
     slot = Slot()
@@ -38,6 +41,7 @@ def run(n: int) -> float:
     def handler(msg: Message) -> None:
         pass
 
+    runner = Runner(handler, settle, d.may_start)
     cpu = 0.0
     for base in range(0, n, ROUND):
         msgs = [
@@ -47,19 +51,11 @@ def run(n: int) -> float:
         t0 = time.process_time()
         for i in range(0, len(msgs), BATCH):
             d.admit(msgs[i : i + BATCH])
-            chunk = d.try_take()
-            while chunk:
-                slot.load(chunk)
-                done = None
-                while True:
-                    dl = slot.next(done)
-                    if dl is None:
-                        break
-                    if not d.may_start(dl):
-                        raise SystemExit(f"{dl} may not start")
-                    handler(dl.msg)
-                    done = (dl, settle(dl.msg, None))
-                chunk = d.finish_many(slot.unload(), 1e-6) or d.try_take()
+            while d.queue:
+                units, _ = d.take(2)
+                for unit in units:
+                    results, elapsed = runner.run(slot, unit)
+                    d.finish(results, elapsed or 1e-6)
         cpu += time.process_time() - t0
         del msgs
     if d.in_flight:

@@ -200,9 +200,11 @@ class Engine:
         handler and the rest of its chunk was taken back)."""
         for d in ds:
             if self.halted or (d.part is not None and not d.part.active):
+                # its partition was revoked or lost (or the run halted): it ends here, and its lane's
+                # next message (of the partition's next assignment, if any) may run
                 nxt = self._finish(d, HALT)
                 if nxt is not None:
-                    self.give_back([nxt])
+                    self.queue.push(nxt)
                 continue
             if d.part is not None:
                 d.part.ended()

@@ -60,12 +60,12 @@ class FlakyError(Exception):
 def record_parking(rec: Any, pid: int) -> None:
     """Write a ``K`` record when a message's parking is acknowledged by Redis (its offset then
     counts done although it has not run: the checker must know). There is no public hook for it,
-    so this wraps the engine's internal ``Dispatcher.parked_locked`` (test instrumentation only)."""
-    from keyedconsumer.engine import dispatcher
+    so this wraps the engine's sequencer port, ``LanePort.parked`` (test instrumentation only)."""
+    from keyedconsumer.engine import engine
 
-    original = dispatcher.Dispatcher.parked_locked
+    original = engine._Port.parked
 
-    def parked_locked(self: Any, ds: Any) -> None:
+    def parked(self: Any, ds: Any) -> None:
         ds = list(ds)
         for d in ds:
             msg = d.msg
@@ -80,7 +80,7 @@ def record_parking(rec: Any, pid: int) -> None:
             )
         original(self, ds)
 
-    dispatcher.Dispatcher.parked_locked = parked_locked  # type: ignore[method-assign]
+    engine._Port.parked = parked  # type: ignore[method-assign]
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 Each test asserts the documented contract through the public API (KeyedConsumer, Message, Status,
 RetryLater, SkipMessage, PermanentError, middleware); a few read the engine's internal counters
-(``consumer._d``) only to observe memory, never to drive it.
+(``consumer._run.engine``) only to observe memory, never to drive it.
 """
 
 from __future__ import annotations
@@ -832,7 +832,7 @@ def test_memory_does_not_grow_with_distinct_keys(kafka_bootstrap: str, new_topic
     try:
         assert wait_until(lambda: count[0] == n, 60)
         time.sleep(0.3)
-        d = c._d  # internal, read only
+        d = c._run.engine  # internal, read only
         lanes = sum(len(lanes) for lanes in d.partitions.lanes_of())
         pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
         done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())

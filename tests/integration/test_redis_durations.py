@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
-from keyedconsumer.engine.dispatcher import Dispatcher
+from keyedconsumer.engine.engine import Engine
+from keyedconsumer.engine.workers import Mailbox
 from keyedconsumer.sequencing import keys
 from keyedconsumer.sequencing.store import connect
 
@@ -41,24 +42,30 @@ def _time_and_pttl(r: redis.Redis, key: str) -> tuple[float, int]:
     return int(sec) * 1000 + int(usec) / 1000, int(pttl)
 
 
-def _attach(seq: RedisSequencer) -> Dispatcher:
-    d = Dispatcher("key", 4, seq)
+_MAILBOXES: dict[int, Mailbox] = {}  # the owner's mailbox of each test's engine, by sequencer
+
+
+def _attach(seq: RedisSequencer) -> Engine:
+    mailbox = _MAILBOXES[id(seq)] = Mailbox()
+    d = Engine("key", seq, mailbox.post)
     d.assign([("t", 0)])
-    seq.attach(d, lambda e: None)
+    seq.attach(d.port, lambda e: None)
     return d
 
 
 def _tick_until(seq: RedisSequencer, pred: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    """Serve the sequencer as the poll thread does (``tick()``) until ``pred()``."""
+    """Serve the sequencer as the engine's owner thread does (what the renewer posted, then
+    ``tick()``) until ``pred()``."""
 
     def ticked() -> bool:
+        _MAILBOXES[id(seq)].drain()
         seq.tick()
         return pred()
 
     return wait_until(ticked, timeout_s, 0.005)
 
 
-def _hold_lease(seq: RedisSequencer, d: Dispatcher) -> str:
+def _hold_lease(seq: RedisSequencer, d: Engine) -> str:
     """Admit a message of key "k0" and tick until its lease is held; returns the lease's Redis key."""
     d.admit([Message("t", 0, 0, b"k0", b"v")])
     assert _tick_until(seq, lambda: len(d.queue) == 1)

@@ -264,14 +264,17 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
 
 
 def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequencer, Any, dict[str, Any]]:
-    """A sequencer (lease TTL 1 s) attached to a dispatcher with partition ("t", 0), whose ownership
-    check answers ``owner["ok"]`` and counts its calls in ``owner["asked"]``."""
-    from keyedconsumer.engine.dispatcher import Dispatcher
+    """A sequencer (lease TTL 1 s) attached to an engine with partition ("t", 0), whose ownership
+    check answers ``owner["ok"]`` and counts its calls in ``owner["asked"]``. The test plays the
+    engine's owner thread: ``owner["tick"]()`` runs what the renewer posted, then ticks."""
+    from keyedconsumer.engine.engine import Engine
+    from keyedconsumer.engine.workers import Mailbox
 
     seq = RedisSequencer(
         redis_url, f"stall{uuid.uuid4().hex[:8]}", lease_ttl_s=1.0, require_durable=False, **options
     )
-    d = Dispatcher("key", 4, seq)
+    mailbox = Mailbox()
+    d = Engine("key", seq, mailbox.post)
     d.assign([("t", 0)])
     owner: dict[str, Any] = {"ok": True, "asked": 0}
 
@@ -279,7 +282,13 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
         owner["asked"] += 1
         return bool(owner["ok"])
 
-    seq.attach(d, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    def tick() -> None:
+        mailbox.drain()
+        seq.tick()
+
+    owner["tick"] = tick
+    owner["drain"] = mailbox.drain
+    seq.attach(d.port, lambda e: None, confirm=confirm, session_timeout_s=6.0)
     return seq, d, owner
 
 
@@ -289,25 +298,25 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
 ) -> None:
     from keyedconsumer.message import Message
 
-    # given a sequencer serving a dispatcher with one partition, and an ownership check we control
+    # given a sequencer serving an engine with one partition, and an ownership check we control
     seq, d, owner = _with_ownership_check(redis_url)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
-        seq.tick()
+        owner["tick"]()
         assert len(d.queue) == 1 and owner["asked"] == 0  # no stall: leases come without a check
         # when the poll thread stalls for longer than half the lease TTL, and the group has moved on
         time.sleep(0.7)
         owner["ok"] = False
         d.admit([Message("t", 0, 1, b"k1", b"v")])
         for _ in range(3):
-            seq.tick()
+            owner["tick"]()
             time.sleep(0.25)
         # then the check is asked (again while it fails) and no lease is acquired meanwhile
         assert owner["asked"] >= 2
         assert len(d.queue) == 1 and seq._leases.want
         # when it passes, the lease is acquired
         owner["ok"] = True
-        seq.tick()
+        owner["tick"]()
         assert len(d.queue) == 2 and owner["asked"] >= 3
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
@@ -315,10 +324,10 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         r = connect(redis_url, 5.0)
         for name in r.scan_iter(f"kc:{seq.config.namespace}:*:lease"):
             r.delete(name)
-        assert wait_until(lambda: seq._leases.lost > 0, 5)
+        assert wait_until(lambda: owner["drain"]() >= 0 and seq._leases.lost > 0, 5)
         d.admit([Message("t", 0, 2, b"k2", b"v")])
-        seq.tick()
-        seq.tick()
+        owner["tick"]()
+        owner["tick"]()
         assert owner["asked"] > asked and len(d.queue) == 2
     finally:
         seq.detach()
@@ -333,10 +342,9 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
     seq, d, owner = _with_ownership_check(redis_url, lease_linger_s=0.0)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
-        seq.tick()
-        with d.lock:
-            (k0,) = d.take_locked()
-        d.finish(k0, DONE)  # k0's lane ran dry: its lease idles, to be released at the next tick
+        owner["tick"]()
+        ((k0,),), _ = d.take(1)
+        d.finish([(k0, DONE)])  # k0's lane ran dry: its lease idles, to be released at the next tick
         # when the process is stopped within the next tick, after it chose the lease of k1 to ask
         # for and before it asked (here: while it releases k0's lease), and the group moved on
         release = seq._store.release
@@ -348,20 +356,20 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
         seq._store.release = paused_release
         owner["ok"] = False
         d.admit([Message("t", 0, 1, b"k1", b"v")])
-        seq.tick()
+        owner["tick"]()
         seq._store.release = release
         # then k1's lease was not acquired: no run of it is ready
         assert len(d.queue) == 0
         # and the ownership check is asked (again while it fails), with no lease meanwhile
         for _ in range(3):
-            seq.tick()
+            owner["tick"]()
             time.sleep(0.25)
         assert owner["asked"] >= 1 and len(d.queue) == 0
         # when it passes, the lease is acquired
         owner["ok"] = True
 
         def acquired() -> bool:
-            seq.tick()
+            owner["tick"]()
             return len(d.queue) == 1
 
         assert wait_until(acquired, 5)

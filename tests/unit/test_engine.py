@@ -1,18 +1,16 @@
-"""The dispatcher never runs two messages of one lane together, starts each lane in offset order,
+"""The engine never runs two messages of one lane together, starts each lane in offset order,
 and never reports an offset past an unfinished message, across revokes and re-assignments."""
 
 from __future__ import annotations
 
 import random
-import threading
-import time
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from keyedconsumer.engine.delivery import NULL_KEY, Delivery
-from keyedconsumer.engine.dispatcher import Dispatcher
+from keyedconsumer.engine.engine import Engine
 from keyedconsumer.engine.outcome import DONE, NOT_STARTED, Outcome, Retry
 from keyedconsumer.engine.partitions import ACTIVE
 from keyedconsumer.message import Message
@@ -27,12 +25,17 @@ def outcome(ok: bool | float) -> Outcome:
     return Retry(float(ok))
 
 
-def take(d: Dispatcher) -> list[Delivery]:
-    with d.lock:
-        return d.take_locked()
+def take(d: Engine) -> list[Delivery]:
+    """The next chunk of ready heads (empty when none is ready)."""
+    chunks, _ = d.take(1)
+    return chunks[0] if chunks else []
 
 
-def ready(d: Dispatcher) -> list[Message]:
+def finish(d: Engine, dl: Delivery, outcome: Outcome) -> None:
+    d.finish([(dl, outcome)])
+
+
+def ready(d: Engine) -> list[Message]:
     return [x.msg for x in d.queue.ready_heads()]
 
 
@@ -43,7 +46,7 @@ KEYS = [b"a", b"b", b"c", None, b""]
 class DispatchMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.d = Dispatcher("key", concurrency=2)
+        self.d = Engine("key")
         self.d.assign(TPS)
         self.next_offset = {tp: 0 for tp in TPS}
         self.running: list[Delivery] = []
@@ -71,11 +74,9 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def start(self, dl: Delivery) -> None:
         """A worker starts a taken message (or ends it at once when it may not start)."""
-        while not self.d.may_start(dl):
-            nxt = self.d.finish(dl, NOT_STARTED)
-            if nxt is None:
-                return
-            dl = nxt
+        if not self.d.may_start(dl):
+            finish(self.d, dl, NOT_STARTED)
+            return
         msg = dl.msg
         lane = (msg.topic, msg.partition, msg.key)
         assert all((r.msg.topic, r.msg.partition, r.msg.key) != lane for r in self.running), "same key twice"
@@ -90,14 +91,11 @@ class DispatchMachine(RuleBasedStateMachine):
         msg = dl.msg
         self.running.remove(dl)
         active = dl.part is not None and dl.part.state == ACTIVE
-        nxt = self.d.finish(dl, outcome(ok))
+        finish(self.d, dl, outcome(ok))
         if ok is True and active:
             self.finished[(msg.topic, msg.partition)].add(msg.offset)
         if type(ok) is float and active:
             self.retried.append(dl)
-        if nxt is not None:  # the worker keeps the lane and runs its next message itself
-            assert nxt.msg.key == msg.key and nxt.msg.partition == msg.partition and nxt.offset > msg.offset
-            self.start(nxt)
 
     @rule()
     def release_due(self) -> None:
@@ -148,23 +146,23 @@ test_dispatch_machine = DispatchMachine.TestCase
 
 
 def test_halt_starts_nothing_new() -> None:
-    d = Dispatcher("key", 4)
+    d = Engine("key")
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"k%d" % (i % 2), b"") for i in range(6)])
     first = take(d)
     d.halt()
     assert not d.queue and all(not d.may_start(m) for m in first)
     for m in first:
-        assert d.finish(m, DONE) is None  # halted: no next message is handed out
+        finish(d, m, DONE)  # halted: no next message is made ready
     assert d.in_flight == 0 and not d.queue
 
 
 def test_ordering_none_and_partition() -> None:
-    d = Dispatcher("none", 4)
+    d = Engine("none")
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"same", b"") for i in range(4)])
     assert len(d.queue) == 4  # no sequencing at all
-    d = Dispatcher("partition", 4)
+    d = Engine("partition")
     d.assign([("t", 0)])
     d.admit([Message("t", 0, i, b"k%d" % i, b"") for i in range(4)])
     assert len(d.queue) == 1  # one at a time per partition
@@ -172,22 +170,22 @@ def test_ordering_none_and_partition() -> None:
 
 def test_retry_later_keeps_the_lane_and_the_offset() -> None:
     # given two messages of key a and one of key b
-    d = Dispatcher("key", 2)
+    d = Engine("key")
     d.assign([("t", 0)])
     a0, a1, b2 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a"), Message("t", 0, 2, b"b")
     d.admit([a0, a1, b2])
     taken = take(d) + take(d)
     assert [x.msg for x in taken] == [a0, b2]
     # when a0 asks to be retried later while b2 succeeds
-    assert d.finish(taken[0], Retry(5.0)) is None
-    d.finish(taken[1], DONE)
+    finish(d, taken[0], Retry(5.0))
+    finish(d, taken[1], DONE)
     # then a1 waits behind a0, the offset stays at a0, and a0's attempt grew
     assert not d.queue and a0.attempt == 2 and d.partitions.by_tp[("t", 0)].tracker.watermark() == 0
     assert d.release_due(0.0) is not None and not d.queue  # not due yet
     d.release_due(float("inf"))
     assert ready(d) == [a0]
     again = take(d)
-    d.finish(again[0], Retry(5.0))
+    finish(d, again[0], Retry(5.0))
     parts = d.begin_revoke([("t", 0)])
     d.close_parts(parts)
     assert not d.queue.delayed() and d.in_flight == 0 and d.running == 0
@@ -198,18 +196,18 @@ class _NoRedis:
         return 0, 0
 
 
-def _leased_dispatcher() -> tuple[Dispatcher, object]:
-    """A dispatcher with a Redis sequencer whose lease table is used, and no Redis behind it."""
+def _leased_engine() -> tuple[Engine, object]:
+    """An engine with a Redis sequencer whose lease table is used, and no Redis behind it."""
     from keyedconsumer.sequencing import RedisSequencer
     from keyedconsumer.sequencing.leases import LeaseTable
     from keyedconsumer.sequencing.parking import Parker
 
     seq = RedisSequencer("redis://127.0.0.1:1/0", "t", lease_ttl_s=3.0)
-    d = Dispatcher("key", 2, seq)
-    seq._d = d
+    d = Engine("key", seq)
+    seq._port = d.port
     seq._leases = LeaseTable(ttl_s=3.0)
     seq.parker = Parker(
-        d,
+        d.port,
         seq._leases,
         _NoRedis(),
         seq._route,
@@ -225,20 +223,19 @@ def _leased_dispatcher() -> tuple[Dispatcher, object]:
     return d, seq
 
 
-def _grant(d: Dispatcher, seq: object, lid: str, token: int = 1) -> None:
+def _grant(d: Engine, seq: object, lid: str, token: int = 1) -> None:
     import time
 
     leases = seq._leases  # type: ignore[attr-defined]
-    with d.lock:
-        ((wanted, owner),) = [a for a in leases.to_acquire(time.monotonic()) if a[0] == lid]
-        head = leases.acquired(wanted, owner, token, time.monotonic(), time.monotonic())
-        if head is not None:
-            dl = seq._route(head)  # type: ignore[attr-defined]
-            if dl is not None:
-                d.make_ready_locked(dl)
+    ((wanted, owner),) = [a for a in leases.to_acquire(time.monotonic()) if a[0] == lid]
+    head = leases.acquired(wanted, owner, token, time.monotonic(), time.monotonic())
+    if head is not None:
+        dl = seq._route(head)  # type: ignore[attr-defined]
+        if dl is not None:
+            d.port.make_ready(dl)
 
 
-def _lid(d: Dispatcher, msg: Message) -> str:
+def _lid(d: Engine, msg: Message) -> str:
     lid = d.seq.lane_id(msg.topic, msg.partition, msg.key if msg.key is not None else NULL_KEY)
     assert lid is not None
     return lid
@@ -246,7 +243,7 @@ def _lid(d: Dispatcher, msg: Message) -> str:
 
 def test_a_message_not_started_under_a_briefly_invalid_lease_stays_its_lanes_head() -> None:
     # given key a's messages 0 and 1, its lease held, message 0 taken by a worker
-    d, seq = _leased_dispatcher()
+    d, seq = _leased_engine()
     a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
     d.admit([a0, a1])
     _grant(d, seq, _lid(d, a0))
@@ -254,7 +251,7 @@ def test_a_message_not_started_under_a_briefly_invalid_lease_stays_its_lanes_hea
     assert taken.msg is a0
     # when the worker did not start it (its lease was not confirmed in time: a late renewal) and
     # the lease is valid again when it reports so
-    assert d.finish(taken, NOT_STARTED) is None
+    finish(d, taken, NOT_STARTED)
     # then a0 is ready again, first, and a1 still waits behind it: the lane did not go on without it
     assert ready(d) == [a0]
     assert [x.msg for x in d.partitions.by_tp[("t", 0)].lanes.get(b"a")] == [a1]
@@ -263,18 +260,17 @@ def test_a_message_not_started_under_a_briefly_invalid_lease_stays_its_lanes_hea
 
 def test_a_head_waiting_to_be_parked_whose_lease_was_lost_waits_for_the_lease_again() -> None:
     # given key a's head waiting to be parked under its lease
-    d, seq = _leased_dispatcher()
+    d, seq = _leased_engine()
     a0, a1 = Message("t", 0, 0, b"a"), Message("t", 0, 1, b"a")
     d.admit([a0, a1])
     lid = _lid(d, a0)
     _grant(d, seq, lid)
     leases = seq._leases  # type: ignore[attr-defined]
-    with d.lock:
-        (head,) = d.queue.remove(lambda x: True)
-        seq.parker.park(head, 0.5)  # type: ignore[attr-defined]
-        lease = leases.by_id[lid]
-        # when the lease is lost before the park is sent
-        leases.lose(lease)
+    (head,) = d.queue.remove(lambda x: True)
+    seq.parker.park(head, 0.5)  # type: ignore[attr-defined]
+    lease = leases.by_id[lid]
+    # when the lease is lost before the park is sent
+    leases.lose(lease)
     seq.parker.park_pending()  # type: ignore[attr-defined]
     # then the head waits, first in line, for the lease; once granted again it goes on
     assert [x.msg for x in lease.waiting] == [a0] and lid in leases.want and lease.active is None
@@ -284,7 +280,7 @@ def test_a_head_waiting_to_be_parked_whose_lease_was_lost_waits_for_the_lease_ag
 
 def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not_go_on_without_it() -> None:
     # given key k at offsets 1 and 2 and key y at offset 3, all of one partition being revoked
-    d = Dispatcher("key", 4)
+    d = Engine("key")
     d.assign([("t", 0)])
     k1, k2, y3 = Message("t", 0, 1, b"k"), Message("t", 0, 2, b"k"), Message("t", 0, 3, b"y")
     d.admit([k1, k2, y3])
@@ -295,7 +291,7 @@ def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not
     dk1, dy3 = taken
     # when k1 may not start yet (nothing finished above it) and its worker reports it not started
     assert not d.may_start(dk1)
-    assert d.finish(dk1, NOT_STARTED) is None
+    finish(d, dk1, NOT_STARTED)
     # then k2 is not made ready in its place: k1 waits, still its lane's head
     assert (
         not d.queue
@@ -303,14 +299,15 @@ def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not
         and [x.msg for x in part.lanes.get(b"k")] == [k2]
     )
     # when y3 finishes (the highest finished offset is now above k1), k1 may run, and only then k2
-    d.finish(dy3, DONE)
+    finish(d, dy3, DONE)
     d.release_held()
     assert ready(d) == [k1] and d.may_start(dk1)
     (again,) = take(d)
-    nxt = d.finish(again, DONE)
-    assert nxt is not None and nxt.msg is k2 and part.tracker.watermark() == 2
+    finish(d, again, DONE)
+    assert ready(d) == [k2] and part.tracker.watermark() == 2
+    (nxt,) = take(d)
     # and a revoke drops what is still held, forgetting it (nothing is left buffered)
-    d.finish(nxt, NOT_STARTED)
+    finish(d, nxt, NOT_STARTED)
     parts = d.begin_revoke([("t", 0)])
     d.close_parts(parts)
     assert d.queue.held() == [] and d.in_flight == 0
@@ -319,43 +316,47 @@ def test_a_head_not_started_during_a_revoke_catch_up_waits_and_its_lane_does_not
 def test_one_worker_runs_a_partition_in_offset_order() -> None:
     """With one worker, messages start in offset order even when a lane's next message becomes
     ready after later offsets of other keys (a FIFO of ready heads would run b@1, c@3 before a@2,
-    so a@2 would finish after c@3 and hold the committed offset back), and when the worker takes
-    chunks of many (fast handlers): a chunk ends before a message younger than one queued behind
-    its heads."""
+    so a@2 would finish after c@3 and hold the committed offset back), and when the worker gets
+    chunks of many (fast handlers), two at a time: a chunk ends before a message younger than one
+    queued behind its heads, and the chunk handed out ahead of it stops there too."""
     rng = random.Random(3)
     for keys in (
         [b"a", b"b", b"a", b"c", b"b", b"a", b"d", b"c"],
         [b"k%d" % rng.randrange(40) for _ in range(3000)],
     ):
-        d = Dispatcher("key", concurrency=1)
+        d = Engine("key")
         d.assign([("t", 0)])
         d.admit([Message("t", 0, off, key, b"v") for off, key in enumerate(keys)])
         order: list[int] = []
-        chunk = take(d)
-        while chunk:
+        out: list[tuple[list[Delivery], int | None]] = []  # units handed out, oldest first
+        while d.queue or out:
+            while len(out) < 2:  # the owner keeps one unit ahead of the worker (run.py)
+                barrier = min((lim for _, lim in out if lim is not None), default=None)
+                chunks, lim = d.take(1, barrier)
+                if not chunks:
+                    break
+                out.append((chunks[0], lim))
+            chunk, _ = out.pop(0)
             results = []
             for dl in chunk:
                 assert d.may_start(dl)
                 order.append(dl.offset)
                 results.append((dl, DONE))
-            chunk = d.finish_many(results, 1e-7 * len(results)) or (take(d) if d.queue else [])
+            d.finish(results, 1e-7 * len(results))
         assert order == list(range(len(keys)))
         assert d.commit_offsets(d.active())[0] == [("t", 0, len(keys))]
 
 
-def test_near_the_bound_the_poll_waits_for_room_instead_of_polling_and_pausing() -> None:
-    """Short of room for a poll's batch, ``wait_room`` waits until finished messages make room
-    (``max_in_flight`` 10, batch 4: 8 in flight leaves room for 2)."""
-    d = Dispatcher("key", concurrency=1, max_in_flight=10)
+def test_short_of_room_for_a_poll_near_the_bound() -> None:
+    """Short of room for a poll's batch (``max_in_flight`` 10, batch 4: 8 in flight leaves room
+    for 2), the owner waits for outcomes rather than poll a few records and pause; with nothing in
+    flight a small bound never waits."""
+    d = Engine("key", max_in_flight=10)
     d.assign([("t", 0)])
     d.admit([Message("t", 0, off, b"k%d" % off, b"v") for off in range(8)])
-    assert d.flow.short_of_room(4) and not d.wait_room(4, 0.05)  # nothing ends: times out
-    chunk = take(d) + take(d)  # two ending leave 6 in flight: room for 4
-    done = threading.Timer(0.05, lambda: d.finish_many([(x, DONE) for x in chunk], 0.0))
-    done.start()
-    t0 = time.monotonic()
-    assert d.wait_room(4, 5.0) and time.monotonic() - t0 < 4.0  # woken by the finish, not the timeout
-    done.join()
+    assert d.flow.short_of_room(4)
+    chunk = take(d) + take(d)
+    d.finish([(x, DONE) for x in chunk[:2]], 0.0)  # two ending leave 6 in flight: room for 4
     assert not d.flow.short_of_room(4)
-    empty = Dispatcher("key", concurrency=1, max_in_flight=2)
-    assert not empty.flow.short_of_room(500)  # nothing in flight: a small bound never waits
+    empty = Engine("key", max_in_flight=2)
+    assert not empty.flow.short_of_room(500)
