@@ -152,7 +152,7 @@ class _OffsetCommits:
         message while offsets above it finished, with the metadata naming those (the offset alone
         does not move, so librdkafka's auto commit would not send it). A crash then re-runs only
         what finished since the last of these commits, not everything above a slow key's message."""
-        offsets, meta = self._engine.commit_offsets(self._engine.active())
+        offsets, meta = self._engine.partitions.commit_offsets(self._engine.partitions.active())
         sent = self._meta_sent
         todo = [(t, p, o) for t, p, o in offsets if (t, p) in meta and sent.get((t, p)) != (o, meta[(t, p)])]
         if not todo:
@@ -169,7 +169,7 @@ class _OffsetCommits:
         protocol's coordinator takes commits of the current generation while the group rebalances.
         Without it a SIGKILL during a long catch-up re-ran everything finished since the callback
         began (full fault-harness runs: 3,945 duplicates from one kill)."""
-        offsets, meta = self._engine.commit_offsets(self._engine.active())
+        offsets, meta = self._engine.partitions.commit_offsets(self._engine.partitions.active())
         if offsets:
             try:
                 self._client.commit_async(offsets, meta)
@@ -234,8 +234,8 @@ class _OffsetCommits:
         """
         engine, client = self._engine, self._client
         while True:
-            parts = engine.active()
-            final, meta = engine.commit_offsets(parts)
+            parts = engine.partitions.active()
+            final, meta = engine.partitions.commit_offsets(parts)
             if not final:
                 return
             self._stage(final, meta)
@@ -275,7 +275,7 @@ class _OffsetCommits:
         revoke's own commit with the offsets of before the catch-up, under whatever generation is
         current by then (``tests/integration/test_revoke_commit.py``). It is asked again after.
         """
-        offsets, meta = self._engine.commit_offsets(self._engine.active())
+        offsets, meta = self._engine.partitions.commit_offsets(self._engine.partitions.active())
         if not offsets:
             return True
         if self._in_rebalance():
@@ -310,7 +310,7 @@ class AutoCommit(_OffsetCommits):
     def store(self) -> None:
         """Store the partitions whose first unfinished offset moved, each with the metadata naming
         what finished above it."""
-        advances = self._engine.advances()
+        advances = self._engine.partitions.advances()
         if not advances:
             return
         client = self._client
@@ -337,7 +337,7 @@ class ManualCommit(_OffsetCommits):
 
     def store(self) -> None:
         """Commit the partitions whose first unfinished offset moved, with their metadata."""
-        advances = self._engine.advances()
+        advances = self._engine.partitions.advances()
         if not advances:
             return
         meta = {p.tp: m for p, _, m in advances if m}
@@ -349,7 +349,7 @@ class ManualCommit(_OffsetCommits):
             )
         except KafkaClientError as exc:
             self._on_error(exc)
-            self._engine.mark_dirty([p for p, _, _ in advances])
+            self._engine.partitions.mark_dirty([p for p, _, _ in advances])
             return
         for p, wm, _ in advances:
             p.mark_stored(wm)

@@ -7,10 +7,8 @@ the offsets to store. No lock guards this state: nothing but the owner writes it
 it, through :meth:`Engine.may_start` and :meth:`Engine.owns`, and reach the owner by posting to its
 mailbox (:mod:`.workers`). The sequencer (:mod:`.sequencer`) is called in the owner thread and acts
 on the lanes through the narrow :class:`~.sequencer.LanePort` the engine hands it.
-
-The objects under it are pure data, each behind a short list of methods: the partitions and their
-offset trackers (:mod:`.partitions`), each partition's lanes (:mod:`.lanes`), the heads waiting for
-a worker (:mod:`.ready`) and the in-flight accounting (:mod:`.flow`).
+The objects under it are pure data behind short lists of methods: the partitions and their offset
+trackers (:mod:`.partitions`), lanes (:mod:`.lanes`), ready heads (:mod:`.ready`), counts (:mod:`.flow`).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from .delivery import NULL_KEY, Delivery
 from .flow import InFlight
 from .outcome import HALT, Done, NotStarted, Outcome, Park, Retry
 from .partitions import ACTIVE, CLOSED, REVOKING, Partition, Partitions
+from .port import Port
 from .ready import ReadyQueue
 from .sequencer import InMemorySequencer, LanePort, Sequencer
 
@@ -38,10 +37,6 @@ __all__ = ["Engine", "CHUNK_QUANTUM_S", "MAX_CHUNK"]
 CHUNK_QUANTUM_S = 0.002
 #: Upper bound of a chunk, in messages.
 MAX_CHUNK = 256
-
-
-def _nothing_behind(d: Delivery) -> None:
-    return None
 
 
 class Engine:
@@ -100,15 +95,15 @@ class Engine:
         self._stop_signal = stop_signal if stop_signal is not None else threading.Event()
         self.closed = False  # the run is over: no result counts any more
         self._halt_signal = threading.Event()  # a failure in a worker: nothing new starts from now
-        self.retries = 0  # Retry and Park outcomes so far
-        self.conflated = 0  # messages conflated so far (replaced by a newer one of their lane)
-        self._conflated_out: list[Message] = []  # conflated by the sequencer, not reported yet
+        self._retries = 0  # Retry and Park outcomes so far
+        self._conflated = 0  # messages conflated in the lanes (replaced by a newer one of their lane)
         self._avg_handler_s = 0.001  # moving average of handler durations
         self._chunk = 1  # messages one worker gets at once
         self._lane_id = self.seq.lane_id
         #: The partitions assigned now (a tuple the owner replaces: safe to read from any thread).
         self.assignment: tuple[TP, ...] = ()
-        self.port: LanePort = _Port(self, post or _no_post)
+        self._port = Port(self, post)
+        self.port: LanePort = self._port
 
     # -- handing out work ---------------------------------------------------------------------------
 
@@ -134,7 +129,7 @@ class Engine:
     def take_batch(self, size: int) -> list[Delivery]:
         """Up to ``size`` ready heads for one batch handler call, oldest admitted first. A lane has
         one head at a time, so a batch holds at most one message per lane."""
-        batch, _ = self.queue.take(size, _nothing_behind)
+        batch, _ = self.queue.take(size, lambda d: None)
         self.partitions.started(batch)
         self.flow.started(len(batch))
         return batch
@@ -278,7 +273,7 @@ class Engine:
                 part.ended()
                 self.flow.ended()
                 d.msg.attempt += 1
-                self.retries += 1
+                self._retries += 1
                 return True
             case Retry(delay_s) | Park(delay_s) if live:
                 # run again later: it stays its lane's head (its key waits, others go on) and its
@@ -286,7 +281,7 @@ class Engine:
                 part.ended()
                 self.flow.ended()
                 d.msg.attempt += 1
-                self.retries += 1
+                self._retries += 1
                 self.queue.delay(d, delay_s)
                 return True
         return False
@@ -336,7 +331,7 @@ class Engine:
             push(d)
         flow.admit(admitted, nbytes)
         flow.observe_batch(len(msgs), nbytes)
-        self.conflated += len(conflated)
+        self._conflated += len(conflated)
         return conflated
 
     # -- retries, holds, stop -----------------------------------------------------------------------
@@ -405,12 +400,6 @@ class Engine:
         self.partitions.assign(tps, finished)
         self.assignment = tuple(self.partitions.by_tp)
 
-    def partition(self, tp: TP) -> Partition | None:
-        return self.partitions.by_tp.get(tp)
-
-    def active(self) -> list[Partition]:
-        return self.partitions.active()
-
     def catch_up(self, parts: list[Partition]) -> None:
         """``parts`` are being revoked: only their messages below the highest finished offset start."""
         for p in parts:
@@ -441,28 +430,25 @@ class Engine:
             lanes.end(d)
 
     def close_parts(self, parts: list[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
-        """Close revoked partitions; return what to commit for them (as :meth:`commit_offsets`)."""
+        """Close revoked partitions; return what to commit for them (as
+        :meth:`~.partitions.Partitions.commit_offsets`)."""
         out = self.partitions.commit_offsets([p for p in parts if p.state == REVOKING])
         self.partitions.close(parts)
         return out
 
-    def commit_offsets(self, parts: Iterable[Partition]) -> tuple[list[tuple[str, int, int]], dict[TP, str]]:
-        """What to commit for ``parts``: ``([(topic, partition, first unfinished offset)],
-        {tp: metadata naming the offsets finished above it})``."""
-        return self.partitions.commit_offsets(parts)
-
-    def advances(self) -> list[tuple[Partition, int, str]]:
-        """Partitions whose first unfinished offset moved past what was stored (see
-        :meth:`~.partitions.Partitions.advances`)."""
-        return self.partitions.advances()
-
-    def mark_dirty(self, parts: Iterable[Partition]) -> None:
-        self.partitions.mark_dirty(parts)
-
     def take_conflated(self) -> list[Message]:
         """The messages the sequencer conflated since the last call (the owner reports them)."""
-        out, self._conflated_out = self._conflated_out, []
-        return out
+        return self._port.take_conflated()
+
+    @property
+    def conflated(self) -> int:
+        """Messages conflated so far: in the lanes, and where the sequencer keeps them."""
+        return self._conflated + self._port.conflated_count
+
+    @property
+    def retries(self) -> int:
+        """Retry and Park outcomes so far, and the sequencer's retries of parked messages."""
+        return self._retries + self._port.retries
 
     @property
     def skipped_finished(self) -> int:
@@ -493,88 +479,3 @@ class Engine:
     @property
     def running(self) -> int:
         return self.flow.running
-
-
-def _no_post(fn: Callable[[Any], None], arg: Any = None) -> None:
-    raise RuntimeError("this engine has no owner mailbox to post to")
-
-
-class _Port:
-    """The engine as a sequencer sees it (:class:`~.sequencer.LanePort`): owner thread only, but
-    :meth:`post`."""
-
-    __slots__ = ("_e", "_post")
-
-    def __init__(self, engine: Engine, post: Callable[[Callable[[Any], None], Any], None]) -> None:
-        self._e = engine
-        self._post = post
-
-    def post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
-        self._post(fn, arg)
-
-    @property
-    def ordering(self) -> str:
-        return self._e.ordering
-
-    @property
-    def conflate(self) -> bool:
-        return self._e.conflate
-
-    @property
-    def halted(self) -> bool:
-        return self._e.halted
-
-    @property
-    def stopping(self) -> bool:
-        return self._e.stopping
-
-    def make_ready(self, d: Delivery) -> None:
-        self._e.queue.push(d)
-
-    def lane_rest(self, head: Delivery) -> list[Delivery]:
-        return head.part.lanes.take_rest(head) if head.part is not None else []
-
-    def lane_put_back(self, head: Delivery, rest: list[Delivery]) -> None:
-        if head.part is not None:
-            head.part.lanes.put_back(head, rest)
-
-    def lane_advance(self, head: Delivery) -> Delivery | None:
-        e = self._e
-        if head.part is None:
-            return None
-        nxt = head.part.lanes.advance(head)
-        if nxt is None:
-            ready = e.seq.on_lane_end(head)
-            if ready is not None:
-                e.queue.push(ready)
-        return nxt
-
-    def parked(self, ds: Iterable[Delivery]) -> None:
-        e = self._e
-        for d in ds:
-            if d.part is not None:
-                e.partitions.done(d.part, d.offset)
-            e.flow.forget(d.size)
-
-    def conflated(self, msgs: list[Message]) -> None:
-        e = self._e
-        for m in msgs:
-            m.group_id = e.group
-        e.conflated += len(msgs)
-        e._conflated_out.extend(msgs)
-
-    def admit_external(self, batch: list[Delivery]) -> None:
-        e = self._e
-        for d in batch:
-            d.msg.group_id = e.group
-            d.msg._bind(e.owns, d)
-            e.flow.admit(1, d.size)
-        if batch:
-            e.queue.push(batch[0])
-
-    def forget(self, ds: Iterable[Delivery]) -> None:
-        for d in ds:
-            self._e.flow.forget(d.size)
-
-    def count_retry(self) -> None:
-        self._e.retries += 1

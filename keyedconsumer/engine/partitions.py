@@ -176,6 +176,10 @@ class Partitions:
                 out.append(part)
         return out
 
+    def get(self, tp: TP) -> Partition | None:
+        """The assignment of ``tp`` now, or ``None``."""
+        return self.by_tp.get(tp)
+
     def close(self, parts: Iterable[Partition]) -> None:
         for part in parts:
             part.state = CLOSED

@@ -180,7 +180,7 @@ class Rebalance:
         timeout_s = self._config.revoke_timeout_s
         deadline = time.monotonic() + timeout_s
         # finish what lies below the highest finished offset first: no re-runs
-        catching = [p for tp in partitions if (p := engine.partition(tp)) is not None]
+        catching = [p for tp in partitions if (p := engine.partitions.get(tp)) is not None]
         engine.catch_up(catching)
         self._catch_up(catching, deadline - timeout_s * (1 - CATCH_UP_SHARE), self._mode.progress)
         parts = engine.begin_revoke(partitions)

@@ -483,7 +483,7 @@ class Run:
     def _refresh_status(self, client: KafkaClient) -> None:
         """Each active partition's end offset (librdkafka's cached fetch state, no request), and
         the published status."""
-        parts = self.engine.active()
+        parts = self.engine.partitions.active()
         if parts:
             highs = client.high_watermarks([p.tp for p in parts])
             for p in parts:
@@ -499,7 +499,7 @@ class Run:
         deadline = self._stop.deadline or time.monotonic() + cfg.shutdown_timeout_s
         self.mailbox.drain()
         if started and self.error is None:
-            self._catch_up(engine.active(), deadline)  # its share of the time: see _catch_up
+            self._catch_up(engine.partitions.active(), deadline)  # its share of the time: see _catch_up
         engine.halt()
         if started and not self.wait_idle(None, max(0.0, deadline - time.monotonic())):
             log.warning(
@@ -517,8 +517,8 @@ class Run:
                 mode.commit_final(max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
         except KafkaClientError as exc:
             log.warning("final commit failed: %s (what finished after the last commit runs again)", exc)
-        self.status = statuses(engine.active(), time.monotonic())
-        rebalance.closing(engine.commit_offsets(engine.active()))
+        self.status = statuses(engine.partitions.active(), time.monotonic())
+        rebalance.closing(engine.partitions.commit_offsets(engine.partitions.active()))
         try:
             if not client.close(timeout_s=CLOSE_TIMEOUT_S):
                 log.warning(

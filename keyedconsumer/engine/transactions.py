@@ -134,7 +134,7 @@ class TransactionalCommit:
         now = time.monotonic()
         if now >= self._next_s:
             self._next_s = now + self._config.transaction_interval_s
-            self.commit(self._engine.active(), self._budget(self._config.transaction_timeout_s))
+            self.commit(self._engine.partitions.active(), self._budget(self._config.transaction_timeout_s))
 
     def commit_metadata(self) -> None:
         """Nothing: every transaction commits the metadata with the offsets."""
@@ -146,7 +146,7 @@ class TransactionalCommit:
     def commit_final(self, deadline: float) -> None:
         """The stop's transaction, tried again after abortable failures until ``deadline``."""
         while not self._broken:
-            if self.commit(self._engine.active(), max(0.5, deadline - time.monotonic())):
+            if self.commit(self._engine.partitions.active(), max(0.5, deadline - time.monotonic())):
                 return
             if time.monotonic() + self._pause_s >= deadline:
                 log.warning("final transaction not committed: what finished after the last one runs again")
@@ -157,7 +157,9 @@ class TransactionalCommit:
         """A revoke: commit the revoked (and every other) partition's offsets and records before they
         are given up, tried again after abortable failures until ``deadline``; then close them."""
         while not self._broken:
-            if self.commit([*self._engine.active(), *parts], max(0.5, deadline - time.monotonic())):
+            if self.commit(
+                [*self._engine.partitions.active(), *parts], max(0.5, deadline - time.monotonic())
+            ):
                 break
             if time.monotonic() + self._pause_s >= deadline:
                 log.warning("revoke: transaction not committed: what finished after the last one runs again")
@@ -177,7 +179,7 @@ class TransactionalCommit:
         stay in hand; or the consumer is stopping with the error)."""
         if self._broken or self._producer is None:
             return False
-        offsets, meta = self._engine.commit_offsets(parts)  # first: what counts done now
+        offsets, meta = self._engine.partitions.commit_offsets(parts)  # first: what counts done now
         kept = self._kept
         kept.extend(self._results.take_finished())  # then: their records are all in hand
         done: dict[int, tuple[int, FinishedOffsets | None]] = {}

@@ -61,9 +61,9 @@ def record_parking(rec: Any, pid: int) -> None:
     """Write a ``K`` record when a message's parking is acknowledged by Redis (its offset then
     counts done although it has not run: the checker must know). There is no public hook for it,
     so this wraps the engine's sequencer port, ``LanePort.parked`` (test instrumentation only)."""
-    from keyedconsumer.engine import engine
+    from keyedconsumer.engine import port
 
-    original = engine._Port.parked
+    original = port.Port.parked
 
     def parked(self: Any, ds: Any) -> None:
         ds = list(ds)
@@ -80,7 +80,7 @@ def record_parking(rec: Any, pid: int) -> None:
             )
         original(self, ds)
 
-    engine._Port.parked = parked  # type: ignore[method-assign]
+    port.Port.parked = parked  # type: ignore[method-assign]
 
 
 def main() -> int:

@@ -302,7 +302,7 @@ class Simulation:
         self._backpressure()
 
     def store(self) -> None:
-        for part, wm, _meta in self.engine.advances():
+        for part, wm, _meta in self.engine.partitions.advances():
             self._check_offset(part.partition, wm, "stored")
             part.mark_stored(wm)
 
@@ -333,7 +333,7 @@ class Simulation:
             return
         p = self.rng.choice(self.assigned)
         e = self.engine
-        part = e.partition((TOPIC, p))
+        part = e.partitions.get((TOPIC, p))
         assert part is not None
         e.catch_up([part])
         for _ in range(self.rng.randint(0, 30)):  # the catch-up's turns: no polls meanwhile
@@ -387,7 +387,7 @@ class Simulation:
         for unit in list(self.units):
             self._end_unit(unit)
         self.check()
-        offsets, meta = e.commit_offsets(e.active())
+        offsets, meta = e.partitions.commit_offsets(e.partitions.active())
         for _t, p, off in offsets:
             self._check_offset(p, off, "committed at the stop")
             self.committed[p] = (off, meta.get((TOPIC, p), ""))
@@ -432,7 +432,7 @@ class Simulation:
         else:
             self.fail("the last run did not drain the topic")
         self.store()
-        offsets, _meta = self.engine.commit_offsets(self.engine.active())
+        offsets, _meta = self.engine.partitions.commit_offsets(self.engine.partitions.active())
         for _t, p, off in offsets:
             self.committed[p] = (off, "")
         for p in range(self.cfg.partitions):

@@ -344,7 +344,7 @@ def test_one_worker_runs_a_partition_in_offset_order() -> None:
                 results.append((dl, DONE))
             d.finish(results, 1e-7 * len(results))
         assert order == list(range(len(keys)))
-        assert d.commit_offsets(d.active())[0] == [("t", 0, len(keys))]
+        assert d.partitions.commit_offsets(d.partitions.active())[0] == [("t", 0, len(keys))]
 
 
 def test_short_of_room_for_a_poll_near_the_bound() -> None:
