@@ -32,6 +32,7 @@ from .batch import BatchRun
 from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, AutoCommit, CommitMode, ManualCommit
 from .engine import Engine
 from .handler import Contract
+from .handout import HandOut
 from .partitions import Partition
 from .rebalance import CATCH_UP_SHARE, Rebalance
 from .results import Results
@@ -57,8 +58,6 @@ SHUTDOWN_MARGIN_S = 10.0
 #: The longest wait for workers' outcomes while Kafka may have records for idle workers (seconds);
 #: it grows from 1 ms while nothing happens.
 IDLE_SLICE_S = (0.001, 0.02)
-#: How often the owner looks for a worker stuck in a slow handler (seconds).
-RESCUE_EVERY_S = 0.005
 #: How often the owner publishes the partitions' status (seconds).
 STATUS_EVERY_S = 0.2
 
@@ -174,14 +173,8 @@ class Run:
         else:
             runner = Runner(handler, settle, may_start, batch)
             self.workers = ThreadWorkers(runner.run, self.mailbox, self._report, cfg.concurrency)
-        self._outstanding = 0  # units handed to the workers whose outcomes were not reported yet
-        self._linger_until: float | None = None  # a partial batch waits for more until then
-        self._more = False  # batch handlers: the last poll was full, more records are at hand
-        # concurrency 1: per unit handed out (oldest first), the lowest admission order queued
-        # behind its heads (None: none), which work handed out after it must not pass
-        self._limits: list[int | None] = []
+        self.handout = HandOut(self.engine, self.workers, self._batch_size, cfg.handler_batch_linger_s)
         self._slice_s = IDLE_SLICE_S[0]
-        self._next_rescue = 0.0
         self.client: KafkaClient | None = None
         self.rebalance: Rebalance | None = None
         #: When the loop last returned from a poll (monotonic seconds; 0.0 before the first).
@@ -201,6 +194,9 @@ class Run:
         self.engine.signal_halt()
         self._stop.request(self.config.shutdown_timeout_s)
         self.mailbox.post(self._halt)
+
+    def _report(self, outcome: tuple[list[Any], float]) -> None:
+        self.handout.report(outcome)
 
     def _halt(self, _: Any = None) -> None:
         self.engine.halt()
@@ -289,8 +285,8 @@ class Run:
         while not stop.is_set():
             mailbox.drain()
             timeout_s = self._timers(poll_timeout_s)
-            self._dispatch()
-            if mailbox or self._more:
+            self.handout.dispatch()
+            if mailbox or self.handout.more:
                 timeout_s = 0.0
             elif rebalance.paused and timeout_s > 0.01 and not flow.running:
                 timeout_s = 0.01  # paused: nothing arrives, so look again soon for room to resume
@@ -301,7 +297,7 @@ class Run:
                 wait_s = timeout_s if saturated else min(timeout_s, self._slice_s)
                 if client.wait_outcomes(mailbox.wait, wait_s):
                     self._slice_s = IDLE_SLICE_S[0]
-                    self._dispatch()
+                    self.handout.dispatch()
                 elif not saturated:
                     self._slice_s = min(IDLE_SLICE_S[1], self._slice_s * 2)
                 timeout_s = 0.0
@@ -309,15 +305,15 @@ class Run:
             msgs = client.poll_batch(asked, timeout_s)
             now = self.polled_at_s = time.monotonic()
             # a batch handler's partial batch is not cut while records are at hand
-            self._more = bool(self._batch_size) and len(msgs) >= asked
+            self.handout.more = bool(self._batch_size) and len(msgs) >= asked
             if msgs:
                 self._slice_s = IDLE_SLICE_S[0]
                 conflated = engine.admit(msgs)
                 if conflated:
                     self._report_conflated(conflated)
-                self._dispatch()
-            if now >= self._next_rescue:
-                self._rescue(False)
+                self.handout.dispatch()
+            if now >= self.handout.next_rescue:
+                self.handout.rescue(False)
             mode.store()
             rebalance.backpressure(flow.over(), flow.under_half())
             if now >= next_status:
@@ -341,92 +337,20 @@ class Run:
             due_s = engine.release_due(self._clock())
             if due_s is not None and due_s < timeout_s:
                 timeout_s = max(0.0, due_s)
-        if self._linger_until is not None:
-            timeout_s = min(timeout_s, max(0.0, self._linger_until - time.monotonic()))
+        linger_until = self.handout.linger_until
+        if linger_until is not None:
+            timeout_s = min(timeout_s, max(0.0, linger_until - time.monotonic()))
         return timeout_s
-
-    # -- handing out work and taking outcomes -------------------------------------------------------
-
-    def _dispatch(self) -> None:
-        """Hand ready heads to the workers, up to what they can take without waiting for the owner
-        (one unit a worker, and with fast handlers one more each, so none waits for a hand-over)."""
-        engine = self.engine
-        if not engine.ready_count():
-            self._linger_until = None
-            return
-        workers = self.workers
-        if self._batch_size:
-            units = self._batches(workers.concurrency - self._outstanding)
-        elif workers.concurrency == 1:
-            # one worker runs everything in admission order, hence each partition in offset order:
-            # work handed out ahead stops before a message queued behind a head not finished yet
-            units = []
-            while self._outstanding + len(units) < 2:
-                barrier = min((x for x in self._limits if x is not None), default=None)
-                taken, limit = engine.take(1, barrier)
-                if not taken:
-                    break
-                units += taken
-                self._limits.append(limit)
-        else:
-            units, _ = engine.take(workers.concurrency * (2 if engine.chunk > 1 else 1) - self._outstanding)
-        if units:
-            self._outstanding += len(units)
-            workers.submit(units)
-
-    def _batches(self, room: int) -> list[list[Any]]:
-        """Batches for idle batch workers: a partial batch waits while the last poll was full (more
-        records are at hand) and up to ``handler_batch_linger_s`` for more ready heads (not while
-        stopping or halted)."""
-        engine, size = self.engine, self._batch_size
-        out = []
-        while room > 0 and engine.ready_count():
-            if engine.ready_count() < size and not (engine.halted or engine.stopping):
-                if self._more:
-                    break
-                now = time.monotonic()
-                if self._linger_until is None:
-                    self._linger_until = now + self.config.handler_batch_linger_s
-                if now < self._linger_until:
-                    break
-            out.append(engine.take_batch(size))
-            room -= 1
-        if not engine.ready_count():
-            self._linger_until = None
-        return out
-
-    def _report(self, outcome: tuple[list[Any], float]) -> None:
-        """A worker ended a unit (run by the mailbox, in the owner thread)."""
-        self._outstanding -= 1
-        if self._limits:
-            self._limits.pop(0)  # one worker: units end in the order handed out
-        results, elapsed_s = outcome
-        if results:
-            self.engine.finish(results, elapsed_s)
-
-    def _rescue(self, force: bool) -> None:
-        """Take back from a worker stuck in one handler for more than ``RESCUE_AFTER_S`` (or from
-        every worker with ``force``) the messages of its chunk it has not started, and settle the
-        outcomes it has not reported yet."""
-        now = time.monotonic()
-        self._next_rescue = now + RESCUE_EVERY_S
-        engine = self.engine
-        for slot in self.workers.slots:
-            rest, results = slot.take_back(force, now)
-            if results:
-                engine.finish(results)
-            if rest:
-                engine.give_back(reversed(rest))
 
     def _pump(self, wait_s: float) -> None:
         """A turn without polling Kafka (inside a rebalance callback, or stopping): tick the
         sequencer, release due retries and held heads, settle outcomes, hand out work."""
         self._timers(0.0)
         self.engine.release_held()
-        self._rescue(False)
-        self._dispatch()
+        self.handout.rescue(False)
+        self.handout.dispatch()
         if self.mailbox.wait(wait_s):
-            self._dispatch()
+            self.handout.dispatch()
 
     def wait_idle(self, parts: list[Partition] | None, timeout_s: float) -> bool:
         """Wait until nothing of ``parts`` (all partitions when ``None``) runs; returns success.
@@ -438,7 +362,7 @@ class Run:
             stop = self._stop.deadline
             if stop is not None and stop < deadline:  # a stop came meanwhile: its deadline binds
                 deadline = stop
-            self._rescue(True)
+            self.handout.rescue(True)
             self.mailbox.drain()
             if engine.running_in(parts) == 0:
                 return True
