@@ -1,9 +1,10 @@
 """Handing out work: what the owner gives its workers, and what comes back.
 
-The owner (:mod:`.run`) keeps the workers busy without ever making one wait for a hand-over: each
-worker gets one unit, and with fast handlers one more queued behind it (:meth:`HandOut.dispatch`).
-With one worker, work handed out ahead never passes a message queued behind a head not finished
-yet, so the worker runs everything in admission order, each partition in offset order. A batch
+The owner (:mod:`.run`) keeps the workers busy: each worker gets one unit, and with fast handlers
+and several workers one more queued behind it, so none waits for a hand-over
+(:meth:`HandOut.dispatch`). One worker gets one unit at a time: it runs everything in admission
+order, each partition in offset order (work handed out ahead of it, or taken back from it, could
+otherwise pass a message queued behind a head not finished yet). A batch
 handler's partial batch waits while the last poll was full (more records are at hand) and up to
 ``handler_batch_linger_s``. A worker stuck in a slow handler gets the unstarted rest of its chunk
 taken back (:meth:`HandOut.rescue`).
@@ -40,9 +41,6 @@ class HandOut:
         self._batch_size = batch_size
         self._linger_s = linger_s
         self.outstanding = 0  # units handed out whose outcomes were not reported yet
-        # one worker: per unit handed out (oldest first), the lowest admission order queued behind
-        # its heads (None: none), which work handed out after it must not pass
-        self._limits: list[int | None] = []
         #: When a partial batch stops waiting for more ready heads (monotonic seconds), or ``None``.
         self.linger_until: float | None = None
         #: Batch handlers: the last poll was full, more records are at hand.
@@ -51,24 +49,16 @@ class HandOut:
 
     def dispatch(self) -> None:
         """Hand ready heads to the workers, up to what they can take without waiting for the owner
-        (one unit a worker, and with fast handlers one more each)."""
+        (one unit a worker, and with fast handlers and several workers one more each)."""
         engine, workers = self._engine, self._workers
         if not engine.ready_count():
             self.linger_until = None
             return
         if self._batch_size:
             units = self._batches(workers.concurrency - self.outstanding)
-        elif workers.concurrency == 1:
-            units = []
-            while self.outstanding + len(units) < 2:
-                barrier = min((x for x in self._limits if x is not None), default=None)
-                taken, limit = engine.take(1, barrier)
-                if not taken:
-                    break
-                units += taken
-                self._limits.append(limit)
         else:
-            units, _ = engine.take(workers.concurrency * (2 if engine.chunk > 1 else 1) - self.outstanding)
+            n = workers.concurrency
+            units, _ = engine.take((2 * n if n > 1 and engine.chunk > 1 else n) - self.outstanding)
         if units:
             self.outstanding += len(units)
             workers.submit(units)
@@ -94,8 +84,6 @@ class HandOut:
     def report(self, outcome: tuple[Results, float]) -> None:
         """A worker ended a unit (run by the mailbox, in the owner thread)."""
         self.outstanding -= 1
-        if self._limits:
-            self._limits.pop(0)  # one worker: units end in the order handed out
         results, elapsed_s = outcome
         if results:
             self._engine.finish(results, elapsed_s)

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 from collections.abc import Callable
 
 from keyedconsumer.engine.delivery import Delivery
 from keyedconsumer.engine.engine import Engine
+from keyedconsumer.engine.handout import HandOut
 from keyedconsumer.engine.outcome import DONE, NOT_STARTED, Outcome, Park, Retry
 from keyedconsumer.engine.partitions import ACTIVE, CLOSED
+from keyedconsumer.engine.workers import Slot, Unit, Workers
 from keyedconsumer.message import Message
 from keyedconsumer.offsets import FinishedOffsets
 from keyedconsumer.testing import InMemoryBroker
@@ -62,18 +65,40 @@ class SimConfig:
     conflate: bool = False
     #: batch handlers: each unit is one call of up to this many lane heads (0: per-message chunks)
     batch_size: int = 0
+    #: every run ends done (no retries, parks or refusals): with one worker each partition then
+    #: starts in offset order, which is checked too
+    only_done: bool = False
+
+
+class _Workers(Workers):
+    """The worker pool the owner hands units to (:class:`~keyedconsumer.engine.handout.HandOut`):
+    one shared FIFO of units and a slot a worker; the simulation plays the workers."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.slots = [Slot() for _ in range(concurrency)]
+        self.queue: deque[Unit] = deque()
+
+    def submit(self, units: list[Unit]) -> None:
+        self.queue.extend(units)
 
 
 @dataclasses.dataclass
-class _Unit:
-    """Work handed to a simulated worker: the messages not started, the one running (a chunk runs
-    one message at a time), the outcomes not reported yet; or a batch, whose messages all start in
-    one handler call and end together."""
+class _Worker:
+    """What one simulated worker does now: a chunk (run one message after the other through its
+    slot), or a batch (all of it starts in one call and ends together)."""
 
-    todo: list[Delivery]
+    slot: Slot
+    chunk: bool = False  # a chunk is loaded in the slot
     running: Delivery | None = None
-    results: list[tuple[Delivery, Outcome]] = dataclasses.field(default_factory=list)
-    batch: list[Delivery] | None = None  # a batch call under way
+    ended: tuple[Delivery, Outcome] | None = None  # the last outcome, not in the slot yet
+    batch: list[Delivery] | None = None  # a batch handed over, not started
+    batch_running: list[Delivery] = dataclasses.field(default_factory=list)
+    batch_results: list[tuple[Delivery, Outcome]] = dataclasses.field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return not self.chunk and self.batch is None and not self.batch_running
 
 
 class Simulation:
@@ -117,17 +142,20 @@ class Simulation:
         self.generation: dict[int, int] = {}  # assignment number, per partition
         self.received: dict[int, list[int]] = {}  # offsets admitted in this assignment
         self.finished: dict[int, set[int]] = {}  # offsets finished in this assignment
-        self.units: list[_Unit] = []
+        self.pool = _Workers(cfg.workers)
+        self.workers = [_Worker(slot) for slot in self.pool.slots]
+        self.handout = HandOut(self.engine, self.pool, cfg.batch_size, 0.0)
+        self.starts: dict[tuple[int, int], int] = {}  # (generation, partition) -> last offset started
         self.last_start: dict[tuple[int, int, bytes], int] = {}  # (generation, partition, key)
         self.paused = False
         self.stopping = False
 
     def _running(self) -> list[Delivery]:
         out = []
-        for u in self.units:
-            if u.running is not None:
-                out.append(u.running)
-            out.extend(u.batch or ())
+        for w in self.workers:
+            if w.running is not None:
+                out.append(w.running)
+            out.extend(w.batch_running)
         return out
 
     # -- events -------------------------------------------------------------------------------------
@@ -139,8 +167,7 @@ class Simulation:
             (3.0, "produce", self.produce),
             (0.5 if self.stopping else 3.0, "poll", self.poll),
             (3.0, "dispatch", self.dispatch),
-            (10.0, "work", self.work),
-            (4.0, "report", self.report),
+            (12.0, "work", self.work),
             (0.5, "rescue", self.rescue),
             (2.0, "store", self.store),
             (1.0, "clock", self.clock),
@@ -203,47 +230,53 @@ class Simulation:
             self.paused = False
 
     def dispatch(self) -> None:
-        e = self.engine
-        room = self.cfg.workers * 2 - len(self.units)
-        if room <= 0:
-            return
-        if self.cfg.batch_size:
-            while room > 0 and e.ready_count():
-                self.units.append(_Unit(e.take_batch(self.cfg.batch_size), batch=[]))
-                room -= 1
-            return
-        chunks, _ = e.take(room)
-        self.units.extend(_Unit(list(c)) for c in chunks)
+        self.handout.dispatch()
 
     def work(self) -> None:
-        """A worker's next step: end its running message, or start the next one."""
-        if not self.units:
+        """One worker's next step: take a unit, start a message (or find it may not start), end the
+        running one; a worker at the end of its unit reports it."""
+        self._step(self.rng.choice(self.workers))
+
+    def _step(self, w: _Worker) -> None:
+        if w.idle:
+            if self.pool.queue:
+                unit = self.pool.queue.popleft()
+                if self.cfg.batch_size:
+                    w.batch = unit
+                else:
+                    w.slot.load(unit)
+                    w.chunk = True
             return
-        unit = self.rng.choice(self.units)
-        if unit.batch is not None:  # a batch: all of it starts in one call, then all of it ends
-            if unit.batch:
-                unit.results.extend((d, self._outcome()) for d in unit.batch)
-                unit.batch = []
-                return
-            todo, unit.todo = unit.todo, []
-            for d in todo:
+        if w.batch is not None:  # a batch: all of it starts in one call
+            for d in w.batch:
                 if not self.engine.may_start(d):
-                    unit.results.append((d, NOT_STARTED))
+                    w.batch_results.append((d, NOT_STARTED))
                 elif self._start(d):
-                    unit.batch.append(d)
+                    w.batch_running.append(d)
+            w.batch = None
+            if not w.batch_running:
+                self._report(w.batch_results)
+                w.batch_results = []
             return
-        if unit.running is not None:
-            d, unit.running = unit.running, None
-            unit.results.append((d, self._outcome()))
+        if w.batch_running:  # and all of it ends together
+            w.batch_results.extend((d, self._outcome()) for d in w.batch_running)
+            w.batch_running = []
+            self._report(w.batch_results)
+            w.batch_results = []
             return
-        if not unit.todo:
+        if w.running is not None:
+            w.ended, w.running = (w.running, self._outcome()), None
             return
-        d = unit.todo.pop(0)
+        d = w.slot.next(w.ended)
+        w.ended = None
+        if d is None:  # the chunk is over: its outcomes go to the owner
+            w.chunk = False
+            self._report(w.slot.unload())
+            return
         if not self.engine.may_start(d):
-            unit.results.append((d, NOT_STARTED))
-            return
-        if self._start(d):
-            unit.running = d
+            w.ended = (d, NOT_STARTED)
+        elif self._start(d):
+            w.running = d
 
     def _start(self, d: Delivery) -> bool:
         """``d`` starts: checks that no message of its key runs and that its key goes in order."""
@@ -258,9 +291,16 @@ class Simulation:
             self.fail(f"key {key!r} of partition {p} started offset {d.offset} after {last}")
         if gen >= 0:
             self.last_start[(gen, p, key)] = d.offset
+            if self.cfg.only_done and self.cfg.workers == 1:
+                prev = self.starts.get((gen, p))
+                if prev is not None and d.offset <= prev:
+                    self.fail(f"one worker started partition {p}'s offset {d.offset} after {prev}")
+                self.starts[(gen, p)] = d.offset
         return True
 
     def _outcome(self) -> Outcome:
+        if self.cfg.only_done:
+            return DONE
         x = self.rng.random()
         if x < 0.78:
             return DONE
@@ -270,36 +310,42 @@ class Simulation:
             return Park(self.rng.choice([0.0, 1.0]))  # the in-memory sequencer retries it in memory
         return NOT_STARTED
 
-    def report(self) -> None:
-        """A worker that ended its unit posts its outcomes; the owner drains them."""
-        ended = [u for u in self.units if u.running is None and not u.todo and not u.batch]
-        if not ended:
-            return
-        unit = self.rng.choice(ended)
-        self.units.remove(unit)
-        self._finish(unit.results, self.rng.choice([0.0, 1e-5, 0.01]))
+    def _report(self, results: list[tuple[Delivery, Outcome]]) -> None:
+        """A worker posts a unit's outcomes; the owner drains them (the mailbox, in order)."""
+        self._record(results)
+        self.handout.report((results, self.rng.choice([0.0, 1e-5, 0.01])))
+        self._backpressure()
 
-    def rescue(self) -> None:
-        """The owner takes back from a worker stuck in a handler its unstarted messages and its
-        outcomes not reported yet."""
-        stuck = [u for u in self.units if u.batch is None and u.running is not None and (u.todo or u.results)]
-        if not stuck:
-            return
-        unit = self.rng.choice(stuck)
-        results, unit.results = unit.results, []
-        rest, unit.todo = unit.todo, []
-        self._finish(results)
-        self.engine.give_back(reversed(rest))
+    def rescue(self, force: bool = False) -> None:
+        """The owner takes back from workers stuck in a handler what they did not start (with
+        ``force``, or with several workers) and settles the outcomes they did not report yet."""
+        for slot in self.pool.slots:
+            slot.started_s = -1e9  # every worker counts as stuck: no real clock is read
+        taken = [list(slot.results) for slot in self.pool.slots]
+        for results in taken:
+            self._record(results)
+        self.handout.rescue(force)
+        self._backpressure()
 
-    def _finish(self, results: list[tuple[Delivery, Outcome]], elapsed_s: float = 0.0) -> None:
+    def _record(self, results: list[tuple[Delivery, Outcome]]) -> None:
         for d, outcome in results:
             part = d.part
             if outcome is DONE and part is not None and part.state != CLOSED:
                 p = d.msg.partition
                 self.finished[p].add(d.offset)
                 self.done_ever[p].add(d.offset)
-        self.engine.finish(results, elapsed_s)
-        self._backpressure()
+
+    def _settle(self, until: Callable[[], bool]) -> None:
+        """Workers end what they run and finish their units (the owner takes back what they did
+        not start) until ``until()``: a revoke's or a stop's wait for running handlers."""
+        for _ in range(100_000):
+            if until():
+                return
+            self.rescue(force=True)
+            for w in self.workers:
+                self._step(w)
+            self.handout.dispatch()
+        self.fail("running handlers never ended")
 
     def store(self) -> None:
         for part, wm, _meta in self.engine.partitions.advances():
@@ -337,35 +383,16 @@ class Simulation:
         assert part is not None
         e.catch_up([part])
         for _ in range(self.rng.randint(0, 30)):  # the catch-up's turns: no polls meanwhile
-            self.rng.choice([self.dispatch, self.work, self.work, self.report, self.clock])()
+            self.rng.choice([self.dispatch, self.work, self.work, self.clock])()
             e.release_held()
             self.check()
         (closing,) = e.begin_revoke([(TOPIC, p)])
-        self._drain_partition(p)
+        self._settle(lambda: e.running_in([closing]) == 0)
         offsets, meta = e.close_parts([closing])
         for _t, pp, off in offsets:
             self._check_offset(pp, off, "committed at revoke")
             self.committed[pp] = (off, meta.get((TOPIC, pp), ""))
         self.assigned.remove(p)
-
-    def _drain_partition(self, p: int) -> None:
-        """Wait until nothing of partition ``p`` runs: its workers end what they run and report."""
-        for unit in list(self.units):
-            mine = [*unit.todo, *([unit.running] if unit.running else []), *(unit.batch or ())]
-            if any(d.msg.partition == p for d in mine):
-                self._end_unit(unit)
-
-    def _end_unit(self, unit: _Unit) -> None:
-        """The worker ends what it runs and reports; what it had not started goes back."""
-        if unit.running is not None:
-            d, unit.running = unit.running, None
-            unit.results.append((d, self._outcome()))
-        if unit.batch:
-            unit.results.extend((d, self._outcome()) for d in unit.batch)
-            unit.batch = []
-        rest, unit.todo = unit.todo, []
-        self.units.remove(unit)
-        self._finish([*unit.results, *((d, NOT_STARTED) for d in rest)])
 
     def lose(self) -> None:
         if not self.assigned:
@@ -380,12 +407,11 @@ class Simulation:
         self.stopping = True
         e.stop_starting()
         for _ in range(self.rng.randint(0, 40)):
-            self.rng.choice([self.dispatch, self.work, self.work, self.report, self.clock, self.store])()
+            self.rng.choice([self.dispatch, self.work, self.work, self.clock, self.store])()
             e.release_held()
             self.check()
         e.halt()
-        for unit in list(self.units):
-            self._end_unit(unit)
+        self._settle(lambda: e.running == 0)
         self.check()
         offsets, meta = e.partitions.commit_offsets(e.partitions.active())
         for _t, p, off in offsets:
@@ -409,8 +435,15 @@ class Simulation:
         flow = e.flow
         if flow.buffered > self.cfg.max_in_flight:
             self.fail(f"{flow.buffered} messages buffered, above max_in_flight={self.cfg.max_in_flight}")
-        held = sum(
-            len(u.todo) + len(u.results) + (u.running is not None) + len(u.batch or ()) for u in self.units
+        held = sum(len(u) for u in self.pool.queue) + sum(
+            len(w.slot.todo)
+            + len(w.slot.results)
+            + (w.running is not None)
+            + (w.ended is not None)
+            + len(w.batch or ())
+            + len(w.batch_running)
+            + len(w.batch_results)
+            for w in self.workers
         )
         if flow.running != held:
             self.fail(f"the engine counts {flow.running} messages running, the workers hold {held}")
@@ -426,7 +459,7 @@ class Simulation:
             if self._drained():
                 break
             self.rng.choice(
-                [self.poll, self.dispatch, self.work, self.work, self.work, self.report, self.clock]
+                [self.poll, self.dispatch, self.work, self.work, self.work, self.clock]
             )()
             self.check()
         else:
@@ -446,7 +479,7 @@ class Simulation:
 
     def _drained(self) -> bool:
         e = self.engine
-        if self.units or e.flow.buffered:
+        if e.flow.buffered:
             return False
         return all(self.position[p] >= len(self.log[p]) for p in self.assigned)
 
