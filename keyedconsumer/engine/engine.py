@@ -13,7 +13,6 @@ trackers (:mod:`.partitions`), lanes (:mod:`.lanes`), ready heads (:mod:`.ready`
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,6 +22,7 @@ from ..message import Message
 from ..offsets import FinishedOffsets
 from .delivery import NULL_KEY, Delivery
 from .flow import InFlight
+from .latch import Latch
 from .outcome import HALT, Done, NotStarted, Outcome, Park, Retry
 from .partitions import ACTIVE, CLOSED, REVOKING, Partition, Partitions
 from .port import Port
@@ -77,7 +77,7 @@ class Engine:
         max_in_flight: int = 1 << 62,
         max_in_flight_bytes: int = 1 << 62,
         conflate: bool = False,
-        stop_signal: threading.Event | None = None,
+        stop_signal: Latch | None = None,
     ) -> None:
         self.ordering = ordering
         self.group = group
@@ -92,9 +92,9 @@ class Engine:
         # a graceful stop (set from any thread: KeyedConsumer.stop()): only messages below their
         # partition's highest finished offset start, so the committed offset can reach what
         # already finished (no re-runs after the stop)
-        self._stop_signal = stop_signal if stop_signal is not None else threading.Event()
+        self._stop_signal = stop_signal if stop_signal is not None else Latch()
         self.closed = False  # the run is over: no result counts any more
-        self._halt_signal = threading.Event()  # a failure in a worker: nothing new starts from now
+        self._halt_signal = Latch()  # a failure in a worker: nothing new starts from now
         self._retries = 0  # Retry and Park outcomes so far
         self._conflated = 0  # messages conflated in the lanes (replaced by a newer one of their lane)
         self._avg_handler_s = 0.001  # moving average of handler durations
@@ -142,7 +142,7 @@ class Engine:
     @property
     def stopping(self) -> bool:
         """A graceful stop is under way (see :meth:`stop_starting`)."""
-        return self._stop_signal.is_set()
+        return self._stop_signal.on
 
     @staticmethod
     def _behind(d: Delivery) -> int | None:
@@ -157,12 +157,12 @@ class Engine:
         """(Workers, read only.) True unless the consumer halted, its partition was revoked or
         lost, the consumer is stopping (or its partition being revoked) and it is not below its
         partition's highest finished offset, or the sequencer says no."""
-        if self.halted or self._halt_signal.is_set():
+        if self._halt_signal.on:
             return False
         part = d.part
         if part is not None:
             # (the common case, an active partition and no stop, without a call)
-            stopping = self._stop_signal.is_set()
+            stopping = self._stop_signal.on
             if (part.state != ACTIVE or stopping or part.catching_up) and not part.may_start(
                 d.offset, stopping
             ):
@@ -185,10 +185,32 @@ class Engine:
             avg = self._avg_handler_s = self._avg_handler_s * 0.95 + elapsed_s / len(results) * 0.05
             self._chunk = max(1, min(MAX_CHUNK, int(CHUNK_QUANTUM_S / avg) if avg > 0 else MAX_CHUNK))
         finish, push = self._finish, self.queue.push
+        if not self._plain or self.halted:
+            for d, outcome in results:
+                nxt = finish(d, outcome)
+                if nxt is not None:
+                    push(nxt)
+            return
+        # the common case in one pass: an in-memory sequencer, and messages of active partitions
+        # that are done; the counts are settled once for the batch
+        done = self.partitions.done_many
+        ended = nbytes = 0
         for d, outcome in results:
-            nxt = finish(d, outcome)
-            if nxt is not None:
-                push(nxt)
+            part = d.part
+            if type(outcome) is not Done or part is None or part.state != ACTIVE:
+                nxt = finish(d, outcome)
+                if nxt is not None:
+                    push(nxt)
+                continue
+            if d.lane is not None:
+                nxt = part.lanes.advance(d)
+                if nxt is not None:
+                    push(nxt)  # the same assignment's next message of the lane: it may run
+            done(part, d.offset)
+            ended += 1
+            nbytes += d.size
+        if ended:
+            self.flow.finished(ended, nbytes)
 
     def give_back(self, ds: Iterable[Delivery]) -> None:
         """Taken, not started messages return to the ready queue (a worker was stuck in a slow
@@ -296,41 +318,56 @@ class Engine:
         sequenced = self.ordering != "none"
         lane_id, seq, plain = self._lane_id, self.seq, self._plain
         push = self.queue.push
-        flow = self.flow
+        partitions = self.partitions
         group, owns = self.group, self.owns
         admitted = nbytes = 0
         conflated: list[Message] = []
         now = time.monotonic()
-        receive = self.partitions.receive
+        # a poll returns runs of records of one partition: the partition is looked up once a run
+        run_of: tuple[str, int] | None = None
+        part: Partition | None = None
+        add = lanes_push = None
         for msg in msgs:
-            part = receive(msg.topic, msg.partition, msg.offset, now)
-            if part is None:
-                continue  # not assigned (any more), a re-delivery, or finished by the previous owner
+            topic, partition = msg.topic, msg.partition
+            if run_of is None or run_of[1] != partition or run_of[0] != topic:
+                run_of = (topic, partition)
+                part = partitions.get(run_of)
+                if part is None:
+                    add = None
+                    continue
+                add = part.tracker.add
+                lanes_push = part.lanes.push
+            elif add is None:
+                continue  # not assigned (any more)
+            assert part is not None and lanes_push is not None
+            offset = msg.offset
+            if not add(offset, now):
+                continue  # a re-delivery
+            if part.finished is not None and partitions.skip_finished(part, offset):
+                continue  # finished by the previous owner (its commit metadata)
             key, value = msg.key, msg.value
             size = (len(key) if key else 0) + (len(value) if value else 0)
             msg.group_id = group
             if sequenced:
                 lane: object = (key if key is not None else NULL_KEY) if by_key else 0
-                d = Delivery(
-                    msg, part, lane, None if plain else lane_id(part.topic, part.partition, lane), size
-                )
+                d = Delivery(msg, part, lane, None if plain else lane_id(topic, partition, lane), size)
             else:
                 d = Delivery(msg, part, None, None, size)
             msg._bind(owns, d)
             admitted += 1
             nbytes += size
-            if sequenced and not part.lanes.push(d):
+            if sequenced and not lanes_push(d):
                 if self.conflate:  # queued behind its lane's head: the older waiting ones go
                     for old in part.lanes.conflate(d):
-                        self.partitions.done(part, old.offset)
-                        flow.forget(old.size)
+                        partitions.done(part, old.offset)
+                        self.flow.forget(old.size)
                         conflated.append(old.msg)
                 continue
             if sequenced and not plain and not seq.on_head(d):
                 continue  # kept by the sequencer
             push(d)
-        flow.admit(admitted, nbytes)
-        flow.observe_batch(len(msgs), nbytes)
+        self.flow.admit(admitted, nbytes)
+        self.flow.observe_batch(len(msgs), nbytes)
         self._conflated += len(conflated)
         return conflated
 

@@ -44,6 +44,12 @@ class InFlight:
         """``n`` taken messages ended or were given back."""
         self.running -= n
 
+    def finished(self, n: int, nbytes: int) -> None:
+        """``n`` taken messages of ``nbytes`` key + value bytes in all ended and are forgotten."""
+        self.running -= n
+        self.buffered -= n
+        self.buffered_bytes -= nbytes
+
     def forget(self, size: int) -> None:
         """A buffered message finished or was dropped."""
         self.buffered -= 1

@@ -165,6 +165,8 @@ class Contract:
 
     def __init__(self) -> None:
         self._broken: dict[Message, HandlerContractError] = {}
+        #: Whether a run broke the contract since the last :meth:`clear` (read on the hot path).
+        self.any = False
 
     def wrap(self, handler: Any) -> Any:
         """``handler`` checked, when it is a plain callable; an ``async def`` one as it is."""
@@ -177,6 +179,7 @@ class Contract:
             if result is not None and inspect.isawaitable(result):
                 violation = not_awaited(msg, result)
                 broken[msg] = violation.error
+                self.any = True
                 raise violation
             return result
 
@@ -188,6 +191,7 @@ class Contract:
 
     def clear(self) -> None:
         self._broken.clear()
+        self.any = False
 
     def __bool__(self) -> bool:
         """True once a run broke the contract (until :meth:`clear`)."""

@@ -165,6 +165,28 @@ class Partitions:
             part.tracker.done(offset)
             self._dirty.add(part)
 
+    def done_many(self, part: Partition, offset: int) -> None:
+        """A taken message of the active ``part`` is done and no longer runs (one step of a batch
+        of outcomes: :meth:`done` and :meth:`Partition.ended` in one call)."""
+        part.tracker.done(offset)
+        part.running -= 1
+        self._dirty.add(part)
+
+    def skip_finished(self, part: Partition, offset: int) -> bool:
+        """``offset`` of ``part`` was just received: ``True`` when its previous owner had finished
+        it (named in the commit metadata: it counts done at once and does not run)."""
+        fin = part.finished
+        if fin is None:
+            return False
+        if fin.covers(offset):
+            part.tracker.done(offset)
+            self._dirty.add(part)
+            self.skipped_finished += 1
+            return True
+        if offset >= fin.end:
+            part.finished = None
+        return False
+
     def begin_revoke(self, tps: Iterable[TP], lost: bool = False) -> list[Partition]:
         """Take the partitions out of the assignment: ``REVOKING`` (``CLOSED`` when ``lost``)."""
         out: list[Partition] = []

@@ -33,6 +33,7 @@ from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, AutoCommit, CommitMode
 from .engine import Engine
 from .handler import Contract
 from .handout import HandOut
+from .latch import Latch
 from .partitions import Partition
 from .rebalance import CATCH_UP_SHARE, Rebalance
 from .results import Results
@@ -68,23 +69,23 @@ class StopSignal:
     its run ended."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.latch = Latch()
         self.deadline: float | None = None
         self.wake: Callable[[], None] | None = None  # wakes the owner waiting on its mailbox
 
     def request(self, timeout_s: float) -> None:
         if self.deadline is None:
             self.deadline = time.monotonic() + timeout_s
-        self.event.set()
+        self.latch.set()
         wake = self.wake
         if wake is not None:
             wake()
 
     def is_set(self) -> bool:
-        return self.event.is_set()
+        return self.latch.on
 
     def clear(self) -> None:
-        self.event.clear()
+        self.latch.clear()
         self.deadline = None
 
 
@@ -157,7 +158,7 @@ class Run:
             cfg.max_in_flight,
             cfg.max_in_flight_bytes,
             cfg.conflate,
-            stop.event,
+            stop.latch,
         )
         settle = Settler(
             self.engine, error_handler, self.fail, contract, results.finished if cfg.transactional else None

@@ -61,7 +61,7 @@ class Settler:
         self._finished = finished
 
     def __call__(self, msg: Message, exc: BaseException | None) -> Outcome:
-        if exc is None and msg.status is _PENDING and not self._d.closed and not self._contract:
+        if exc is None and msg.status is _PENDING and not self._contract.any and not self._d.closed:
             msg.status = _SUCCESS  # the common case, first: returned normally, no contract broken
             if self._finished is not None:
                 self._finished(msg)
