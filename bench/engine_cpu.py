@@ -52,7 +52,7 @@ def run(n: int) -> float:
         for i in range(0, len(msgs), BATCH):
             d.admit(msgs[i : i + BATCH])
             while d.queue:
-                units, _ = d.take(2)
+                units = d.take(2)
                 for unit in units:
                     results, elapsed = runner.run(slot, unit)
                     d.finish(results, elapsed or 1e-6)

@@ -107,29 +107,23 @@ class Engine:
 
     # -- handing out work ---------------------------------------------------------------------------
 
-    def take(self, max_chunks: int, limit: int | None = None) -> tuple[list[list[Delivery]], int | None]:
+    def take(self, max_chunks: int) -> list[list[Delivery]]:
         """Up to ``max_chunks`` chunks of ready heads, oldest admitted first, for workers that run
         them one message after the other. A chunk stops before a head younger than a message queued
-        behind one of its heads, so one worker running it still runs in admission order; with
-        ``limit`` (the lowest such order of work handed out before, for a single worker: see
-        :meth:`.ready.ReadyQueue.take`) every chunk does. Returns the chunks and that order for
-        the last one."""
+        behind one of its heads, so one worker running it still runs in admission order."""
         out: list[list[Delivery]] = []
         queue, chunk, partitions, flow = self.queue, self._chunk, self.partitions, self.flow
-        reached = limit
         while queue and len(out) < max_chunks:
-            taken, reached = queue.take(chunk, self._behind, limit)
-            if not taken:
-                break
+            taken = queue.take(chunk, self._behind)
             partitions.started(taken)
             flow.started(len(taken))
             out.append(taken)
-        return out, reached
+        return out
 
     def take_batch(self, size: int) -> list[Delivery]:
         """Up to ``size`` ready heads for one batch handler call, oldest admitted first. A lane has
         one head at a time, so a batch holds at most one message per lane."""
-        batch, _ = self.queue.take(size, lambda d: None)
+        batch = self.queue.take(size, lambda d: None)
         self.partitions.started(batch)
         self.flow.started(len(batch))
         return batch

@@ -58,7 +58,7 @@ class HandOut:
             units = self._batches(workers.concurrency - self.outstanding)
         else:
             n = workers.concurrency
-            units, _ = engine.take((2 * n if n > 1 and engine.chunk > 1 else n) - self.outstanding)
+            units = engine.take((2 * n if n > 1 and engine.chunk > 1 else n) - self.outstanding)
         if units:
             self.outstanding += len(units)
             workers.submit(units)

@@ -67,20 +67,17 @@ class ReadyQueue:
             return min(late[0][0], fifo[0].order) if fifo else late[0][0]
         return fifo[0].order if fifo else None
 
-    def take(
-        self, n: int, behind: Callable[[Delivery], int | None], limit: int | None = None
-    ) -> tuple[list[Delivery], int | None]:
-        """Up to ``n`` ready heads, oldest admitted first (some are ready), and the limit reached.
+    def take(self, n: int, behind: Callable[[Delivery], int | None]) -> list[Delivery]:
+        """Up to ``n`` ready heads, oldest admitted first (some are ready).
 
         ``behind(d)`` is the admission order of the message queued behind head ``d`` on its lane
         (it becomes ready when ``d`` ends), or ``None``. The taking stops before any head younger
-        than such a message (or than ``limit``, the lowest of those of heads taken before), so one
-        worker running what was taken still runs in admission order. Returns the heads and the
-        lowest such order (``None``: none).
+        than such a message, so one worker running what was taken still runs in admission order.
         """
         fifo, late = self._fifo, self._late
         pop = heapq.heappop
         out: list[Delivery] = []
+        limit: int | None = None
         while len(out) < n:
             if late and (not fifo or late[0][0] < fifo[0].order):
                 if limit is not None and late[0][0] > limit:
@@ -96,7 +93,7 @@ class ReadyQueue:
             b = behind(d)
             if b is not None and (limit is None or b < limit):
                 limit = b
-        return out, limit
+        return out
 
     # -- delayed ------------------------------------------------------------------------------------
 

@@ -103,6 +103,16 @@ def _ends(log: Path) -> set[tuple[int, int]]:
     return {(int(x[2]), int(x[3])) for x in (ln.split() for ln in lines) if x and x[0] == "E" and len(x) == 4}
 
 
+def _started(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """:func:`_start`, then wait until the process is about to call ``run()`` (its ``R`` line): a
+    SIGTERM before ``run()`` registered its handler kills a process at once (the default action),
+    and the interpreter's start-up takes longer than the shortest wait below on a loaded machine."""
+    proc = _start(bootstrap, topic, group, log, *extra)
+    marker = f"R {proc.pid}"
+    assert wait_until(lambda: marker in (log.read_text() if log.exists() else ""), 60), _stderr(log)
+    return proc
+
+
 def _term_and_time(proc: subprocess.Popen[bytes]) -> float:
     """SIGTERM ``proc``; the seconds until it exited (it is killed past the bound + 30 s)."""
     t0 = time.monotonic()
@@ -193,12 +203,12 @@ def test_sigterm_during_joins_and_leaves_returns_within_the_bound_every_time(
     # when, again and again, a member joins (or one restarts right after a SIGKILL) and is SIGTERMed
     # at once or during its join, or the old member is SIGTERMed while the new one joins
     for round_ in range(6):
-        b = _start(kafka_bootstrap, topic, group, log, *extra)
+        b = _started(kafka_bootstrap, topic, group, log, *extra)
         if round_ == 2:  # SIGKILL the joiner once it has partitions, restart it, SIGTERM it at once
             time.sleep(6.0)
             b.kill()
             b.wait(10)
-            b = _start(kafka_bootstrap, topic, group, log, *extra)
+            b = _started(kafka_bootstrap, topic, group, log, *extra)
             time.sleep(1.5)
         else:
             time.sleep(rng.uniform(0.5, 4.0))

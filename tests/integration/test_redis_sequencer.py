@@ -343,7 +343,7 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
         owner["tick"]()
-        ((k0,),), _ = d.take(1)
+        ((k0,),) = d.take(1)
         d.finish([(k0, DONE)])  # k0's lane ran dry: its lease idles, to be released at the next tick
         # when the process is stopped within the next tick, after it chose the lease of k1 to ask
         # for and before it asked (here: while it releases k0's lease), and the group moved on

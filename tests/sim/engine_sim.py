@@ -458,9 +458,7 @@ class Simulation:
         for _ in range(200_000):
             if self._drained():
                 break
-            self.rng.choice(
-                [self.poll, self.dispatch, self.work, self.work, self.work, self.clock]
-            )()
+            self.rng.choice([self.poll, self.dispatch, self.work, self.work, self.work, self.clock])()
             self.check()
         else:
             self.fail("the last run did not drain the topic")

@@ -27,7 +27,7 @@ def outcome(ok: bool | float) -> Outcome:
 
 def take(d: Engine) -> list[Delivery]:
     """The next chunk of ready heads (empty when none is ready)."""
-    chunks, _ = d.take(1)
+    chunks = d.take(1)
     return chunks[0] if chunks else []
 
 
@@ -317,8 +317,8 @@ def test_one_worker_runs_a_partition_in_offset_order() -> None:
     """With one worker, messages start in offset order even when a lane's next message becomes
     ready after later offsets of other keys (a FIFO of ready heads would run b@1, c@3 before a@2,
     so a@2 would finish after c@3 and hold the committed offset back), and when the worker gets
-    chunks of many (fast handlers), two at a time: a chunk ends before a message younger than one
-    queued behind its heads, and the chunk handed out ahead of it stops there too."""
+    chunks of many (fast handlers): a chunk ends before a message younger than one queued behind
+    its heads."""
     rng = random.Random(3)
     for keys in (
         [b"a", b"b", b"a", b"c", b"b", b"a", b"d", b"c"],
@@ -328,15 +328,8 @@ def test_one_worker_runs_a_partition_in_offset_order() -> None:
         d.assign([("t", 0)])
         d.admit([Message("t", 0, off, key, b"v") for off, key in enumerate(keys)])
         order: list[int] = []
-        out: list[tuple[list[Delivery], int | None]] = []  # units handed out, oldest first
-        while d.queue or out:
-            while len(out) < 2:  # the owner keeps one unit ahead of the worker (run.py)
-                barrier = min((lim for _, lim in out if lim is not None), default=None)
-                chunks, lim = d.take(1, barrier)
-                if not chunks:
-                    break
-                out.append((chunks[0], lim))
-            chunk, _ = out.pop(0)
+        while d.queue:
+            (chunk,) = d.take(1)  # one unit at a time for one worker (HandOut)
             results = []
             for dl in chunk:
                 assert d.may_start(dl)

@@ -27,9 +27,17 @@ def test_a_hundred_thousand_seeded_events_keep_every_promise() -> None:
         SimConfig(conflate=True, batch_size=3),
         SimConfig(conflate=True),
         SimConfig(partitions=1, keys=2, workers=1),
+        SimConfig(workers=1, only_done=True),
         SimConfig(partitions=4, keys=30, workers=8, max_in_flight=100, batch=20, metadata_max_bytes=0),
     ],
-    ids=["batches", "conflated-batches", "conflation", "one-worker-two-keys", "wide-no-metadata"],
+    ids=[
+        "batches",
+        "conflated-batches",
+        "conflation",
+        "one-worker-two-keys",
+        "one-worker-offset-order",
+        "wide-no-metadata",
+    ],
 )
 def test_other_shapes_keep_every_promise(config: SimConfig) -> None:
     for seed in range(1, 11):
