@@ -371,6 +371,13 @@ class ConsumerConfig(BaseSettings):
         Seconds a revoke waits for the revoked partitions' running handlers before committing.
     startup_timeout_s:
         Seconds to wait for the first metadata answer from the brokers before failing.
+    require_topics:
+        ``True``: a subscribed topic the cluster does not have stops the consumer at start
+        (``run()`` raises ``KafkaClientError`` code ``UNKNOWN_TOPIC_OR_PART`` naming the topic and
+        the closest existing name). ``False`` (the default): it is logged as a warning, with the
+        same names, and the consumer waits for the topic (librdkafka assigns its partitions once it
+        is created; meanwhile nothing of it is assigned, so health is not ready). Regex
+        subscriptions (``^...``) are not checked.
     auto_offset_reset:
         Where a group with no committed offset starts (librdkafka ``auto.offset.reset``).
     commit_metadata_max_bytes:
@@ -433,6 +440,7 @@ class ConsumerConfig(BaseSettings):
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
+    require_topics: bool = False
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -484,7 +492,7 @@ class ConsumerConfig(BaseSettings):
             raise ValueError("expected a number, got a boolean")
         return value
 
-    @field_validator("manual_commit", "conflate", "transactional", mode="before")
+    @field_validator("manual_commit", "conflate", "transactional", "require_topics", mode="before")
     @classmethod
     def _no_int_for_bool(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -38,6 +38,7 @@ from .engine.handler import (
     Middleware,
     bind,
     check_error_handler,
+    check_handler,
     compose,
     is_async,
 )
@@ -48,7 +49,8 @@ from .engine.settle import Settler
 from .engine.timelimit import TimeLimit
 from .engine.transactions import TransactionalCommitter
 from .errors import KafkaClientError, KeyedConsumerError
-from .kafka import TP, ClientFactory, KafkaClient
+from .kafka import MISSING_TOPIC, TP, ClientFactory, KafkaClient
+from .kafka.logs import client_errors
 from .message import Message
 from .sequencing import RedisSequencer
 from .sequencing.base import InMemorySequencer, Sequencer
@@ -134,7 +136,8 @@ class KeyedConsumer:
     TypeError
         Neither or both of ``handler`` and ``batch_handler``; a batch handler with a middleware that
         does not act on outcomes only (``Typed``, ``Logging``, ``Metrics``, ``Tracing``, ``Audit``);
-        ``handler`` is not callable; ``middlewares`` is not a list, or one is not callable, is a
+        ``handler`` (``batch_handler``) is not callable or cannot be called with one argument (the
+        message; the list of messages), checked here, not at the first message; ``middlewares`` is not a list, or one is not callable, is a
         class passed instead of an instance (the message says what to write), or returned a
         non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
         ``(error, message)``.
@@ -173,6 +176,7 @@ class KeyedConsumer:
             raise TypeError(
                 "give one of handler= (one message per call) or batch_handler= (a list of messages)"
             )
+        check_handler(handler if handler is not None else batch_handler, batch=handler is None)
         if batch_handler is not None:
             check_batch_middlewares(middlewares)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()
@@ -468,7 +472,7 @@ class KeyedConsumer:
         self._d.halt()
 
     def _on_client_error(self, err: KafkaClientError) -> None:
-        if err.fatal:
+        if err.fatal or (err.code == MISSING_TOPIC and self.config.require_topics):
             self._fail(err)
         elif self._error_handler is not None:
             try:
@@ -476,7 +480,7 @@ class KeyedConsumer:
             except BaseException as exc:
                 self._fail(exc)
         else:
-            log.warning("%s", err)
+            client_errors.warning("%s", err)  # a repeat is counted, not logged (kafka/logs.py)
 
     def _budget(self, cap_s: float) -> float:
         """Seconds a blocking step may take now: ``cap_s``, cut to the stop's deadline when a stop

@@ -322,10 +322,11 @@ def _run_app(
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
     The consumer settings of the flags, the environment and the TOML file (layered as for a
-    handler) are **defaults under the app's and each route's own options** (``KeyedApp.apply_defaults``):
-    a route's ``concurrency=16`` beats ``--concurrency 4``, which applies to the routes that set
-    none; each setting a route replaces is logged as a warning. ``--group`` is the group of the
-    routes that name none (as ``KeyedApp(group_id=...)``). Topics, the handler's middleware
+    handler) go **over the app's shared options and under each route's own**
+    (``KeyedApp.apply_settings``): ``--brokers`` beats ``KeyedApp(brokers=...)`` (logged), a route's
+    ``concurrency=16`` beats ``--concurrency 4``, which applies to the routes that set none; each
+    setting a route replaces is logged as a warning. ``--group`` is the group of the routes that
+    name none (over ``KeyedApp(group_id=...)``). Topics, the handler's middleware
     (``--dead-letter-topic``, ``--retry-attempts``, ``--park``) and the sequencer (``--redis``,
     ``--namespace``, ``--sequencer-*``) belong to the routes: given as flags or in the TOML file they
     are refused (exit 2); from the environment (which ``inspect`` and ``web`` share) they are
@@ -349,15 +350,18 @@ def _run_app(
     defaults = layers.consumer_values(without=("name", "topics"))
     _secrets.add_config(defaults.get("config") or {})
     try:
-        replaced = app.apply_defaults(defaults)
+        replaced = app.apply_settings(defaults)
     except pydantic.ValidationError as exc:
-        raise layers.explain(exc) from None
+        raise CliError(f"{layers.explain(exc)} ({exc.title})", 2) from None
     for route, option in replaced:
+        if route is None:
+            log.info("the %s replaces the app's own %s", layers.where((option.split(".")[0],)), option)
+            continue
         log.warning(
-            "route %s sets its own %s (or its app does): the %s does not apply to it",
+            "route %s sets its own %s: the %s does not apply to it",
             route,
             option,
-            layers.where((option,)),
+            layers.where((option.split(".")[0],)),
         )
     if print_settings:
         _print_json(

@@ -173,6 +173,7 @@ class Committer:
             committed = {(t, p): o for t, p, o in final}
             for p in parts:
                 p.mark_stored(committed.get(p.tp, p.stored))
+            log.info("stopping: committed %s (confirmed)", final)
             return
 
     def confirm_ownership(self) -> bool:

@@ -189,8 +189,10 @@ class Rebalance:
                         self._client.store(topic, partition, offset, meta.get((topic, partition), ""))
                     except KafkaClientError as exc:
                         log.debug("store on revoke failed: %s", exc)
-            self._commit(final, meta, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
-        log.info("revoked %s, committed %s", partitions, final)
+            outcome = self._commit(final, meta, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S))
+            log.info("revoked %s, %s %s", partitions, outcome, final)
+            return
+        log.info("revoked %s", partitions)
 
     def _commit_progress(self) -> None:
         """During a revoke's catch-up, every ``auto.commit.interval.ms``: commit, without waiting,
@@ -209,7 +211,7 @@ class Rebalance:
             except KafkaClientError as exc:
                 log.debug("progress commit during the revoke's catch-up not sent: %s", exc)
 
-    def _commit(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str], deadline: float) -> None:
+    def _commit(self, offsets: list[tuple[str, int, int]], meta: dict[TP, str], deadline: float) -> str:
         """Commit the revoked partitions' offsets, again while the group refuses it for a rebalance
         that moved on, until ``deadline`` (monotonic seconds).
 
@@ -225,26 +227,29 @@ class Rebalance:
         in the callback was still waiting 100 s later). Its fate is then unknown: at worst what
         finished since the last commit runs again (at-least-once). A stop that comes while a
         synchronous commit already waits is not bounded by this.
+
+        Returns what is known of the commit, for the log line: ``"committed"`` (confirmed),
+        ``"stopping: commit sent, answer not awaited:"`` or ``"not committed:"`` (logged as a
+        warning).
         """
         if self._stop_deadline() is not None:
             self._client.commit_async(offsets, meta)
-            log.info("stopping: revoke commit of %s sent without waiting for the answer", offsets)
-            return
+            return "stopping: commit sent, answer not awaited:"
         pause = COMMIT_RETRY_S[0]
         while True:
             try:
                 self._client.commit(offsets, meta)
-                return
+                return "committed"
             except CommitError as exc:
                 if exc.code not in COMMIT_AGAIN or time.monotonic() + pause >= deadline:
                     log.warning(
                         "commit on revoke failed: %s (what finished after the last commit runs again)", exc
                     )
-                    return
+                    return "not committed:"
                 log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
             except KafkaClientError as exc:
                 log.warning("commit on revoke failed: %s", exc)
-                return
+                return "not committed:"
             time.sleep(pause)
             pause = min(COMMIT_RETRY_S[1], pause * 2)
 
