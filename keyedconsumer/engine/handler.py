@@ -138,12 +138,12 @@ def check_handler(handler: Any, *, batch: bool = False) -> None:
     try:
         signature.bind(None)
     except TypeError:
-        name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-        short = name.rsplit(".", 1)[-1]
+        name = getattr(handler, "__name__", None) or type(handler).__name__
+        shown = signature.replace(return_annotation=inspect.Signature.empty)
         shape = "msgs: list[Message]" if batch else "msg: Message"
         raise TypeError(
-            f"{what} {name}{signature} cannot be called as {what}({arg}): it takes the {arg} as its "
-            f"one argument, e.g. `def {short if short.isidentifier() else 'handle'}({shape}) -> None` "
+            f"{what} {name}{shown} cannot be called as {what}({arg}): it takes the {arg} as its one "
+            f"argument, e.g. `def {name if name.isidentifier() else 'handle'}({shape}) -> None` "
             "(or `async def`)"
         ) from None
 
