@@ -20,9 +20,10 @@ and ``group_id`` within its layer (``--group`` beats ``KEYEDCONSUMER_GROUP_ID``)
 ``run module:app`` they go over the app's own options (``KeyedApp(brokers=...)``) and under each
 route's own (``@app.handler(..., concurrency=16)``).
 
-**Exit codes**: 0 done (``run``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
+**Exit codes**: 0 done (``run``, ``web``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
 failed and nothing handled it, the brokers did not answer, a replay left records behind), 2 bad
-input (an option, a setting, the handler). Errors are one line on stderr, without a traceback;
+input (an option, a setting, the handler). Errors are one line on stderr, without a traceback (a
+JSON log record with ``--log-format json``);
 secret values (``-X`` properties whose name holds ``password``, ``secret``, ``token`` ...; the
 password of a ``--redis`` URL) never appear in the output.
 """

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -190,9 +189,11 @@ def test_refused_sasl_credentials_log_a_few_json_lines_and_end_with_the_error(
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    # below the ephemeral range: a port from bind(0) can be taken by an outgoing connection
+    # before the server starts on it
+    from tests.faults.services import stable_free_port
+
+    return stable_free_port()
 
 
 def get_json(url: str) -> tuple[int, dict[str, Any]]:
