@@ -30,19 +30,17 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
-
-from pydantic import ValidationError
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import signals
 from .config import ConsumerConfig
-from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
+from .consumer import ErrorHandler, KeyedConsumer, Middleware, PartitionStatus
 from .engine.batch import check_batch_middlewares
 from .engine.handler import check_error_handler, check_handler
 from .errors import KeyedConsumerError
 from .kafka import ClientFactory
+from .routes import Route, differing, layered, route_settings
 from .sequencing.base import Sequencer
 
 __all__ = ["KeyedApp", "Route"]
@@ -51,29 +49,6 @@ log = logging.getLogger("keyedconsumer.app")
 
 Hook = Callable[[], None] | Callable[[], Awaitable[None]]
 H = TypeVar("H", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Route:
-    """One handler of a :class:`KeyedApp`: what :meth:`KeyedApp.handler` registered.
-
-    ``settings`` is validated when the route is registered; ``sequencer`` is a factory, called once
-    per run (a :class:`~keyedconsumer.RedisSequencer` belongs to one consumer). ``options`` are the
-    :class:`~keyedconsumer.ConsumerConfig` fields the app and the route gave (the route's winning),
-    ``topics`` and ``name`` included: what :meth:`KeyedApp.apply_defaults` keeps; ``own`` those the
-    route gave itself (with ``topics`` and ``name``), which :meth:`KeyedApp.apply_settings` keeps.
-    """
-
-    handler: Handler
-    settings: ConsumerConfig
-    middlewares: Sequence[Middleware] = ()
-    error_handler: ErrorHandler | None = None
-    sequencer: Callable[[], Sequencer] | None = None
-    consumer_options: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    #: ``handler`` is a batch handler (:meth:`KeyedApp.batch_handler`): it takes a list of messages.
-    batch: bool = False
-    own: dict[str, Any] = field(default_factory=dict)
 
 
 class KeyedApp:
@@ -222,8 +197,8 @@ class KeyedApp:
             except TypeError as exc:
                 raise TypeError(f"route {route_name!r}: {exc}") from None
             own = {**options, "topics": list(topics), "name": route_name}
-            merged = _layered(self._options, own)
-            settings = _route_settings(route_name, merged, environment=True)
+            merged = layered(self._options, own)
+            settings = route_settings(route_name, merged, environment=True)
             self.routes.append(
                 Route(
                     fn,
@@ -243,19 +218,12 @@ class KeyedApp:
     def apply_defaults(self, defaults: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Put ``defaults`` (:class:`~keyedconsumer.ConsumerConfig` fields) under every route's
         options: each route's settings become ``defaults``, then the app's options, then the
-        route's own, validated again. Call it before :meth:`run`.
+        route's own, validated again. Call it before :meth:`run`. Unlike :meth:`apply_settings`,
+        the app's own options beat them.
 
-        Returns
-        -------
-        ``[(route name, field)]``: each default a route's (or the app's) own option replaced with
-        another value (a librdkafka property as ``config.<property>``), so the caller can say so.
-
-        Raises
-        ------
-        ValueError
-            ``topics`` or ``name`` among the defaults (they belong to routes), or the app running.
-        pydantic.ValidationError
-            A bad value, naming the field and (its title) the route; no route is changed then.
+        Returns ``[(route name, field)]``: each default a route's (or the app's) own option replaced
+        with another value (a librdkafka property as ``config.<property>``). Raises as
+        :meth:`apply_settings`.
         """
         return [(r, k) for r, k in self._apply(defaults, over_app=False) if r is not None]
 
@@ -290,7 +258,7 @@ class KeyedApp:
                 raise ValueError(f"{own!r} belongs to a route: @app.handler(...)")
         replaced: list[tuple[str | None, str]] = []
         if over_app:
-            replaced += [(None, k) for k in _differing(values, self._options)]
+            replaced += [(None, k) for k in differing(values, self._options)]
         with self._lock:
             if self._running:
                 raise ValueError("the app is running: apply settings before run()")
@@ -298,10 +266,10 @@ class KeyedApp:
             for r in self.routes:
                 # over the app's options and under the route's own; or, as defaults, under both
                 beaten = r.own if over_app else r.options
-                data = _layered(self._options, values, r.own) if over_app else _layered(values, r.options)
-                settings = _route_settings(str(r.own.get("name")), data)
+                data = layered(self._options, values, r.own) if over_app else layered(values, r.options)
+                settings = route_settings(str(r.own.get("name")), data)
                 routes.append(replace(r, settings=settings))
-                replaced += [(settings.name, k) for k in _differing(values, beaten)]
+                replaced += [(settings.name, k) for k in differing(values, beaten)]
             self.routes = routes
         return replaced
 
@@ -500,44 +468,6 @@ class KeyedApp:
             consumers = list(self._consumers)
         for c in consumers:
             c.stop()
-
-
-def _layered(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of ``layers``, a later one winning; ``config`` (librdkafka properties) merged
-    property by property."""
-    out: dict[str, Any] = {}
-    config: dict[str, Any] = {}
-    for layer in layers:
-        out.update(layer)
-        if isinstance(layer.get("config"), Mapping):
-            config.update(layer["config"])
-    if config:
-        out["config"] = config
-    return out
-
-
-def _differing(values: Mapping[str, Any], beaten_by: Mapping[str, Any]) -> list[str]:
-    """The options of ``values`` that ``beaten_by`` gives another value; librdkafka properties
-    one by one, as ``config.<property>``."""
-    out = [k for k, v in values.items() if k != "config" and k in beaten_by and beaten_by[k] != v]
-    mine, theirs = values.get("config") or {}, beaten_by.get("config") or {}
-    return out + [f"config.{k}" for k, v in mine.items() if k in theirs and theirs[k] != v]
-
-
-def _route_settings(route: str, data: dict[str, Any], *, environment: bool = False) -> ConsumerConfig:
-    """``data`` validated as the settings of ``route`` (``environment``: with the ``KEYEDCONSUMER_*``
-    variables under it, as ``ConsumerConfig(**data)``); a ``pydantic.ValidationError`` is raised
-    again titled with the route, its errors (naming the fields) unchanged."""
-    try:
-        return ConsumerConfig(**data) if environment else ConsumerConfig.model_validate(data)
-    except ValidationError as exc:
-        errors: list[InitErrorDetails] = [
-            {"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": None}
-            for e in exc.errors()
-        ]
-        raise ValidationError.from_exception_data(
-            f"route {route!r} (ConsumerConfig)", errors, hide_input=True
-        ) from None
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

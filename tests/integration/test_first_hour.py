@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from ..conftest import _unavailable
 from .kafkautil import produce, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -152,15 +151,6 @@ def test_unreachable_brokers_with_a_dead_letter_producer_log_a_few_json_lines(
     # then the producer's librdkafka lines are JSON log lines too, counted like the consumer's
     assert proc.returncode == 1, stderr
     assert_one_clear_error(stderr, "no answer from the brokers within 5 s")
-
-
-@pytest.fixture(scope="module")
-def sasl_bootstrap() -> str:
-    """``host:port`` of the broker's SASL_PLAINTEXT listener (see tests/integration/test_sasl.py)."""
-    env = os.environ.get("KAFKA_SASL_BOOTSTRAP_SERVERS")
-    if not env:
-        _unavailable("Kafka's SASL_PLAINTEXT listener (KAFKA_SASL_BOOTSTRAP_SERVERS=127.0.0.1:9094)")
-    return env  # type: ignore[return-value]
 
 
 @pytest.mark.timeout(90)
