@@ -14,7 +14,8 @@ client is polled. The command line's admin clients log to ``keyedconsumer.kafka.
 attempt: measured here with ``127.0.0.1:1``, about 20 a second while a client waits for metadata,
 once as its ``FAIL`` log line and once to ``error_cb``. :class:`Repeats` lets the first of each kind
 through, counts the others, and after :data:`REPEAT_EVERY_S` lets the next one through with the
-count; :func:`flush` logs the counts not yet told (a client calls it when it closes). A kind is the
+count; :func:`flush` logs the counts not yet told (a client calls it when it closes). Only warnings
+and errors are collapsed: librdkafka's ``debug`` output (``DEBUG``) is logged whole. A kind is the
 text without librdkafka's timing (``(after 0ms in state CONNECT)``), the client's name and the
 broker thread's name: two clients failing on one broker are one kind.
 """
@@ -31,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "REPEAT_EVERY_S",
+    "COLLAPSED_FROM",
     "MAX_KINDS",
     "Repeats",
     "RepeatCollapsingLog",
@@ -42,6 +44,9 @@ __all__ = [
 
 #: Seconds after a kind was last logged before its next repeat is logged, with the count.
 REPEAT_EVERY_S = 60.0
+#: The lowest level collapsed: warnings and errors; ``INFO`` and ``DEBUG`` lines (librdkafka's
+#: ``debug`` output) are all logged.
+COLLAPSED_FROM = logging.WARNING
 #: The kinds :class:`Repeats` remembers (the least recent is forgotten, its count logged first):
 #: the bound of its memory, whatever texts the clients produce.
 MAX_KINDS = 256
@@ -126,9 +131,9 @@ class Repeats:
 
 
 class RepeatCollapsingLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """A logger that logs the first of each kind of message, counts its repeats, and logs the next
-    one after :data:`REPEAT_EVERY_S` with ``(N more like it in the last S s)``; :meth:`flush` logs
-    the counts not told yet.
+    """A logger that logs the first of each kind of warning or error, counts its repeats, and logs
+    the next one after :data:`REPEAT_EVERY_S` with ``(N more like it in the last S s)``;
+    :meth:`flush` logs the counts not told yet. Lower levels are logged as they come.
 
     A kind is the level and :func:`kind_of` the message, its arguments at ``ignore_args`` left out
     (confluent-kafka calls ``logger.log(level, "%s [%s] %s", facility, client name, text)``: the
@@ -142,6 +147,9 @@ class RepeatCollapsingLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         if not self.isEnabledFor(level):
+            return
+        if level < COLLAPSED_FROM:  # librdkafka's debug output (the debug property) stays whole
+            self.logger.log(level, msg, *args, **kwargs)
             return
         told = self.repeats.admit((level, self._kind(msg, args)), (level, msg, args))
         if told is None:
