@@ -279,8 +279,9 @@ class KeyedApp:
         self._middlewares.extend(middlewares)
 
     def on_startup(self, fn: H) -> H:
-        """Run ``fn()`` (sync or ``async def``) before any consumer starts, on the app's event loop,
-        in registration order. If one raises, no consumer starts and :meth:`run` raises it."""
+        """Run ``fn()`` (sync or ``async def``) before any consumer starts (after the brokers
+        answered, see :meth:`run_async`), on the app's event loop, in registration order. If one
+        raises, no consumer starts and :meth:`run` raises it."""
         self._startup.append(fn)
         return fn
 
@@ -309,8 +310,14 @@ class KeyedApp:
     async def run_async(
         self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
     ) -> None:
-        """Startup hooks, then every route's consumer (:meth:`KeyedConsumer.run_async`) on this loop,
-        then, once all have stopped and committed, the shutdown hooks.
+        """The brokers' check, the startup hooks, then every route's consumer
+        (:meth:`KeyedConsumer.run_async`) on this loop, then, once all have stopped and committed,
+        the shutdown hooks.
+
+        With librdkafka's client (no ``client_factory``), each cluster of the routes (brokers and
+        connection properties) must answer within the route's ``startup_timeout_s`` before any
+        startup hook runs: a wrong address or refused credentials end the run before a hook opened
+        anything (no hook runs, so no shutdown hook either).
 
         ``client_factory`` and ``clock`` replace the app's for this run only: the same app object,
         routes and middleware run on :class:`~keyedconsumer.testing.InMemoryBroker`
@@ -325,8 +332,11 @@ class KeyedApp:
         ------
         KeyedConsumerError
             No route registered, or the app is running already.
+        KafkaClientError
+            A cluster did not answer, or refused the authentication, before the startup hooks.
         MessageError, HandlerContractError, KafkaClientError
-            As :meth:`KeyedConsumer.run` raises them, from the first route that failed.
+            As :meth:`KeyedConsumer.run` raises them, from the first route that failed (the others'
+            errors are logged).
         Exception
             What a startup hook raised.
         """
