@@ -30,15 +30,17 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from . import signals
 from .config import ConsumerConfig
-from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
+from .consumer import ErrorHandler, KeyedConsumer, Middleware, PartitionStatus
 from .engine.batch import check_batch_middlewares
+from .engine.handler import check_error_handler, check_handler
 from .errors import KeyedConsumerError
 from .kafka import ClientFactory
+from .routes import Route, differing, layered, route_settings
 from .sequencing.base import Sequencer
 
 __all__ = ["KeyedApp", "Route"]
@@ -47,27 +49,6 @@ log = logging.getLogger("keyedconsumer.app")
 
 Hook = Callable[[], None] | Callable[[], Awaitable[None]]
 H = TypeVar("H", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Route:
-    """One handler of a :class:`KeyedApp`: what :meth:`KeyedApp.handler` registered.
-
-    ``settings`` is validated when the route is registered; ``sequencer`` is a factory, called once
-    per run (a :class:`~keyedconsumer.RedisSequencer` belongs to one consumer). ``options`` are the
-    :class:`~keyedconsumer.ConsumerConfig` fields the app and the route gave (the route's winning),
-    ``topics`` and ``name`` included: what :meth:`KeyedApp.apply_defaults` keeps.
-    """
-
-    handler: Handler
-    settings: ConsumerConfig
-    middlewares: Sequence[Middleware] = ()
-    error_handler: ErrorHandler | None = None
-    sequencer: Callable[[], Sequencer] | None = None
-    consumer_options: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    #: ``handler`` is a batch handler (:meth:`KeyedApp.batch_handler`): it takes a list of messages.
-    batch: bool = False
 
 
 class KeyedApp:
@@ -210,10 +191,25 @@ class KeyedApp:
             route_name = name or getattr(fn, "__name__", None) or "handler"
             if any(r.settings.name == route_name for r in self.routes):
                 raise ValueError(f"a route named {route_name!r} exists already: pass name=")
-            merged = {**self._options, **options, "topics": list(topics), "name": route_name}
-            settings = ConsumerConfig(**merged)
+            try:  # here, not at the first message
+                check_handler(fn, batch=batch)
+                check_error_handler(error_handler)
+            except TypeError as exc:
+                raise TypeError(f"route {route_name!r}: {exc}") from None
+            own = {**options, "topics": list(topics), "name": route_name}
+            merged = layered(self._options, own)
+            settings = route_settings(route_name, merged, environment=True)
             self.routes.append(
-                Route(fn, settings, tuple(middlewares), error_handler, sequencer, options=merged, batch=batch)
+                Route(
+                    fn,
+                    settings,
+                    tuple(middlewares),
+                    error_handler,
+                    sequencer,
+                    options=merged,
+                    batch=batch,
+                    own=own,
+                )
             )
             return fn
 
@@ -222,38 +218,60 @@ class KeyedApp:
     def apply_defaults(self, defaults: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Put ``defaults`` (:class:`~keyedconsumer.ConsumerConfig` fields) under every route's
         options: each route's settings become ``defaults``, then the app's options, then the
-        route's own, validated again. ``keyedconsumer run module:app`` passes the settings of its
-        flags, environment and TOML file this way. Call it before :meth:`run`.
+        route's own, validated again. Call it before :meth:`run`. Unlike :meth:`apply_settings`,
+        the app's own options beat them.
+
+        Returns ``[(route name, field)]``: each default a route's (or the app's) own option replaced
+        with another value (a librdkafka property as ``config.<property>``). Raises as
+        :meth:`apply_settings`.
+        """
+        return [(r, k) for r, k in self._apply(defaults, over_app=False) if r is not None]
+
+    def apply_settings(self, settings: Mapping[str, Any]) -> list[tuple[str | None, str]]:
+        """Put ``settings`` (:class:`~keyedconsumer.ConsumerConfig` fields) over the app's own
+        options and under each route's: each route's settings become the app's options, then
+        ``settings``, then the route's own, validated again; ``config`` (librdkafka properties)
+        merges property by property the same way. ``keyedconsumer run module:app`` passes the
+        settings of its flags, environment and TOML file this way: what the command line gives for
+        every route beats what the code gives for every route (``KeyedApp(brokers=...)``), and a
+        route's own option (``@app.handler(..., concurrency=16)``, a route on another cluster) beats
+        both. Call it before :meth:`run`.
 
         Returns
         -------
-        ``[(route name, field)]``: each default a route's (or the app's) own option replaced with
-        another value, so the caller can say so.
+        ``[(route name, field)]``: each setting a route's own option replaced with another value
+        (a librdkafka property as ``config.<property>``), so the caller can say so; first
+        ``[(None, field)]``: each of the app's own options a setting replaced.
 
         Raises
         ------
         ValueError
-            ``topics`` or ``name`` among the defaults (they belong to routes), or the app running.
+            ``topics`` or ``name`` among the settings (they belong to routes), or the app running.
         pydantic.ValidationError
-            A bad value, naming the field; no route is changed then.
+            A bad value, naming the field and (its title) the route; no route is changed then.
         """
+        return self._apply(settings, over_app=True)
+
+    def _apply(self, values: Mapping[str, Any], *, over_app: bool) -> list[tuple[str | None, str]]:
         for own in ("topics", "name"):
-            if own in defaults:
+            if own in values:
                 raise ValueError(f"{own!r} belongs to a route: @app.handler(...)")
+        replaced: list[tuple[str | None, str]] = []
+        if over_app:
+            replaced += [(None, k) for k in differing(values, self._options)]
         with self._lock:
             if self._running:
-                raise ValueError("the app is running: apply defaults before run()")
-            routes = [
-                replace(r, settings=ConsumerConfig.model_validate({**defaults, **r.options}))
-                for r in self.routes
-            ]
+                raise ValueError("the app is running: apply settings before run()")
+            routes = []
+            for r in self.routes:
+                # over the app's options and under the route's own; or, as defaults, under both
+                beaten = r.own if over_app else r.options
+                data = layered(self._options, values, r.own) if over_app else layered(values, r.options)
+                settings = route_settings(str(r.own.get("name")), data)
+                routes.append(replace(r, settings=settings))
+                replaced += [(settings.name, k) for k in differing(values, beaten)]
             self.routes = routes
-        return [
-            (r.settings.name, k)
-            for r in routes
-            for k, v in defaults.items()
-            if k in r.options and r.options[k] != v
-        ]
+        return replaced
 
     def use(self, *middlewares: Middleware) -> None:
         """Add middleware to every route, inside the app's earlier ones and outside each route's own
@@ -261,8 +279,9 @@ class KeyedApp:
         self._middlewares.extend(middlewares)
 
     def on_startup(self, fn: H) -> H:
-        """Run ``fn()`` (sync or ``async def``) before any consumer starts, on the app's event loop,
-        in registration order. If one raises, no consumer starts and :meth:`run` raises it."""
+        """Run ``fn()`` (sync or ``async def``) before any consumer starts (after the brokers
+        answered, see :meth:`run_async`), on the app's event loop, in registration order. If one
+        raises, no consumer starts and :meth:`run` raises it."""
         self._startup.append(fn)
         return fn
 
@@ -291,8 +310,14 @@ class KeyedApp:
     async def run_async(
         self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
     ) -> None:
-        """Startup hooks, then every route's consumer (:meth:`KeyedConsumer.run_async`) on this loop,
-        then, once all have stopped and committed, the shutdown hooks.
+        """The brokers' check, the startup hooks, then every route's consumer
+        (:meth:`KeyedConsumer.run_async`) on this loop, then, once all have stopped and committed,
+        the shutdown hooks.
+
+        With librdkafka's client (no ``client_factory``), each cluster of the routes (brokers and
+        connection properties) must answer within the route's ``startup_timeout_s`` before any
+        startup hook runs: a wrong address or refused credentials end the run before a hook opened
+        anything (no hook runs, so no shutdown hook either).
 
         ``client_factory`` and ``clock`` replace the app's for this run only: the same app object,
         routes and middleware run on :class:`~keyedconsumer.testing.InMemoryBroker`
@@ -307,8 +332,11 @@ class KeyedApp:
         ------
         KeyedConsumerError
             No route registered, or the app is running already.
+        KafkaClientError
+            A cluster did not answer, or refused the authentication, before the startup hooks.
         MessageError, HandlerContractError, KafkaClientError
-            As :meth:`KeyedConsumer.run` raises them, from the first route that failed.
+            As :meth:`KeyedConsumer.run` raises them, from the first route that failed (the others'
+            errors are logged).
         Exception
             What a startup hook raised.
         """
@@ -320,10 +348,13 @@ class KeyedApp:
             self._running = True
         signals.register(self)
         try:
+            factory = client_factory or self._client_factory
+            if factory is None and not await self._check_clusters():
+                return  # stopped while the brokers were asked: no hook ran, no consumer starts
             for hook in self._startup:
                 await _call(hook)
             try:
-                await self._serve(client_factory or self._client_factory, clock or self._clock)
+                await self._serve(factory, clock or self._clock)
             finally:
                 await self._run_shutdown()
         finally:
@@ -333,20 +364,56 @@ class KeyedApp:
                 self._stopping = False
                 self._consumers = []
 
+    async def _check_clusters(self) -> bool:
+        """Before the startup hooks, with librdkafka's client: each cluster of the routes (brokers
+        and connection properties) answers within the route's ``startup_timeout_s``, so that a
+        wrong address or refused credentials fail the run before a hook opens anything. Returns
+        ``False`` when the app was stopped meanwhile (the check is then left to end on its own).
+
+        Raises
+        ------
+        KafkaClientError
+            The first cluster that did not answer, or refused the authentication.
+        """
+        from .kafka.client import check_cluster
+
+        checks: dict[tuple[str, str], ConsumerConfig] = {}
+        for r in self.routes:
+            conf = r.settings.librdkafka()
+            key = (str(conf["bootstrap.servers"]), repr(sorted(r.settings.connection_properties().items())))
+            checks.setdefault(key, r.settings)
+        for settings in checks.values():
+            done = asyncio.ensure_future(
+                asyncio.to_thread(check_cluster, settings.librdkafka(), settings.startup_timeout_s)
+            )
+            while not done.done():
+                await asyncio.wait([done], timeout=0.1)
+                if self._stopping:
+                    done.add_done_callback(_retrieved)
+                    return False
+            done.result()
+        return True
+
     async def _serve(self, client_factory: ClientFactory | None, clock: Callable[[], float]) -> None:
         with self._lock:
             if self._stopping:
                 return
             self._consumers = [self._consumer(r, client_factory, clock) for r in self.routes]
         tasks = [asyncio.ensure_future(c.run_async()) for c in self._consumers]
+        names: dict[asyncio.Future[None], str] = {
+            t: c.config.name for t, c in zip(tasks, self._consumers, strict=True)
+        }
         first: BaseException | None = None
         try:
             pending: set[asyncio.Future[None]] = set(tasks)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if first is None and not t.cancelled() and t.exception() is not None:
-                        first = t.exception()
+                for t in done:  # every task's exception is retrieved: asyncio logs the others
+                    error = None if t.cancelled() else t.exception()
+                    if error is not None and first is None:
+                        first = error
+                    elif error is not None and str(error) != str(first):
+                        log.error("route %s stopped too: %s", names[t], error)
                 if pending:  # one route ended (an error, or a stop): the app ends
                     self.stop()
         except asyncio.CancelledError:
@@ -411,6 +478,12 @@ class KeyedApp:
             consumers = list(self._consumers)
         for c in consumers:
             c.stop()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned task's exception (asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _call(hook: Hook) -> None:

@@ -306,10 +306,11 @@ class ConsumerConfig(BaseSettings):
         ``"key"``: one message at a time per (partition, key), in offset order; null keys share one
         lane per partition. ``"partition"``: one at a time per partition. ``"none"``: no order.
     conflate:
-        Latest value per key (commons-processing's conflation): while messages of a lane wait
-        behind its head (running, ready or retrying), only the newest waiting one runs; each older
-        waiting one is *conflated*: it never runs, counts done (its offset advances) and is handed
-        to ``KeyedConsumer(on_conflated=...)`` and counted in ``KeyedConsumer.conflated``. Needs
+        Latest value per key: of the messages waiting behind a lane's head only the newest runs.
+        This is commons-processing's conflation: while messages of a lane wait behind its head
+        (running, ready or retrying), each older waiting one is *conflated*: it never runs, counts
+        done (its offset advances) and is handed to ``KeyedConsumer(on_conflated=...)`` and
+        counted in ``KeyedConsumer.conflated``. Needs
         ``ordering="key"`` or ``"partition"``. With a ``RedisSequencer``, a key parked in Redis
         keeps its parked head and only its newest waiting message: each newer one replaces the
         waiting one in the Lua script that parks it (under the key's lease), and a drain cuts a
@@ -319,11 +320,12 @@ class ConsumerConfig(BaseSettings):
         ``True``: each offset advance is committed synchronously and every per-partition commit
         error is checked.
     transactional:
-        Exactly-once results (docs/exactly-once.md): the records handlers produce
-        (``msg.produce``) and the offsets of the messages that produced them are committed in one
-        Kafka transaction (``send_offsets_to_transaction`` with the group metadata, KIP-447), every
-        ``transaction_interval_s``, at a revoke and at the stop; a ``read_committed`` reader of the
-        output sees each input's records once. Offsets are then never committed outside a
+        Exactly-once results: what handlers produce and their messages' offsets commit together.
+        The records handlers produce (``msg.produce``) and the offsets of the messages that
+        produced them are committed in one Kafka transaction (``send_offsets_to_transaction`` with
+        the group metadata, KIP-447), every ``transaction_interval_s``, at a revoke and at the
+        stop; a ``read_committed`` reader of the output sees each input's records once
+        (docs/exactly-once.md). Offsets are then never committed outside a
         transaction (librdkafka's auto commit is off; ``manual_commit`` must stay ``False``). Not
         with a ``RedisSequencer``. Needs brokers with transactions (``transaction.state.log.*``).
     transactional_id:
@@ -332,9 +334,9 @@ class ConsumerConfig(BaseSettings):
         aborts what its crashed predecessor left open at once, instead of after
         ``transaction_timeout_s`` (meanwhile ``read_committed`` readers of the output wait).
     transaction_interval_s:
-        Seconds between transactions (> 0, <= 60): the latency of results to ``read_committed``
-        readers and of offset commits, against the cost of a commit (two round trips to the
-        transaction coordinator) per interval.
+        Seconds between transactions (> 0, <= 60). It is the latency of results to
+        ``read_committed`` readers and of offset commits, against the cost of a commit (two round
+        trips to the transaction coordinator) per interval.
     transaction_timeout_s:
         librdkafka ``transaction.timeout.ms`` in seconds (1 to 900): a transaction its producer left
         open (a crash) is aborted by the broker after it. Also the longest time transactions may keep
@@ -362,28 +364,37 @@ class ConsumerConfig(BaseSettings):
         batch holds at most one message per key (per partition with ``ordering="partition"``), so
         it is also bounded by the keys ready at once. Unused with ``handler``.
     handler_batch_linger_s:
-        With ``batch_handler``: seconds a batch worker that found fewer than ``handler_batch_size``
-        ready messages waits for more before calling the handler (0: call it with what is ready
-        now; the default). Not waited while stopping. Kafka producers' ``linger.ms``, for batches.
+        With ``batch_handler``: seconds a batch worker waits for a fuller batch (0, the default: no
+        wait). A worker that found fewer than ``handler_batch_size`` ready messages waits this long
+        for more before calling the handler. Not waited while stopping. Kafka producers'
+        ``linger.ms``, for batches.
     shutdown_timeout_s:
         Seconds ``stop()`` waits for running handlers before committing and closing.
     revoke_timeout_s:
         Seconds a revoke waits for the revoked partitions' running handlers before committing.
     startup_timeout_s:
         Seconds to wait for the first metadata answer from the brokers before failing.
+    require_topics:
+        A subscribed topic the cluster does not have is an error at start, not a warning.
+        ``True``: the consumer stops at start, and ``run()`` raises ``KafkaClientError`` code
+        ``UNKNOWN_TOPIC_OR_PART`` naming the topic and the closest existing name. ``False`` (the
+        default): the same is logged as a warning and the consumer waits for the topic (librdkafka
+        assigns its partitions once it is created; meanwhile none is assigned, so health is not
+        ready). Checked against the brokers' metadata at start (the real client), and by
+        librdkafka as it refreshes it; regex subscriptions (``^...``) are not checked.
     auto_offset_reset:
         Where a group with no committed offset starts (librdkafka ``auto.offset.reset``).
     commit_metadata_max_bytes:
-        Bytes (ASCII characters) of commit metadata naming the offsets finished above the committed
-        one, written with the commits of a revoke, a stop and a lease check after a stall, and read
-        by the partition's next owner, which skips those offsets instead of running them again
-        (Confluent Parallel Consumer's offset map). 0 turns it off. Brokers accept up to
+        Bytes of commit metadata naming the offsets finished above the committed one (0: none).
+        The metadata (ASCII characters) is written with the commits of a revoke, a stop and a lease
+        check after a stall, and read by the partition's next owner, which skips those offsets
+        instead of running them again (Confluent Parallel Consumer's offset map). Brokers accept up to
         ``offset.metadata.max.bytes`` (4096 by default); a refused commit is retried without it.
     event_loop:
-        The event loop ``async def`` handlers run on when :meth:`~keyedconsumer.KeyedConsumer.run`
-        starts one (``run_async`` uses the caller's loop): ``"auto"`` (uvloop's when the
-        ``keyedconsumer[uvloop]`` extra is installed, else asyncio's), ``"asyncio"`` or ``"uvloop"``
-        (refused at start when uvloop is not installed).
+        The event loop of ``async def`` handlers: ``"auto"``, ``"asyncio"`` or ``"uvloop"``. It is
+        the loop :meth:`~keyedconsumer.KeyedConsumer.run` starts (``run_async`` uses the caller's):
+        ``"auto"`` is uvloop's when the ``keyedconsumer[uvloop]`` extra is installed, else
+        asyncio's; ``"uvloop"`` is refused at start when uvloop is not installed.
     config:
         Any other librdkafka property, passed through unchanged. The properties the engine owns
         (``bootstrap.servers``, ``group.id``, ``enable.auto.commit``, ``enable.auto.offset.store``)
@@ -433,6 +444,7 @@ class ConsumerConfig(BaseSettings):
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     revoke_timeout_s: float = Field(default=10.0, gt=0)
     startup_timeout_s: float = Field(default=30.0, gt=0)
+    require_topics: bool = False
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     commit_metadata_max_bytes: int = Field(default=2048, ge=0, le=1_000_000)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -484,7 +496,7 @@ class ConsumerConfig(BaseSettings):
             raise ValueError("expected a number, got a boolean")
         return value
 
-    @field_validator("manual_commit", "conflate", "transactional", mode="before")
+    @field_validator("manual_commit", "conflate", "transactional", "require_topics", mode="before")
     @classmethod
     def _no_int_for_bool(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -28,6 +28,7 @@ from .engine.handler import (
     Middleware,
     bind,
     check_error_handler,
+    check_handler,
     compose,
     is_async,
 )
@@ -112,7 +113,9 @@ class KeyedConsumer:
     TypeError
         Neither or both of ``handler`` and ``batch_handler``; a batch handler with a middleware that
         does not act on outcomes only (``Typed``, ``Logging``, ``Metrics``, ``Tracing``, ``Audit``);
-        ``handler`` is not callable; ``middlewares`` is not a list, or one is not callable, is a
+        ``handler`` (``batch_handler``) is not callable or cannot be called with one argument (the
+        message; the list of messages), checked here, not at the first message; ``middlewares`` is
+        not a list, or one is not callable, is a
         class passed instead of an instance (the message says what to write), or returned a
         non-callable; ``error_handler`` is a class, not callable, ``async def``, or cannot take
         ``(error, message)``.
@@ -151,6 +154,7 @@ class KeyedConsumer:
             raise TypeError(
                 "give one of handler= (one message per call) or batch_handler= (a list of messages)"
             )
+        check_handler(handler if handler is not None else batch_handler, batch=handler is None)
         if batch_handler is not None:
             check_batch_middlewares(middlewares)
         self._sequencer: Sequencer = sequencer if sequencer is not None else InMemorySequencer()

@@ -17,11 +17,13 @@ sources of pydantic-settings, merged by it (:mod:`.layers`). librdkafka properti
 the ``KEYEDCONSUMER_CONFIG`` JSON object, the TOML ``[config]`` table) and the sequencer's options
 (``[sequencer]``) merge property by property. ``--group`` (``group``) sets the consumer's ``name``
 and ``group_id`` within its layer (``--group`` beats ``KEYEDCONSUMER_GROUP_ID``). For
-``run module:app`` they are defaults under the routes' own options.
+``run module:app`` they go over the app's own options (``KeyedApp(brokers=...)``) and under each
+route's own (``@app.handler(..., concurrency=16)``).
 
-**Exit codes**: 0 done (``run``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
+**Exit codes**: 0 done (``run``, ``web``: stopped by SIGTERM/SIGINT), 1 a failure at run time (a message
 failed and nothing handled it, the brokers did not answer, a replay left records behind), 2 bad
-input (an option, a setting, the handler). Errors are one line on stderr, without a traceback;
+input (an option, a setting, the handler). Errors are one line on stderr, without a traceback (a
+JSON log record with ``--log-format json``);
 secret values (``-X`` properties whose name holds ``password``, ``secret``, ``token`` ...; the
 password of a ``--redis`` URL) never appear in the output.
 """
@@ -32,6 +34,7 @@ import typer
 
 from . import audit, inspect, replay, run, web
 from .handler import load_handler
+from .help import Command, Group
 from .layers import RunOptions
 from .marker import ReplayMarker
 from .replay import parse_since
@@ -44,9 +47,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    rich_markup_mode=None,  # plain help, options in sections (.help)
+    cls=Group,
 )
-dead_letter_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
+dead_letter_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True, cls=Group)
 app.add_typer(dead_letter_app, name="dead-letter")
 
 
@@ -67,11 +71,16 @@ def _main(
     """Run a keyed Kafka consumer, inspect a consumer group, replay dead letters, read the audit trail."""
 
 
-app.command()(run.run)
-app.command("inspect")(inspect.inspect_group)
-app.command("web")(web.web)
-dead_letter_app.command("replay")(replay.replay)
-app.command("audit")(audit.audit)
+# short_help: whole sentences in the list of commands (click would cut the docstring's first one)
+app.command(cls=Command, short_help="Consume topics with a handler until SIGTERM or SIGINT.")(run.run)
+app.command("inspect", cls=Command, short_help="Show a consumer group's offsets and lag per partition.")(
+    inspect.inspect_group
+)
+app.command("web", cls=Command, short_help="Serve the operations dashboard.")(web.web)
+dead_letter_app.command("replay", cls=Command, short_help="Re-publish dead-lettered records.")(replay.replay)
+app.command("audit", cls=Command, short_help="Find what happened to messages in the audit trail.")(
+    audit.audit
+)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import typer
 from ..config import ConsumerConfig
 from ..sequencing import RedisSequencer
 from ..sequencing.config import RedisSequencerConfig
+from .help import EOS, HANDLER, KAFKA, PROCESSING, REDIS
 from .layers import SEQUENCER_KEYS
 
 __all__ = ["with_every_setting", "generated_flags"]
@@ -33,13 +34,18 @@ __all__ = ["with_every_setting", "generated_flags"]
 MORE = "more_settings"
 
 
+#: The end of a sentence: a full stop, then a capital letter, a backquote or a quote (not "e.g. x",
+#: "1.5", "i.e. y"). A semicolon does not end one.
+_SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z`'\"(])")
+
+
 def _descriptions(cls: type) -> dict[str, str]:
-    """``{name: first sentence}`` of the ``Parameters`` section of ``cls``'s docstring."""
+    """``{name: first sentence}`` of the ``Parameters`` section of ``cls``'s docstring, whole."""
     text = inspect.getdoc(cls) or ""
     section = text.split("Parameters\n----------\n", 1)[-1].split("\n\n\n", 1)[0]
     out: dict[str, str] = {}
     for names, body in re.findall(r"^([a-z_][\w, ]*):\n((?:    .*\n?)+)", section, re.M):
-        sentence = re.split(r"(?<=[.;])\s", " ".join(body.split()), maxsplit=1)[0]
+        sentence = _SENTENCE_END.split(" ".join(body.split()), maxsplit=1)[0]
         sentence = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], sentence).replace(
             "``", ""
         )
@@ -48,7 +54,25 @@ def _descriptions(cls: type) -> dict[str, str]:
     return out
 
 
-def _option(name: str, flag: str, annotation: Any, help_text: str) -> tuple[Any, Any]:
+#: The help panel of each generated flag of a ConsumerConfig field (:mod:`.help`); another field's is
+#: ``PROCESSING``, a sequencer option's ``REDIS``.
+_PANEL = {
+    "name": HANDLER,
+    "group_id": HANDLER,
+    "require_topics": HANDLER,
+    "startup_timeout_s": KAFKA,
+    "batch_size": KAFKA,
+    "poll_timeout_s": KAFKA,
+    "commit_metadata_max_bytes": KAFKA,
+    "transactional": EOS,
+    "transactional_id": EOS,
+    "transaction_interval_s": EOS,
+    "transaction_timeout_s": EOS,
+    "produce_timeout_s": EOS,
+}
+
+
+def _option(name: str, flag: str, annotation: Any, help_text: str, panel: str) -> tuple[Any, Any]:
     """``(annotation, default)`` of the typer parameter of one setting (``None``: not given)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
@@ -56,11 +80,16 @@ def _option(name: str, flag: str, annotation: Any, help_text: str) -> tuple[Any,
     help_text = help_text or f"See docs/configuration.md ({name})."
     if base is bool:
         return Annotated[
-            bool | None, typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False)
+            bool | None,
+            typer.Option(
+                f"{flag}/--no-{flag[2:]}", help=help_text, show_default=False, rich_help_panel=panel
+            ),
         ], None
     if typing.get_origin(base) is typing.Literal:
         choices = Enum(name, {str(v): str(v) for v in typing.get_args(base)}, type=str)  # type: ignore[misc]
-        return Annotated[choices | None, typer.Option(flag, help=help_text, show_default=False)], None
+        return Annotated[
+            choices | None, typer.Option(flag, help=help_text, show_default=False, rich_help_panel=panel)
+        ], None
     if base in (int, float):
         metavar = (
             "SECONDS"
@@ -72,9 +101,13 @@ def _option(name: str, flag: str, annotation: Any, help_text: str) -> tuple[Any,
             else "X"
         )
         return Annotated[
-            base | None, typer.Option(flag, metavar=metavar, help=help_text, show_default=False)
+            base | None,
+            typer.Option(flag, metavar=metavar, help=help_text, show_default=False, rich_help_panel=panel),
         ], None
-    return Annotated[str | None, typer.Option(flag, metavar="TEXT", help=help_text, show_default=False)], None
+    return Annotated[
+        str | None,
+        typer.Option(flag, metavar="TEXT", help=help_text, show_default=False, rich_help_panel=panel),
+    ], None
 
 
 def generated_flags(spelled_out: set[str]) -> dict[str, tuple[str, tuple[str, ...], Any, Any]]:
@@ -85,13 +118,18 @@ def generated_flags(spelled_out: set[str]) -> dict[str, tuple[str, tuple[str, ..
     for name, f in ConsumerConfig.model_fields.items():
         if name not in spelled_out:
             flag = "--" + name.replace("_", "-")
-            out[name] = (flag, (name,), *_option(name, flag, f.annotation, consumer_help.get(name, "")))
+            text = consumer_help.get(name, "")
+            out[name] = (
+                flag,
+                (name,),
+                *_option(name, flag, f.annotation, text, _PANEL.get(name, PROCESSING)),
+            )
     sequencer_help = {**_descriptions(RedisSequencer), **_descriptions(RedisSequencerConfig)}
     for name in SEQUENCER_KEYS:
         flag = "--sequencer-" + name.replace("_", "-")
         text = sequencer_help.get(name) or f"RedisSequencer({name}=...): see docs/configuration.md."
         annotation = RedisSequencerConfig.model_fields[name].annotation
-        out["sequencer_" + name] = (flag, ("sequencer", name), *_option(name, flag, annotation, text))
+        out["sequencer_" + name] = (flag, ("sequencer", name), *_option(name, flag, annotation, text, REDIS))
     return out
 
 

@@ -34,12 +34,20 @@ class _Format(str, Enum):
     JSON = "json"
 
 
+#: The command's error line: logged as a JSON object (``--log-format json``), else printed.
+_error_log: list[logging.Logger] = []
+
+
 def _setup_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr at ``level``: text lines, or (``fmt="json"``) one JSON object per line with
     ``asctime``, ``levelname``, ``name``, ``message`` and any ``extra`` fields (python-json-logger),
-    e.g. the ``keyedconsumer`` dict of the Logging middleware. Secrets are scrubbed in both."""
+    e.g. the ``keyedconsumer`` dict of the Logging middleware; the command's error line too. Secrets
+    are scrubbed in both. librdkafka's own lines come through Python logging too
+    (:mod:`keyedconsumer.kafka.logs`)."""
     handler = logging.StreamHandler(sys.stderr)
+    _error_log.clear()
     if fmt == "json":
+        _error_log.append(logging.getLogger("keyedconsumer.cli"))
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
@@ -79,7 +87,10 @@ def _reports_errors(fn: F) -> F:
             message, code = str(exc), 1
         except KeyboardInterrupt:
             message, code = "interrupted", 130
-        _err_console().print(f"error: {_secrets.scrub(message)}", style="red", markup=False)
+        if _error_log:
+            _error_log[0].error("error: %s", _secrets.scrub(message))
+        else:
+            _err_console().print(f"error: {_secrets.scrub(message)}", style="red", markup=False)
         raise typer.Exit(code)
 
     return wrapper  # type: ignore[return-value]

@@ -19,6 +19,7 @@ from ..sequencing.config import CLUSTER_SCHEMES, RedisSequencerConfig
 from .errors import CliError
 from .flags import with_every_setting
 from .handler import load_handler
+from .help import FAILURES, HANDLER, KAFKA, OUTPUT, PROCESSING, REDIS
 from .layers import RUN_KEYS, Layered, RunOptions, layered
 from .output import _Format, _print_json, _reports_errors, _setup_logging
 from .settings import BrokersOpt, ConfigOpt, PropsOpt, _Level, _parse_properties, _resolve_run, _secrets
@@ -99,21 +100,38 @@ def run(
     topic: Annotated[
         list[str] | None,
         typer.Option(
-            "--topic", "-t", metavar="TOPIC", help="Topic to consume (repeatable, or comma-separated)."
+            "--topic",
+            "-t",
+            rich_help_panel=HANDLER,
+            metavar="TOPIC",
+            help="Topic to consume (repeatable, or comma-separated).",
         ),
     ] = None,
     group: Annotated[
         str | None,
-        typer.Option("--group", "-g", metavar="GROUP", help="Consumer group id.", show_default=False),
+        typer.Option(
+            "--group",
+            "-g",
+            rich_help_panel=HANDLER,
+            metavar="GROUP",
+            help="Consumer group id.",
+            show_default=False,
+        ),
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option("--concurrency", "-c", metavar="N", help="Handlers at once (default 1).")
+        int | None,
+        typer.Option(
+            "--concurrency", "-c", rich_help_panel=HANDLER, metavar="N", help="Handlers at once (default 1)."
+        ),
     ] = None,
-    ordering: Annotated[_Ordering | None, typer.Option(help="key | partition | none (default key).")] = None,
+    ordering: Annotated[
+        _Ordering | None, typer.Option(rich_help_panel=HANDLER, help="key | partition | none (default key).")
+    ] = None,
     brokers: BrokersOpt = None,
     redis: Annotated[
         str | None,
         typer.Option(
+            rich_help_panel=REDIS,
             metavar="URL",
             help="redis:// URL: per-key leases across instances (Redis sequencer).",
             show_default=False,
@@ -121,11 +139,17 @@ def run(
     ] = None,
     namespace: Annotated[
         str | None,
-        typer.Option(metavar="NS", help="Redis namespace (default: the group).", show_default=False),
+        typer.Option(
+            rich_help_panel=REDIS,
+            metavar="NS",
+            help="Redis namespace (default: the group).",
+            show_default=False,
+        ),
     ] = None,
     dead_letter_topic: Annotated[
         str | None,
         typer.Option(
+            rich_help_panel=FAILURES,
             metavar="TOPIC",
             help="Dead-letter topic ({topic} = the message's topic): DeadLetter, then Retry.",
             show_default=False,
@@ -134,38 +158,65 @@ def run(
     retry_attempts: Annotated[
         int | None,
         typer.Option(
-            metavar="N", help="Attempts per message before it fails (default 3 with a dead-letter topic)."
+            rich_help_panel=FAILURES,
+            metavar="N",
+            help="Attempts per message before it fails (default 3 with a dead-letter topic).",
         ),
     ] = None,
     park: Annotated[
         bool | None,
-        typer.Option("--park/--no-park", help="Retrying keys wait parked in Redis (needs --redis)."),
+        typer.Option(
+            "--park/--no-park",
+            rich_help_panel=FAILURES,
+            help="Retrying keys wait parked in Redis (needs --redis).",
+        ),
     ] = None,
     manual_commit: Annotated[
         bool | None,
-        typer.Option("--manual-commit/--auto-commit", help="Commit synchronously at each offset advance."),
+        typer.Option(
+            "--manual-commit/--auto-commit",
+            rich_help_panel=KAFKA,
+            help="Commit synchronously at each offset advance.",
+        ),
     ] = None,
     max_in_flight: Annotated[
-        int | None, typer.Option(metavar="N", help="Buffered + running messages before fetching pauses.")
+        int | None,
+        typer.Option(
+            rich_help_panel=PROCESSING,
+            metavar="N",
+            help="Buffered + running messages before fetching pauses.",
+        ),
     ] = None,
     auto_offset_reset: Annotated[
-        _Reset | None, typer.Option(help="Where a group without committed offsets starts.")
+        _Reset | None,
+        typer.Option(rich_help_panel=KAFKA, help="Where a group without committed offsets starts."),
     ] = None,
     shutdown_timeout_s: Annotated[
-        float | None, typer.Option(metavar="SECONDS", help="Seconds a stop waits for running handlers.")
+        float | None,
+        typer.Option(
+            rich_help_panel=PROCESSING, metavar="SECONDS", help="Seconds a stop waits for running handlers."
+        ),
     ] = None,
     props: PropsOpt = None,
     config_file: ConfigOpt = None,
     app_dir: Annotated[
-        str, typer.Option(metavar="DIR", help="Directory put first on the Python path to import the handler.")
+        str,
+        typer.Option(
+            rich_help_panel=HANDLER,
+            metavar="DIR",
+            help="Directory put first on the Python path to import the handler.",
+        ),
     ] = ".",
-    log_level: Annotated[_Level, typer.Option(help="Log level (stderr).")] = _Level.INFO,
+    log_level: Annotated[
+        _Level, typer.Option(rich_help_panel=OUTPUT, help="Log level (stderr).")
+    ] = _Level.INFO,
     log_format: Annotated[
-        _Format, typer.Option(help="text, or json: one JSON object per line.")
+        _Format, typer.Option(rich_help_panel=OUTPUT, help="text, or json: one JSON object per line.")
     ] = _Format.TEXT,
     health_port: Annotated[
         int | None,
         typer.Option(
+            rich_help_panel=OUTPUT,
             metavar="PORT",
             help="Serve /livez, /readyz, /healthz on this port (0: any free one).",
             show_default=False,
@@ -174,18 +225,24 @@ def run(
     metrics_port: Annotated[
         int | None,
         typer.Option(
+            rich_help_panel=OUTPUT,
             metavar="PORT",
             help="Serve Prometheus /metrics on this port (needs keyedconsumer[metrics]).",
             show_default=False,
         ),
     ] = None,
     http_addr: Annotated[
-        str, typer.Option(metavar="ADDR", help="Address the health and metrics endpoints listen on.")
+        str,
+        typer.Option(
+            rich_help_panel=OUTPUT, metavar="ADDR", help="Address the health and metrics endpoints listen on."
+        ),
     ] = "127.0.0.1",
     print_settings: Annotated[
         bool,
         typer.Option(
-            "--print-settings", help="Print the effective settings as JSON (secrets hidden) and exit."
+            "--print-settings",
+            rich_help_panel=OUTPUT,
+            help="Print the effective settings as JSON (secrets hidden) and exit.",
         ),
     ] = False,
     more_settings: dict[str, Any] | None = None,
@@ -198,7 +255,8 @@ def run(
 
     Every setting comes from its flag, else its KEYEDCONSUMER_<SETTING> environment variable
     (KEYEDCONSUMER_SEQUENCER__<OPTION> for a sequencer option), else the TOML file of --config, else
-    its default. For MODULE:APP (a KeyedApp) they are defaults under the routes' own options.
+    its default. For MODULE:APP (a KeyedApp) they go over the app's own options (KeyedApp(brokers=...))
+    and under each route's (@app.handler(..., concurrency=16)).
     """
     _setup_logging(log_level.value, log_format.value)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()] or None
@@ -322,10 +380,11 @@ def _run_app(
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
     The consumer settings of the flags, the environment and the TOML file (layered as for a
-    handler) are **defaults under the app's and each route's own options** (``KeyedApp.apply_defaults``):
-    a route's ``concurrency=16`` beats ``--concurrency 4``, which applies to the routes that set
-    none; each setting a route replaces is logged as a warning. ``--group`` is the group of the
-    routes that name none (as ``KeyedApp(group_id=...)``). Topics, the handler's middleware
+    handler) go **over the app's shared options and under each route's own**
+    (``KeyedApp.apply_settings``): ``--brokers`` beats ``KeyedApp(brokers=...)`` (logged), a route's
+    ``concurrency=16`` beats ``--concurrency 4``, which applies to the routes that set none; each
+    setting a route replaces is logged as a warning. ``--group`` is the group of the routes that
+    name none (over ``KeyedApp(group_id=...)``). Topics, the handler's middleware
     (``--dead-letter-topic``, ``--retry-attempts``, ``--park``) and the sequencer (``--redis``,
     ``--namespace``, ``--sequencer-*``) belong to the routes: given as flags or in the TOML file they
     are refused (exit 2); from the environment (which ``inspect`` and ``web`` share) they are
@@ -349,15 +408,18 @@ def _run_app(
     defaults = layers.consumer_values(without=("name", "topics"))
     _secrets.add_config(defaults.get("config") or {})
     try:
-        replaced = app.apply_defaults(defaults)
+        replaced = app.apply_settings(defaults)
     except pydantic.ValidationError as exc:
-        raise layers.explain(exc) from None
+        raise CliError(f"{layers.explain(exc)} ({exc.title})", 2) from None
     for route, option in replaced:
+        if route is None:
+            log.info("the %s replaces the app's own %s", layers.where((option.split(".")[0],)), option)
+            continue
         log.warning(
-            "route %s sets its own %s (or its app does): the %s does not apply to it",
+            "route %s sets its own %s: the %s does not apply to it",
             route,
             option,
-            layers.where((option,)),
+            layers.where((option.split(".")[0],)),
         )
     if print_settings:
         _print_json(

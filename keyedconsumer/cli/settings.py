@@ -17,6 +17,7 @@ import typer
 from ..config import ENV_PREFIX, SECRET_WORDS, ConsumerConfig
 from ..sequencing.config import RedisSequencerConfig
 from .errors import CliError
+from .help import KAFKA
 from .layers import Layered, RunOptions, layered
 
 DEFAULT_BROKERS = "127.0.0.1:9092"
@@ -110,9 +111,19 @@ _CONFIG_HELP = (
 
 BrokersOpt = Annotated[
     str | None,
-    typer.Option("--brokers", "-b", metavar="HOST:PORT,...", help=_BROKERS_HELP, show_default=False),
+    typer.Option(
+        "--brokers",
+        "-b",
+        metavar="HOST:PORT,...",
+        help=_BROKERS_HELP,
+        show_default=False,
+        rich_help_panel=KAFKA,
+    ),
 ]
-PropsOpt = Annotated[list[str] | None, typer.Option("-X", "--property", metavar="KEY=VALUE", help=_X_HELP)]
+PropsOpt = Annotated[
+    list[str] | None,
+    typer.Option("-X", "--property", metavar="KEY=VALUE", help=_X_HELP, rich_help_panel=KAFKA),
+]
 
 
 class _Level(str, Enum):
@@ -135,6 +146,7 @@ ConfigOpt = Annotated[
         help=_CONFIG_HELP,
         dir_okay=False,
         show_default=False,
+        rich_help_panel=KAFKA,
     ),
 ]
 

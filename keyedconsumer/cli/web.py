@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from typing import Annotated
+import signal
+from typing import Annotated, Any
 
 import typer
 
@@ -172,4 +173,17 @@ def web(
         conf["bootstrap.servers"],
         f"; redis {redact_url(redis)}" if redis else "",
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+    # SIGTERM and SIGINT stop the server gracefully and the command exits 0, as `run` does. uvicorn
+    # restores the handlers it found and raises the signal again once it stopped (without a handler
+    # of ours the process would die of it: exit 143): these take it, and the command returns.
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.warning("dashboard stopped")
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    """The signal uvicorn raises again after its graceful stop: nothing more to do."""

@@ -88,9 +88,10 @@ class CommitMode(Protocol):
     def progress(self) -> None:
         """During a revoke's catch-up, every ``auto.commit.interval.ms``: what finished so far."""
 
-    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> str:
         """Commit the revoked ``parts`` (their handlers are over) and close them, until
-        ``deadline`` (monotonic seconds); ``stopping``: a stop is under way."""
+        ``deadline`` (monotonic seconds); ``stopping``: a stop is under way. Returns what is known
+        of the commit, for the log line (``""``: nothing to commit)."""
 
     def commit_final(self, deadline: float) -> None:
         """The stop's commit of every active partition, until ``deadline`` (monotonic seconds).
@@ -179,7 +180,7 @@ class _OffsetCommits:
             except KafkaClientError as exc:
                 log.debug("progress commit during the revoke's catch-up not sent: %s", exc)
 
-    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> str:
         """Commit the revoked partitions' offsets (stored too), again while the group refuses it
         for a rebalance that moved on, until ``deadline``; then they are closed.
 
@@ -194,31 +195,32 @@ class _OffsetCommits:
         not answer (SIGSTOP, a network cut: a synchronous commit in the callback was still waiting
         100 s later, confluent-kafka-python #1667). Its fate is then unknown: at worst what finished
         since the last commit runs again (at-least-once).
+
+        Returns what is known of it, with the offsets: ``"committed [...]"`` (confirmed),
+        ``"stopping: commit sent, answer not awaited: [...]"`` or ``"not committed: [...]"``.
         """
         final, meta = self._engine.close_parts(parts)
         if not final:
-            return
+            return ""
         self._stage(final, meta)
         if stopping:
             self._client.commit_async(final, meta)
-            log.info("stopping: revoke commit of %s sent (not waiting for the broker's answer)", final)
-            return
+            return f"stopping: commit sent, answer not awaited: {final}"
         pause = COMMIT_RETRY_S[0]
         while True:
             try:
                 self._client.commit(final, meta)
-                log.info("revoke: committed %s", final)
-                return
+                return f"committed {final}"
             except CommitError as exc:
                 if exc.code not in COMMIT_AGAIN or time.monotonic() + pause >= deadline:
                     log.warning(
                         "commit on revoke failed: %s (what finished after the last commit runs again)", exc
                     )
-                    return
+                    return f"not committed: {final}"
                 log.info("commit on revoke refused (%s): trying again in %.2f s", exc.code, pause)
             except KafkaClientError as exc:
                 log.warning("commit on revoke failed: %s", exc)
-                return
+                return f"not committed: {final}"
             time.sleep(pause)
             pause = min(COMMIT_RETRY_S[1], pause * 2)
 
@@ -264,6 +266,7 @@ class _OffsetCommits:
             committed = {(t, p): o for t, p, o in final}
             for p in parts:
                 p.mark_stored(committed.get(p.tp, p.stored))
+            log.info("stopping: committed %s (confirmed)", final)
             return
 
     def confirm_ownership(self) -> bool:

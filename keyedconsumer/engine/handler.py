@@ -24,6 +24,7 @@ __all__ = [
     "compose",
     "bind",
     "BIND_HOOK",
+    "check_handler",
     "check_error_handler",
     "is_async",
     "Contract",
@@ -117,6 +118,34 @@ def _takes_one_argument(fn: Any) -> bool:
     except ValueError:  # no signature to read
         return True
     return True
+
+
+def check_handler(handler: Any, *, batch: bool = False) -> None:
+    """Raise ``TypeError`` unless ``handler`` can be called as ``handler(message)`` (``batch``:
+    ``handler(messages)``, one list): checked when the handler is registered, not at the first
+    message. A handler whose signature cannot be read (some builtins) is trusted.
+
+    Every middleware calls the handler it wraps with the one message (the handler contract); a
+    middleware that called it with more arguments would break it.
+    """
+    what, arg = ("batch_handler", "messages") if batch else ("handler", "message")
+    if not callable(handler):
+        raise TypeError(f"{what} must be callable, got a {type(handler).__name__}")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # no signature to read: trust it
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        name = getattr(handler, "__name__", None) or type(handler).__name__
+        shown = signature.replace(return_annotation=inspect.Signature.empty)
+        shape = "msgs: list[Message]" if batch else "msg: Message"
+        raise TypeError(
+            f"{what} {name}{shown} cannot be called as {what}({arg}): it takes the {arg} as its one "
+            f"argument, e.g. `def {name if name.isidentifier() else 'handle'}({shape}) -> None` "
+            "(or `async def`)"
+        ) from None
 
 
 def check_error_handler(error_handler: Any) -> None:

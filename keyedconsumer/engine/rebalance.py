@@ -138,6 +138,9 @@ class Rebalance:
                 self._client.commit_async(final, meta)
             except KafkaClientError as exc:
                 log.debug("commit at close not sent: %s", exc)
+            else:
+                log.info("revoked %s, stopping: commit sent, answer not awaited: %s", partitions, final)
+                return
         log.info("revoked %s at close", partitions)
 
     def on_lost(self, partitions: list[TP]) -> None:
@@ -196,8 +199,8 @@ class Rebalance:
             )
         # a stop that came meanwhile makes the commit one that does not wait (see CommitMode.revoke)
         stopping = self._stop_deadline() is not None
-        self._mode.revoke(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S), stopping)
-        log.info("revoked %s", partitions)
+        outcome = self._mode.revoke(parts, max(deadline, time.monotonic() + FINAL_COMMIT_MIN_S), stopping)
+        log.info("revoked %s%s", partitions, f", {outcome}" if outcome else "")
 
     # -- the pause set --------------------------------------------------------------------------
 

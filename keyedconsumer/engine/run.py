@@ -26,7 +26,8 @@ from typing import Any
 
 from ..config import ConsumerConfig
 from ..errors import KafkaClientError
-from ..kafka import ClientFactory, KafkaClient
+from ..kafka import MISSING_TOPIC, ClientFactory, KafkaClient
+from ..kafka.logs import client_errors
 from ..message import Message
 from .batch import BatchRun
 from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, AutoCommit, CommitMode, ManualCommit
@@ -203,7 +204,7 @@ class Run:
         self.engine.halt()
 
     def on_client_error(self, err: KafkaClientError) -> None:
-        if err.fatal:
+        if err.fatal or (err.code == MISSING_TOPIC and self.config.require_topics):
             self.fail(err)
         elif self._error_handler is not None:
             try:
@@ -211,7 +212,7 @@ class Run:
             except BaseException as exc:
                 self.fail(exc)
         else:
-            log.warning("%s", err)
+            client_errors.warning("%s", err)  # a repeat is counted, not logged (kafka/logs.py)
 
     def _budget(self, cap_s: float) -> float:
         """Seconds a blocking step may take now: ``cap_s``, cut to the stop's deadline when a stop

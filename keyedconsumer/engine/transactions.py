@@ -153,19 +153,23 @@ class TransactionalCommit:
                 return
             time.sleep(self._pause_s)
 
-    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> None:
+    def revoke(self, parts: list[Partition], deadline: float, stopping: bool) -> str:
         """A revoke: commit the revoked (and every other) partition's offsets and records before they
-        are given up, tried again after abortable failures until ``deadline``; then close them."""
+        are given up, tried again after abortable failures until ``deadline``; then close them.
+        Returns what is known of the commit, for the log line."""
+        outcome = "not committed (a transaction failed)"
         while not self._broken:
             if self.commit(
                 [*self._engine.partitions.active(), *parts], max(0.5, deadline - time.monotonic())
             ):
+                outcome = "committed in a transaction"
                 break
             if time.monotonic() + self._pause_s >= deadline:
                 log.warning("revoke: transaction not committed: what finished after the last one runs again")
                 break
             time.sleep(self._pause_s)
         self._engine.close_parts(parts)
+        return outcome
 
     def confirm_ownership(self) -> bool:
         """Not used: ``transactional`` refuses the Redis sequencer, the only caller."""

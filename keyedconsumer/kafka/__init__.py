@@ -25,6 +25,7 @@ from ..message import Message, Record
 
 __all__ = [
     "TP",
+    "MISSING_TOPIC",
     "RebalanceListener",
     "KafkaClient",
     "ClientFactory",
@@ -36,6 +37,11 @@ __all__ = [
 #: A topic-partition: ``(topic, partition)``.
 TP = tuple[str, int]
 
+#: The ``code`` of the :class:`~keyedconsumer.KafkaClientError` a client reports for a subscribed
+#: topic the cluster does not have (librdkafka's ``UNKNOWN_TOPIC_OR_PART``), naming the topic and
+#: the closest existing name. Not fatal: librdkafka assigns the topic's partitions once it exists.
+MISSING_TOPIC = "UNKNOWN_TOPIC_OR_PART"
+
 
 class RebalanceListener(Protocol):
     """Receives assignment changes, in the poll thread, inside ``poll_batch``."""
@@ -46,7 +52,13 @@ class RebalanceListener(Protocol):
 
 
 class KafkaClient(Protocol):
-    """What the engine needs of a Kafka consumer client. Used from one thread (the poll thread)."""
+    """What the engine needs of a Kafka consumer client. Used from one thread (the poll thread).
+
+    A client reports to its ``on_error`` (:data:`ClientFactory`) the errors of the client that no
+    call raises; among them each subscribed topic the cluster does not have (code
+    :data:`MISSING_TOPIC`), the real one at :meth:`subscribe` when :meth:`check_brokers` saw the
+    cluster's topics.
+    """
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]: ...

@@ -6,10 +6,11 @@ its own properties. Tests pass another factory to the consumer (see :mod:`keyedc
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -17,9 +18,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from ..config import is_connection_property
 from ..errors import CommitError, KafkaClientError
 from ..message import Message
-from . import TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer
+from . import MISSING_TOPIC, TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer, logs
 
-__all__ = ["connect", "check_config"]
+__all__ = ["connect", "check_cluster", "check_config", "missing_topic_text"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
@@ -76,10 +77,15 @@ class _ConfluentClient:
     def __init__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> None:
         self._on_error = on_error
         conf = dict(conf)
+        conf.setdefault("logger", logs.librdkafka_log)  # librdkafka's lines into Python logging
         #: the user's ``error_cb`` (``ConsumerConfig.config``): called after the engine's own
         self._user_error_cb: Callable[[KafkaError], Any] | None = conf.pop("error_cb", None)
         #: the last authentication error librdkafka reported (wrong SASL credentials, a refused token)
         self._auth_error: KafkaError | None = None
+        #: the cluster's topic names, from the metadata answer of :meth:`check_brokers`
+        self._topics: frozenset[str] | None = None
+        #: subscribed topics reported missing at subscribe: librdkafka's own report of each is dropped
+        self._missing: set[str] = set()
         conf["error_cb"] = self._error_cb
         #: what a producer of the same cluster takes: the brokers and the connection properties
         self._producer_conf = {
@@ -126,6 +132,14 @@ class _ConfluentClient:
                 code=err.name(),
                 fatal=True,
             ) from None
+        if self._topics is not None:  # the metadata of check_brokers: report a missing topic now
+            for topic in topics:
+                if not topic.startswith("^") and topic not in self._topics:
+                    self._missing.add(topic)
+                    self._on_error(self._missing_topic(topic))
+
+    def _missing_topic(self, topic: str) -> KafkaClientError:
+        return KafkaClientError(missing_topic_text(topic, self._topics or ()), code=MISSING_TOPIC)
 
     def poll_batch(self, max_messages: int, timeout_s: float) -> list[Message]:
         out: list[Message] = []
@@ -133,8 +147,14 @@ class _ConfluentClient:
         for raw in self._consumer.consume(max_messages, timeout_s):
             err = raw.error()
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    where = f"topic={raw.topic()} partition={raw.partition()}"
+                topic = raw.topic()
+                if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC) and topic:
+                    if topic in self._missing:  # reported at subscribe
+                        self._missing.discard(topic)
+                    else:
+                        self._on_error(self._missing_topic(topic))
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    where = f"topic={topic} partition={raw.partition()}"
                     self._on_error(_client_error(err, f"consume error ({where})"))
                 continue
             try:
@@ -333,7 +353,8 @@ class _ConfluentClient:
         while True:
             left = deadline - time.monotonic()
             try:
-                self._consumer.list_topics(timeout=max(0.01, min(slice_s, left)))
+                metadata = self._consumer.list_topics(timeout=max(0.01, min(slice_s, left)))
+                self._topics = frozenset(metadata.topics)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
@@ -383,15 +404,29 @@ class _ConfluentClient:
     def close(self, timeout_s: float | None = None) -> bool:
         """Close the consumer: librdkafka revokes the assignment (``on_revoke``), commits the stored
         offsets and leaves the group. Returns ``False`` if that did not end within ``timeout_s``
-        seconds (a stopped or unreachable broker): the close is then left to finish on its own."""
-        if timeout_s is None:
-            self._consumer.close()
-            return True
+        seconds (a stopped or unreachable broker): the close is then left to finish on its own.
+        The counts of repeated log lines and client errors not told yet are logged
+        (:func:`keyedconsumer.kafka.logs.flush`)."""
         try:
-            _bounded(self._consumer.close, timeout_s, "close")
-        except _NotDone:
-            return False
-        return True
+            if timeout_s is None:
+                self._consumer.close()
+                return True
+            try:
+                _bounded(self._consumer.close, timeout_s, "close")
+            except _NotDone:
+                return False
+            return True
+        finally:
+            logs.flush()
+
+
+def missing_topic_text(topic: str, known: Iterable[str]) -> str:
+    """What to say of a subscribed ``topic`` the cluster does not have, with the closest of the
+    ``known`` topic names (``difflib``; internal ``__`` topics left out) as a suggestion."""
+    names = [t for t in known if not t.startswith("__")]
+    close = difflib.get_close_matches(topic, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"subscribed topic {topic!r} does not exist{hint}: none of its partitions is assigned until it is created"
 
 
 def check_config(conf: dict[str, Any]) -> None:
@@ -407,6 +442,28 @@ def check_config(conf: dict[str, Any]) -> None:
         Consumer({**conf, "log_level": 0}).close()  # silent: it is only a check
     except KafkaException as exc:
         raise ValueError(exc.args[0].str()) from None
+
+
+def check_cluster(conf: dict[str, Any], timeout_s: float) -> None:
+    """Build a consumer of ``conf`` (it joins no group), wait up to ``timeout_s`` seconds for the
+    brokers' metadata answer (:meth:`KafkaClient.check_brokers`) and close it. The client errors
+    meanwhile are logged, a repeat counted (:data:`keyedconsumer.kafka.logs.client_errors`).
+
+    Raises
+    ------
+    KafkaClientError
+        As ``check_brokers``: authentication failed, or no answer within ``timeout_s``; or an
+        invalid librdkafka property.
+    """
+    client = _ConfluentClient(conf, lambda err: logs.client_errors.warning("%s", err))
+    try:
+        client.check_brokers(timeout_s)
+    finally:
+        client.close(timeout_s=CLOSE_TIMEOUT_S)
+
+
+#: Seconds :func:`check_cluster` waits for its consumer's close (it joined no group: it is quick).
+CLOSE_TIMEOUT_S = 5.0
 
 
 def connect(conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..config import reveal
 from ..errors import PublishError
+from . import logs
 
 if TYPE_CHECKING:
     from . import BatchPublisher, RecordPublisher
@@ -67,7 +69,11 @@ class Publisher:
         if not delivery_timeout_s > 0:
             raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
         self.delivery_timeout_s = float(delivery_timeout_s)
-        conf: dict[str, Any] = {"bootstrap.servers": ",".join(brokers), "linger.ms": 5}
+        conf: dict[str, Any] = {
+            "bootstrap.servers": ",".join(brokers),
+            "linger.ms": 5,
+            "logger": logs.librdkafka_log,  # librdkafka's lines into Python logging, unless config gives one
+        }
         conf.update(reveal(config or {}))
         conf.pop("delivery.timeout.ms", None)  # librdkafka's alias of message.timeout.ms
         conf.update(
@@ -81,14 +87,19 @@ class Publisher:
             self._producer = Producer(conf)
         except KafkaException as exc:
             raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
-        # Delivery reports are served by one poller thread (started on first use): a caller waits
-        # on its own event. Callers polling themselves served each other's reports, and one whose
-        # report another served slept on in its poll until the timeout (measured: ~100 ms per
-        # record with 16 threads publishing at once, bench/eos_cost.py).
+        # Delivery reports are served by one poller thread: a caller waits on its own event.
+        # Callers polling themselves served each other's reports, and one whose report another
+        # served slept on in its poll until the timeout (measured: ~100 ms per record with 16
+        # threads publishing at once, bench/eos_cost.py). It starts now, not at the first record:
+        # librdkafka's log lines and errors reach Python only through a poll (they would pile up
+        # unseen in a producer that has nothing to send yet, e.g. DeadLetter's while the broker
+        # is unreachable). It holds the publisher weakly, and ends when the publisher is closed
+        # or collected.
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()
         self._closing = threading.Event()
         self._fatal: KafkaError | None = None
+        self._ensure_poller()
 
     def publish(
         self,
@@ -195,18 +206,28 @@ class Publisher:
         with self._poller_lock:
             if self._poller is None and not self._closing.is_set():
                 self._poller = threading.Thread(
-                    target=self._serve_reports, name="keyedconsumer-publisher", daemon=True
+                    target=Publisher._serve_reports,
+                    args=(weakref.ref(self),),
+                    name="keyedconsumer-publisher",
+                    daemon=True,
                 )
                 self._poller.start()
 
-    def _serve_reports(self) -> None:
-        """Serve delivery reports until :meth:`close` (or a fatal error, kept for the waiters)."""
-        while not self._closing.is_set():
-            try:
-                self._producer.poll(0.05)
-            except KafkaException as exc:
-                self._fatal = exc.args[0]
+    @staticmethod
+    def _serve_reports(ref: weakref.ref[Publisher]) -> None:
+        """Serve delivery reports and log lines until :meth:`close` (or a fatal error, kept for
+        the waiters), or until the publisher is collected."""
+        while True:
+            publisher = ref()
+            if publisher is None or publisher._closing.is_set():
                 return
+            try:
+                publisher._producer.poll(0.05)
+            except KafkaException as exc:
+                publisher._fatal = exc.args[0]
+                return
+            finally:
+                del publisher
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait up to ``timeout_s`` seconds for queued records; stop serving delivery reports."""

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from ..errors import TransactionError
 from ..message import Record
+from . import logs
 
 if TYPE_CHECKING:
     from . import TP, TransactionalProducer
@@ -87,6 +88,7 @@ class KafkaTransactionalProducer:
         transaction_timeout_s: float,
     ) -> None:
         settings = dict(conf)
+        settings.setdefault("logger", logs.librdkafka_log)  # librdkafka's lines into Python logging
         settings.update(
             {
                 "transactional.id": transactional_id,

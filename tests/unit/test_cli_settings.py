@@ -5,6 +5,7 @@ layer. Nothing connects: ``--print-settings`` prints the validated settings and 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,7 @@ CONSUMER_VALUES: dict[str, Any] = {
     "startup_timeout_s": 5.5,
     "auto_offset_reset": "latest",
     "commit_metadata_max_bytes": 100,
+    "require_topics": True,
     "event_loop": "asyncio",
     "handler_batch_size": 9,
     "handler_batch_linger_s": 0.25,
@@ -360,18 +362,26 @@ def test_every_exactly_once_option_is_reachable_from_every_layer(tmp_path: Path)
     check([a for k, v in TRANSACTION_VALUES.items() for a in _flags(k, v)])
 
 
-# -- a KeyedApp: the layers are defaults under the routes' own options ------------------------------------
+# -- a KeyedApp: the layers go over the app's shared options, under each route's own -----------------
 
 
 @pytest.mark.timeout(30)
-def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(
+def test_an_app_takes_the_layers_over_its_own_options_and_under_its_routes_options(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = "tests.unit.cli_settings_app:app"
+    caplog.set_level(logging.INFO, "keyedconsumer.cli")
 
     def routes(*args: str, env: dict[str, str] | None = None) -> Any:
         return runner.invoke(app, ["run", spec, "--app-dir", str(ROOT), "--print-settings", *args], env=env)
 
+    # given no layer: the app's own options
+    result = routes()
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["plain"]["brokers"] == ["127.0.0.1:1"] and shown["plain"]["group_id"] == "billing"
+    assert shown["plain"]["config"] == {"client.id": "app", "linger.ms": 7}
+    # given a flag, the environment and a file
     (tmp_path / "kc.toml").write_text('batch_size = 9\nconcurrency = 5\n[config]\n"client.id" = "file"\n')
     result = routes(
         "--concurrency",
@@ -380,6 +390,8 @@ def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(
         str(tmp_path / "kc.toml"),
         "--group",
         "ops",
+        "--brokers",
+        "kafka-1:9092",
         env={"KEYEDCONSUMER_BATCH_SIZE": "11"},
     )
     assert result.exit_code == 0, result.output
@@ -387,20 +399,23 @@ def test_an_app_takes_the_layers_as_defaults_under_its_routes_options(
     # then a route's own option beats the flag; the flag applies where no route sets it; env beats file
     assert (shown["fast"]["concurrency"], shown["plain"]["concurrency"]) == (16, 3)
     assert shown["fast"]["batch_size"] == shown["plain"]["batch_size"] == 11
-    assert shown["plain"]["config"] == {"client.id": "file"}
-    # the app's group_id beats --group, a route's own group_id beats both; the routes keep their topics
-    assert (shown["fast"]["group_id"], shown["plain"]["group_id"]) == ("billing", "billing")
+    # the layers beat the app's own options (brokers, group, librdkafka properties one by one) ...
+    assert shown["plain"]["brokers"] == shown["fast"]["brokers"] == ["kafka-1:9092"]
+    assert (shown["fast"]["group_id"], shown["plain"]["group_id"]) == ("ops", "ops")
+    assert shown["plain"]["config"] == {"client.id": "file", "linger.ms": 7}
+    # ... but not a route's own: the remote route keeps its cluster and its client.id
+    assert shown["remote"]["brokers"] == ["10.0.0.1:9092"]
+    assert shown["remote"]["config"] == {"client.id": "remote", "linger.ms": 7}
+    # the routes keep their topics
     assert (shown["fast"]["topics"], shown["plain"]["topics"]) == (["payments"], ["refunds"])
-    assert (
-        "route fast sets its own concurrency (or its app does): the flag --concurrency does not apply to it"
-        in caplog.text
-    )
-    assert (
-        "route plain sets its own group_id (or its app does): the flag --group does not apply to it"
-        in caplog.text
-    )
-    # and a bad default names the field and its layer; routes' topics from a flag are refused
+    assert "route fast sets its own concurrency: the flag --concurrency does not apply to it" in caplog.text
+    assert "route remote sets its own brokers: the flag --brokers does not apply to it" in caplog.text
+    assert "route remote sets its own config.client.id: the file" in caplog.text
+    assert "the flag --brokers replaces the app's own brokers" in caplog.text
+    assert "the flag --group replaces the app's own group_id" in caplog.text
+    # and a bad setting names the field, its layer and the route; routes' topics from a flag are refused
     bad = routes("--batch-size", "0")
     assert bad.exit_code == 2 and "batch_size (from flag --batch-size)" in bad.output, bad.output
+    assert "route 'fast'" in bad.output, bad.output
     bad = routes("-t", "other")
     assert bad.exit_code == 2 and "is a KeyedApp" in bad.output and "topics" in bad.output, bad.output
