@@ -81,6 +81,11 @@ class HandOut:
             self.linger_until = None
         return out
 
+    def polled(self, got: int, asked: int) -> None:
+        """A poll returned ``got`` of the ``asked`` records: a batch handler's partial batch is not
+        cut while records are at hand (the poll was full)."""
+        self.more = bool(self._batch_size) and got >= asked
+
     def report(self, outcome: tuple[Results, float]) -> None:
         """A worker ended a unit (run by the mailbox, in the owner thread)."""
         self.outstanding -= 1

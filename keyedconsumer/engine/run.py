@@ -307,7 +307,7 @@ class Run:
             msgs = client.poll_batch(asked, timeout_s)
             now = self.polled_at_s = time.monotonic()
             # a batch handler's partial batch is not cut while records are at hand
-            self.handout.more = bool(self._batch_size) and len(msgs) >= asked
+            self.handout.polled(len(msgs), asked)
             if msgs:
                 self._slice_s = IDLE_SLICE_S[0]
                 conflated = engine.admit(msgs)

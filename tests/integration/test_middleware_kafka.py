@@ -271,7 +271,9 @@ def test_retry_waiting_messages_are_held_once_and_memory_stays_bounded_case_c2(
     assert max(s[0] for s in samples) <= max_in_flight
     assert max(s[1] for s in samples) <= max_in_flight
     assert consumer.peak_in_flight <= max_in_flight
-    assert consumer._run is not None and consumer._run.engine.retries >= 2 * max_in_flight  # every held message was retried several times
+    assert (
+        consumer._run is not None and consumer._run.engine.retries >= 2 * max_in_flight
+    )  # every held message was retried several times
     assert time.monotonic() - t0 < 10
 
 
