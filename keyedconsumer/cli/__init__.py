@@ -7,6 +7,7 @@
     keyedconsumer dead-letter replay --from orders.dlq [--to orders] [--key K] [--since TIME] [--dry-run]
     keyedconsumer web [--group G] [--redis URL] [--enable-actions]   (extra keyedconsumer[web])
     keyedconsumer audit [--topic keyedconsumer.audit] [--key K] [--source-topic T --partition P --offset N] [--since TIME]
+    keyedconsumer docs module:app [--out asyncapi.json] [--format json|yaml]   (AsyncAPI 3.0)
 
 **Settings** come from, highest precedence first: command-line flags (one for every
 ``ConsumerConfig`` field and Redis sequencer option), environment variables ``KEYEDCONSUMER_<SETTING>``
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import typer
 
-from . import audit, inspect, replay, run, web
+from . import audit, docs, inspect, replay, run, web
 from .handler import load_handler
 from .layers import RunOptions
 from .marker import ReplayMarker
@@ -72,6 +73,7 @@ app.command("inspect")(inspect.inspect_group)
 app.command("web")(web.web)
 dead_letter_app.command("replay")(replay.replay)
 app.command("audit")(audit.audit)
+app.command("docs")(docs.docs)
 
 
 def main() -> None:
