@@ -11,7 +11,7 @@ Redis 7.0 has no ``WAITAOF``). Otherwise the call raises :class:`StoreUnavailabl
 tries again later, and whatever the unacknowledged write did is never used: a token not returned
 was never issued, a message not acknowledged as parked is still held by the consumer.
 
-What this promises and what it does not is in the README's "Redis Cluster" section: one replica
+What this promises and what it does not is in docs/redis.md ("Redis Cluster"): one replica
 per master is assumed, so a promoted replica is the one that acknowledged; with more replicas per
 master, Redis may promote one that did not.
 """
