@@ -17,7 +17,7 @@ from .errors import (
     MessageError,
     PublishError,
 )
-from .kafka import BatchPublisher, RecordPublisher
+from .kafka import BatchPublisher, PublisherFactory, RecordPublisher
 from .kafka.publisher import Publisher
 from .message import Message, Status
 from .outcomes import BatchFailed, PermanentError, RetryLater, SkipMessage
@@ -47,6 +47,7 @@ __all__ = [
     "Publisher",
     "RecordPublisher",
     "BatchPublisher",
+    "PublisherFactory",
     "PartitionStatus",
     "RedisSequencer",
     "RedisSequencerConfig",

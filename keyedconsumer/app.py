@@ -116,6 +116,7 @@ class KeyedApp:
         middlewares: Sequence[Middleware] = (),
         error_handler: ErrorHandler | None = None,
         sequencer: Callable[[], Sequencer] | None = None,
+        produces: Sequence[str] | Mapping[str, Any] = (),
         **options: Any,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``topics``.
@@ -132,6 +133,11 @@ class KeyedApp:
         sequencer:
             A zero-argument factory of the route's sequencer, e.g.
             ``lambda: RedisSequencer(url, "billing")`` (called once per run).
+        produces:
+            The topics the handler writes to with ``msg.produce``, as names or as
+            ``{topic: pydantic model class or None}``: they appear in the AsyncAPI document
+            (``keyedconsumer docs module:app``) with their payload schema. Documentation only:
+            ``msg.produce`` is not checked against it.
         **options:
             :class:`~keyedconsumer.ConsumerConfig` fields for this route (``concurrency``,
             ``ordering``, ``group_id`` ...), replacing the app's.
@@ -145,7 +151,9 @@ class KeyedApp:
         ValueError
             No topic, or a name already used by another route.
         """
-        return self._register(topics, name, middlewares, error_handler, sequencer, options, batch=False)
+        return self._register(
+            topics, name, middlewares, error_handler, sequencer, produces, options, batch=False
+        )
 
     def batch_handler(
         self,
@@ -154,6 +162,7 @@ class KeyedApp:
         middlewares: Sequence[Middleware] = (),
         error_handler: ErrorHandler | None = None,
         sequencer: Callable[[], Sequencer] | None = None,
+        produces: Sequence[str] | Mapping[str, Any] = (),
         **options: Any,
     ) -> Callable[[H], H]:
         """Register the decorated function as the *batch* handler of ``topics``: it takes a list of
@@ -171,7 +180,9 @@ class KeyedApp:
             ``Recover`` can); an app middleware that cannot is refused when the app runs.
         """
         check_batch_middlewares(middlewares)
-        return self._register(topics, name, middlewares, error_handler, sequencer, options, batch=True)
+        return self._register(
+            topics, name, middlewares, error_handler, sequencer, produces, options, batch=True
+        )
 
     def _register(
         self,
@@ -180,10 +191,14 @@ class KeyedApp:
         middlewares: Sequence[Middleware],
         error_handler: ErrorHandler | None,
         sequencer: Callable[[], Sequencer] | None,
+        produces: Sequence[str] | Mapping[str, Any],
         options: dict[str, Any],
         *,
         batch: bool,
     ) -> Callable[[H], H]:
+        if isinstance(produces, str):
+            raise TypeError(f"produces= takes a list of topics or a mapping, got the string {produces!r}")
+        declared = dict(produces) if isinstance(produces, Mapping) else dict.fromkeys(produces)
         if not topics:
             raise ValueError(f"@app.{'batch_handler' if batch else 'handler'} needs at least one topic")
 
@@ -209,6 +224,7 @@ class KeyedApp:
                     options=merged,
                     batch=batch,
                     own=own,
+                    produces=declared,
                 )
             )
             return fn
@@ -272,6 +288,11 @@ class KeyedApp:
                 replaced += [(settings.name, k) for k in differing(values, beaten)]
             self.routes = routes
         return replaced
+
+    @property
+    def middlewares(self) -> tuple[Middleware, ...]:
+        """The app's middleware, outside every route's own (first: the outermost)."""
+        return tuple(self._middlewares)
 
     def use(self, *middlewares: Middleware) -> None:
         """Add middleware to every route, inside the app's earlier ones and outside each route's own

@@ -38,7 +38,7 @@ from .engine.sequencer import InMemorySequencer, Sequencer
 from .engine.status import PartitionStatus
 from .engine.timelimit import TimeLimit
 from .errors import KeyedConsumerError
-from .kafka import TP, ClientFactory
+from .kafka import TP, ClientFactory, publishers_of
 from .message import Message
 
 __all__ = [
@@ -83,7 +83,8 @@ class KeyedConsumer:
         first given is the outermost. A middleware with a ``bind_settings(settings: ConsumerConfig)``
         method gets this consumer's settings first (outermost first, before the chain is composed),
         so that, e.g., ``DeadLetter()`` publishes with the consumer's brokers and security settings
-        without the user repeating them.
+        without the user repeating them; one with ``bind_publishers(factory)`` gets, before that,
+        the factory of its producers (:func:`~keyedconsumer.kafka.publishers_of` ``client_factory``).
     error_handler:
         ``error_handler(error, message_or_None)`` for failures no middleware handled and for Kafka
         client errors: a plain callable (not ``async def``: it is not awaited) taking these two
@@ -91,6 +92,8 @@ class KeyedConsumer:
         raising, or no handler at all, stops the consumer and ``run()`` raises.
     client_factory:
         Builds the Kafka client (default: librdkafka via confluent-kafka); tests may pass another.
+        A :class:`~keyedconsumer.kafka.Connector` (``InMemoryBroker.client_factory``) also makes
+        the middleware's producers (``DeadLetter``, ``Audit``).
     sequencer:
         ``RedisSequencer(...)`` for per-key leases across instances; default in-memory sequencing.
     clock:
@@ -164,7 +167,7 @@ class KeyedConsumer:
         #: The handler contract: a plain handler returning an awaitable is recorded where it
         #: returns, inside every middleware, so that no middleware can hide it.
         self._contract = Contract()
-        bind(middlewares, self.config)
+        bind(middlewares, self.config, publishers_of(client_factory))
         self._time_limit = TimeLimit(self.config.handler_timeout_s)
         #: the records handlers produce (msg.produce): written before their message counts done
         self._results = Results(

@@ -44,6 +44,9 @@ class Route:
     #: ``handler`` is a batch handler (:meth:`~keyedconsumer.KeyedApp.batch_handler`): it takes a list of messages.
     batch: bool = False
     own: dict[str, Any] = field(default_factory=dict)
+    #: The topics the handler produces to (``msg.produce``), each with its payload model or
+    #: ``None``: declared with ``produces=`` for the AsyncAPI document, not checked at run time.
+    produces: Mapping[str, Any] = field(default_factory=dict)
 
 
 def layered(*layers: Mapping[str, Any]) -> dict[str, Any]:

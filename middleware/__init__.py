@@ -8,7 +8,11 @@ outermost. A typical stack, outermost first::
 
 A middleware may have a ``bind_settings(settings: ConsumerConfig) -> None`` method: ``KeyedConsumer``
 calls it on each middleware, outermost first, before composing the chain. ``DeadLetter()`` uses it to
-publish with the consumer's brokers and connection properties, so credentials are written once.
+publish with the consumer's brokers and connection properties, so credentials are written once. Just
+before it, ``bind_publishers(factory: PublisherFactory | None)`` gives the factory of the consumer's
+producers (its client factory's, when that is a ``keyedconsumer.kafka.Connector`` such as the
+in-memory broker's; ``None``: the real ``Publisher``): ``DeadLetter`` and ``Audit`` build their
+producer with it, so under ``keyedconsumer.testing`` they write into the in-memory broker.
 
 Retry state travels on the :class:`~keyedconsumer.Message` (``attempt``, ``last_error``), and
 control flow uses exceptions (:class:`~keyedconsumer.RetryLater`,

@@ -38,9 +38,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import BatchPublisher, Message, Publisher, PublishError, RetryLater
+from keyedconsumer import BatchPublisher, ConsumerConfig, Message, PublisherFactory, PublishError, RetryLater
 
 from ._kind import around
+from ._publisher import PublisherSource
 from .dead_letter import STATE_ERROR
 from .logging import outcome_of
 
@@ -85,10 +86,13 @@ class Audit:
     topic:
         The audit topic (create it with the retention you want; ``keyedconsumer audit`` reads it).
     brokers, producer_config:
-        Where to write (a :class:`~keyedconsumer.Publisher`: ``acks=all``, idempotent), unless
-        ``publisher`` is given.
+        The cluster to write to (``acks=all``, idempotent producer) and extra producer properties.
+        Default: the consumer's brokers and connection properties, with ``producer_config`` laid
+        over them, as :class:`~keyedconsumer.middleware.DeadLetter` takes them (``bind_settings``).
+        The producer is built when a consumer binds the middleware, by the consumer's publisher
+        factory (``bind_publishers``: the in-memory broker's under :mod:`keyedconsumer.testing`).
     publisher:
-        A :class:`~keyedconsumer.kafka.BatchPublisher` (``InMemoryBroker.publisher()`` in tests).
+        A :class:`~keyedconsumer.kafka.BatchPublisher` to use instead (``InMemoryBroker.publisher()``).
     flush_interval_s:
         Seconds between two publishes of the queue (> 0).
     max_batch:
@@ -103,7 +107,8 @@ class Audit:
     Raises
     ------
     ValueError
-        Neither ``brokers`` nor ``publisher``, or a bound above not met.
+        A bound above not met. Used without ``brokers``, ``publisher`` or a consumer that bound it
+        (composed, or ``conflated`` called): the message says what to pass.
     """
 
     def __init__(
@@ -118,8 +123,6 @@ class Audit:
         max_queue: int = 100_000,
         wait: bool = False,
     ) -> None:
-        if publisher is None and not brokers:
-            raise ValueError("Audit needs brokers=[...] or publisher=...")
         if not flush_interval_s > 0 or max_batch < 1 or max_queue < max_batch:
             raise ValueError("Audit needs flush_interval_s > 0, max_batch >= 1 and max_queue >= max_batch")
         self.topic = topic
@@ -127,7 +130,13 @@ class Audit:
         self.max_batch = int(max_batch)
         self.max_queue = int(max_queue)
         self.wait = bool(wait)
-        self._publisher: BatchPublisher = publisher or Publisher(list(brokers or []), producer_config)
+        self._source: PublisherSource[BatchPublisher] = PublisherSource(
+            "Audit",
+            brokers=brokers,
+            publisher=publisher,
+            producer_config=producer_config,
+            delivery_timeout_s=30.0,
+        )
         self._instance = f"{socket.gethostname()}:{os.getpid()}"
         self._queue: deque[tuple[int, bytes | None, bytes]] = deque()  # (sequence number, key, value)
         self._seq = 0  # sequence number of the last record queued
@@ -145,7 +154,19 @@ class Audit:
 
     # -- the middleware --------------------------------------------------------------------------
 
+    def bind_publishers(self, factory: PublisherFactory | None) -> None:
+        """The middleware hook ``KeyedConsumer`` calls first: the factory of its producers
+        (``None``: :class:`~keyedconsumer.Publisher`)."""
+        self._source.bind_publishers(factory)
+
+    def bind_settings(self, settings: ConsumerConfig) -> None:
+        """The middleware hook ``KeyedConsumer`` calls with its settings: build the producer (see
+        ``brokers``). Raises ``ValueError`` when bound, with the same factory, to consumers of two
+        clusters, and ``PublishError`` when the producer cannot be built."""
+        self._source.bind_settings(settings)
+
     def __call__(self, handler: Any) -> Any:
+        self._source.get()  # unbound and without brokers: fail when composed, not in the writer
         return around(handler, lambda _msg: time.perf_counter(), self._after, blocking_after=self.wait)
 
     def _after(self, msg: Message, exc: BaseException | None, t0: float) -> None:
@@ -166,6 +187,7 @@ class Audit:
     def conflated(self, msg: Message) -> None:
         """Record a message that was conflated (replaced by a newer one of its key before it ran):
         pass it as ``KeyedConsumer(conflate=True, on_conflated=audit.conflated)``."""
+        self._source.get()
         self.append(msg, None, 0.0, outcome="CONFLATED")
 
     def record(
@@ -245,9 +267,13 @@ class Audit:
 
     def _publish(self, taken: list[tuple[int, bytes | None, bytes]]) -> None:
         try:
-            results: list[Any] = self._publisher.publish_many([(self.topic, k, v, None) for _, k, v in taken])
+            results: list[Any] = self._source.get().publish_many(
+                [(self.topic, k, v, None) for _, k, v in taken]
+            )
         except PublishError as exc:
             results = [exc] * len(taken)
+        except Exception as exc:  # no producer (unbound), or none may be used (an in-memory run)
+            results = [PublishError(f"cannot publish to {self.topic}: {exc}")] * len(taken)
         refused = [seq for (seq, _, _), r in zip(taken, results, strict=True) if isinstance(r, PublishError)]
         if refused:
             first = next(r for r in results if isinstance(r, PublishError))
@@ -282,8 +308,10 @@ class Audit:
             self._closed = True
             self._cond.notify_all()
         self._writer.join(timeout_s)
+        publisher = self._source.current()
         try:
-            self._publisher.close(timeout_s)
+            if publisher is not None:
+                publisher.close(timeout_s)
         except Exception as exc:  # closing is best effort: the records were acknowledged already
             log.debug("audit publisher close: %s", exc)
         atexit.unregister(self.close)

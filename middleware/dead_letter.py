@@ -30,6 +30,12 @@ failing attempt's trace context there (``traceparent``, ``tracestate``), so the 
 continues the trace of the attempt that failed. After a publish, ``msg.state["dead_lettered"]`` is
 the dead-letter topic and ``msg.state[STATE_ERROR]`` the failure, for the middleware outside.
 
+**Where the producer comes from** (:mod:`keyedconsumer.middleware._publisher`, shared with
+``Audit``). Nothing is built when the middleware is made: a consumer that binds it gives the factory
+of its producers (``bind_publishers``: the in-memory broker's when the consumer runs on
+:class:`~keyedconsumer.testing.InMemoryBroker`, so a test's dead letters land there and nothing
+reaches a network address; else :class:`~keyedconsumer.Publisher`), then its settings.
+
 **Connection settings written once.** ``DeadLetter()`` with neither ``brokers`` nor ``publisher``
 publishes to the cluster its consumer reads from: ``KeyedConsumer`` calls its ``bind_settings`` hook
 with the consumer's :class:`~keyedconsumer.ConsumerConfig`, and the producer is built from the
@@ -63,9 +69,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from keyedconsumer import ConsumerConfig, Message, Publisher, PublishError, RecordPublisher, RetryLater
+from keyedconsumer import ConsumerConfig, Message, PublisherFactory, PublishError, RecordPublisher, RetryLater
 
 from ._kind import around, failure_of
+from ._publisher import PublisherSource
 
 __all__ = ["DeadLetter", "DeadLetterError", "HEADERS", "STATE_HEADERS", "STATE_ERROR"]
 
@@ -148,7 +155,9 @@ class DeadLetter:
     brokers:
         Bootstrap servers of the cluster holding the dead-letter topic. Default: the consumer's
         brokers and connection properties (given by ``KeyedConsumer`` through
-        :meth:`bind_settings`).
+        :meth:`bind_settings`). Either way the producer is built when a consumer binds the
+        middleware, by the consumer's publisher factory (:meth:`bind_publishers`): under
+        :mod:`keyedconsumer.testing` it writes into the in-memory broker.
     topic:
         Dead-letter topic; ``{topic}`` is replaced by the message's topic (default ``{topic}.dlq``).
     publisher:
@@ -170,7 +179,8 @@ class DeadLetter:
         A bad bound. Used (composed or published with) without ``brokers``, ``publisher`` or a
         consumer that bound it: the message says what to pass.
     PublishError
-        ``brokers`` given and the producer cannot be built (an invalid property).
+        The producer cannot be built (an invalid property): when a consumer binds it, or, used
+        without a consumer, when first composed or published with.
     """
 
     #: It acts on a message's end only, so it can wrap each message of a batch handler's batch.
@@ -191,54 +201,41 @@ class DeadLetter:
         self.topic = topic
         self.timeout_s = float(timeout_s)
         self.max_stacktrace_bytes = int(max_stacktrace_bytes)
-        self._producer_config = dict(producer_config or {})
-        #: True when the publisher comes from the consumer's settings (no brokers, no publisher given)
-        self._from_consumer = publisher is None and not brokers
-        #: what the built publisher connects with: (brokers, connection properties) of the consumer
-        self._bound_to: tuple[tuple[str, ...], dict[str, Any]] | None = None
-        self._publisher: RecordPublisher | None = publisher
-        if publisher is None and brokers:
-            self._publisher = Publisher(
-                list(brokers), self._producer_config, delivery_timeout_s=self.timeout_s
-            )
+        self._source: PublisherSource[RecordPublisher] = PublisherSource(
+            "DeadLetter",
+            brokers=brokers,
+            publisher=publisher,
+            producer_config=producer_config,
+            delivery_timeout_s=self.timeout_s,
+        )
         self.published = 0  # dead-letter records acknowledged so far
 
+    def bind_publishers(self, factory: PublisherFactory | None) -> None:
+        """The middleware hook ``KeyedConsumer`` calls first: the factory of the consumer's
+        producers (``InMemoryBroker``'s under :mod:`keyedconsumer.testing`, else
+        :class:`~keyedconsumer.Publisher` for ``None``), which builds this middleware's producer."""
+        self._source.bind_publishers(factory)
+
     def bind_settings(self, settings: ConsumerConfig) -> None:
-        """The middleware hook ``KeyedConsumer`` calls with its settings before composing: without
-        ``brokers`` and ``publisher``, build the publisher from the consumer's ``brokers`` and
-        :meth:`~keyedconsumer.ConsumerConfig.connection_properties` (``producer_config`` laid over
-        them). With either given, nothing happens. Bound again (one instance in several consumers),
-        it keeps its publisher when the brokers and connection properties are the same.
+        """The middleware hook ``KeyedConsumer`` calls with its settings before composing: build the
+        producer with the bound factory, for ``brokers`` when given, else for the consumer's
+        ``brokers`` and :meth:`~keyedconsumer.ConsumerConfig.connection_properties`
+        (``producer_config`` laid over them). With ``publisher`` given, nothing happens. Bound again
+        (one instance in several consumers), it keeps its producer when the factory, brokers and
+        connection properties are the same.
 
         Raises
         ------
         ValueError
-            Already bound to a consumer with other brokers or connection properties.
+            Already bound, with the same factory, to a consumer with other brokers or connection
+            properties.
         PublishError
             The producer cannot be built (an invalid property).
         """
-        if not self._from_consumer:
-            return
-        target = (tuple(settings.brokers), settings.connection_properties())
-        if self._bound_to is not None:
-            if target != self._bound_to:
-                raise ValueError(
-                    "this DeadLetter() is already bound to a consumer of other brokers or connection "
-                    "settings: give each consumer its own DeadLetter(), or pass brokers=[...]"
-                )
-            return
-        self._publisher = Publisher(
-            list(settings.brokers), {**target[1], **self._producer_config}, delivery_timeout_s=self.timeout_s
-        )
-        self._bound_to = target
+        self._source.bind_settings(settings)
 
     def _ready_publisher(self) -> RecordPublisher:
-        if self._publisher is None:
-            raise ValueError(
-                "DeadLetter() has no brokers: use it in KeyedConsumer(middlewares=[...]), which gives it the "
-                "consumer's brokers and security settings, or pass brokers=[...] or publisher=..."
-            )
-        return self._publisher
+        return self._source.get()
 
     def topic_for(self, msg: Message) -> str:
         """The dead-letter topic of ``msg``."""

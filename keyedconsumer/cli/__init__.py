@@ -7,6 +7,7 @@
     keyedconsumer dead-letter replay --from orders.dlq [--to orders] [--key K] [--since TIME] [--dry-run]
     keyedconsumer web [--group G] [--redis URL] [--enable-actions]   (extra keyedconsumer[web])
     keyedconsumer audit [--topic keyedconsumer.audit] [--key K] [--source-topic T --partition P --offset N] [--since TIME]
+    keyedconsumer docs module:app [--out asyncapi.json] [--format json|yaml]   (AsyncAPI 3.0)
 
 **Settings** come from, highest precedence first: command-line flags (one for every
 ``ConsumerConfig`` field and Redis sequencer option), environment variables ``KEYEDCONSUMER_<SETTING>``
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import typer
 
-from . import audit, inspect, replay, run, web
+from . import audit, docs, inspect, replay, run, web
 from .handler import load_handler
 from .help import Command, Group
 from .layers import RunOptions
@@ -81,6 +82,7 @@ dead_letter_app.command("replay", cls=Command, short_help="Re-publish dead-lette
 app.command("audit", cls=Command, short_help="Find what happened to messages in the audit trail.")(
     audit.audit
 )
+app.command("docs", cls=Command, short_help="Write the AsyncAPI document of an app's routes.")(docs.docs)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from ..message import Message
 
 if TYPE_CHECKING:
     from ..config import ConsumerConfig
+    from ..kafka import PublisherFactory
 
 __all__ = [
     "Handler",
@@ -25,6 +26,7 @@ __all__ = [
     "bind",
     "BIND_HOOK",
     "check_handler",
+    "PUBLISHERS_HOOK",
     "check_error_handler",
     "is_async",
     "Contract",
@@ -41,16 +43,25 @@ ErrorHandler = Callable[[BaseException, Message | None], Any]
 
 #: The optional middleware hook: ``middleware.bind_settings(settings: ConsumerConfig) -> None``.
 BIND_HOOK = "bind_settings"
+#: The optional middleware hook ``middleware.bind_publishers(factory: PublisherFactory | None) -> None``:
+#: where the middleware's producers come from (``None``: the real ``Publisher``); called before
+#: ``bind_settings``.
+PUBLISHERS_HOOK = "bind_publishers"
 
 
-def bind(middlewares: Sequence[Middleware], settings: ConsumerConfig) -> None:
-    """Give each middleware that has a ``bind_settings`` method the consumer's settings, outermost
-    first, before :func:`compose` wraps the handler (``KeyedConsumer`` calls it once, when built).
+def bind(
+    middlewares: Sequence[Middleware], settings: ConsumerConfig, publishers: PublisherFactory | None = None
+) -> None:
+    """Give each middleware that has a ``bind_publishers`` method the consumer's publisher factory
+    (``publishers``; ``None``: the real ``Publisher``), then each that has a ``bind_settings`` method the consumer's
+    settings, middleware by middleware, outermost first, before :func:`compose` wraps the handler
+    (``KeyedConsumer`` calls it once, when built).
 
-    A middleware uses it to take what it must not ask the user to repeat, e.g. ``DeadLetter()``
-    builds its producer from the consumer's brokers and connection properties. A middleware may be
-    bound by several consumers (one instance in several routes of a ``KeyedApp``). Classes and
-    non-middleware entries are left to :func:`compose`, which refuses them.
+    A middleware uses them to take what it must not ask the user to repeat, e.g. ``DeadLetter()``
+    builds its producer with the consumer's factory (the in-memory broker's under
+    ``keyedconsumer.testing``) from the consumer's brokers and connection properties. A middleware
+    may be bound by several consumers (one instance in several routes of a ``KeyedApp``). Classes
+    and non-middleware entries are left to :func:`compose`, which refuses them.
 
     Raises
     ------
@@ -60,7 +71,12 @@ def bind(middlewares: Sequence[Middleware], settings: ConsumerConfig) -> None:
     if isinstance(middlewares, (str, bytes)) or not hasattr(middlewares, "__iter__"):
         return  # compose() says what is wrong
     for mw in middlewares:
-        hook = None if isinstance(mw, type) else getattr(mw, BIND_HOOK, None)
+        if isinstance(mw, type):
+            continue
+        factory_hook = getattr(mw, PUBLISHERS_HOOK, None)
+        if callable(factory_hook):
+            factory_hook(publishers)
+        hook = getattr(mw, BIND_HOOK, None)
         if callable(hook):
             hook(settings)
 

@@ -13,12 +13,20 @@ only modules of the package that import ``confluent_kafka``:
 
 :mod:`keyedconsumer.testing` implements :class:`KafkaClient` (``FakeClient``) and
 :class:`RecordPublisher` (``FakePublisher``) on an in-memory broker.
+
+**Where producers come from.** Every producer a consumer's middleware makes (``DeadLetter``'s,
+``Audit``'s) comes from the consumer's client factory when that factory is a :class:`Connector`
+(it also makes publishers: ``InMemoryBroker.client_factory`` is one, so under the in-memory broker
+they write into it), else they are :class:`~keyedconsumer.Publisher` s (:func:`publishers_of`). The
+records handlers produce (``msg.produce``, exactly-once results) come from the consumer's own
+client (:meth:`KafkaClient.publisher`, :meth:`KafkaClient.transactional_producer`). So the one
+object a test hands to the consumer decides where everything goes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import KafkaClientError, PublishError
 from ..message import Message, Record
@@ -29,6 +37,9 @@ __all__ = [
     "RebalanceListener",
     "KafkaClient",
     "ClientFactory",
+    "Connector",
+    "PublisherFactory",
+    "publishers_of",
     "RecordPublisher",
     "BatchPublisher",
     "TransactionalProducer",
@@ -114,6 +125,46 @@ class KafkaClient(Protocol):
 
 #: ``factory(librdkafka_config, on_error) -> KafkaClient``; ``on_error`` receives client errors.
 ClientFactory = Callable[[dict[str, Any], Callable[[KafkaClientError], None]], KafkaClient]
+
+
+class PublisherFactory(Protocol):
+    """``factory(brokers, config, delivery_timeout_s=...) -> BatchPublisher``: a producer of the
+    cluster at ``brokers`` (``host:port`` strings) with the librdkafka producer properties
+    ``config``, whose records are given up after ``delivery_timeout_s`` seconds.
+    :class:`~keyedconsumer.Publisher` is the real one.
+
+    Raises
+    ------
+    PublishError
+        The producer could not be created (an invalid property).
+    """
+
+    def __call__(
+        self, brokers: Sequence[str], config: Mapping[str, Any], *, delivery_timeout_s: float
+    ) -> BatchPublisher: ...
+
+
+@runtime_checkable
+class Connector(Protocol):
+    """A :data:`ClientFactory` that also makes the producers of its cluster (a
+    :class:`PublisherFactory` as :meth:`publisher`): ``KeyedConsumer(client_factory=...)`` with one
+    gives its middleware their producers from it (:func:`publishers_of`).
+    ``keyedconsumer.testing.InMemoryBroker.client_factory`` is one."""
+
+    def __call__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> KafkaClient: ...
+
+    def publisher(
+        self, brokers: Sequence[str], config: Mapping[str, Any], *, delivery_timeout_s: float
+    ) -> BatchPublisher: ...
+
+
+def publishers_of(client_factory: ClientFactory | None) -> PublisherFactory | None:
+    """Where the middleware of a consumer built with ``client_factory`` gets its producers: the
+    factory's own :meth:`Connector.publisher` when it is a :class:`Connector`; else ``None``, and
+    the middleware builds the real :class:`~keyedconsumer.Publisher` (librdkafka)."""
+    if isinstance(client_factory, Connector):
+        return client_factory.publisher
+    return None
 
 
 class RecordPublisher(Protocol):

@@ -25,6 +25,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
+from .. import hermetic
 from ..errors import KafkaClientError, PublishError
 from . import TP
 
@@ -100,6 +101,7 @@ class GroupDescription:
 
 
 def _tools_conf(conf: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    hermetic.check("a Kafka admin tool (keyedconsumer.kafka.admin)", str(conf.get("bootstrap.servers")))
     out = dict(conf)
     out.update(extra)
     out.setdefault("logger", tools_log)

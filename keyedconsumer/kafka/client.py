@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from .. import hermetic
 from ..config import is_connection_property
 from ..errors import CommitError, KafkaClientError
 from ..message import Message
@@ -92,6 +93,9 @@ class _ConfluentClient:
             "bootstrap.servers": conf["bootstrap.servers"],
             **{k: v for k, v in conf.items() if is_connection_property(k)},
         }
+        hermetic.check(
+            "a Kafka consumer client (KeyedConsumer's default client factory)", str(conf["bootstrap.servers"])
+        )
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from .. import hermetic
 from ..config import reveal
 from ..errors import PublishError
 from . import logs
@@ -58,6 +59,7 @@ class Publisher:
     #: Seconds past ``message.timeout.ms`` that :meth:`publish` waits for the delivery report:
     #: librdkafka checks for timed-out records about once a second.
     REPORT_GRACE_S = 5.0
+    _who = "a Kafka producer (keyedconsumer.Publisher: DeadLetter's, Audit's or the application's own)"
 
     def __init__(
         self,
@@ -69,8 +71,10 @@ class Publisher:
         if not delivery_timeout_s > 0:
             raise ValueError(f"Publisher delivery_timeout_s must be > 0, got {delivery_timeout_s!r}")
         self.delivery_timeout_s = float(delivery_timeout_s)
+        self._brokers = ",".join(brokers)
+        hermetic.check(self._who, self._brokers)
         conf: dict[str, Any] = {
-            "bootstrap.servers": ",".join(brokers),
+            "bootstrap.servers": self._brokers,
             "linger.ms": 5,
             "logger": logs.librdkafka_log,  # librdkafka's lines into Python logging, unless config gives one
         }
@@ -151,6 +155,7 @@ class Publisher:
             The producer hit a fatal error (it sends nothing more), or, which never happens, no
             delivery report came in time (the fate of the records is unknown).
         """
+        hermetic.check(self._who, self._brokers)  # one built before an in-memory run began
         results: list[tuple[int, int] | PublishError | None] = [None] * len(records)
         lock = threading.Lock()
         left = [len(records)]

@@ -11,7 +11,7 @@ Redis 7.0 has no ``WAITAOF``). Otherwise the call raises :class:`StoreUnavailabl
 tries again later, and whatever the unacknowledged write did is never used: a token not returned
 was never issued, a message not acknowledged as parked is still held by the consumer.
 
-What this promises and what it does not is in the README's "Redis Cluster" section: one replica
+What this promises and what it does not is in docs/redis.md ("Redis Cluster"): one replica
 per master is assumed, so a promoted replica is the one that acknowledged; with more replicas per
 master, Redis may promote one that did not.
 """
@@ -26,6 +26,7 @@ from urllib.parse import unquote
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from .. import hermetic
 from .config import CLUSTER_SCHEMES
 
 __all__ = [
@@ -66,6 +67,9 @@ def connect(url: str, socket_timeout_s: float) -> Any:
         other than 0 (a Redis Cluster has only database 0).
     """
     scheme, sep, rest = url.partition("://")
+    hermetic.check(
+        "a Redis client (RedisSequencer)", f"{scheme}://{rest.partition('/')[0].rpartition('@')[2]}"
+    )
     if not sep or scheme not in CLUSTER_SCHEMES:
         return redis.Redis.from_url(
             url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s

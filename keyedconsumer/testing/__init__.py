@@ -43,6 +43,14 @@ What is modelled, the way librdkafka and the Kafka group coordinator behave:
   member no longer owns is aborted, and a newer producer of the same ``transactional_id`` fences
   off the older one.
 
+- **Hermetic.** The broker's ``client_factory`` is a :class:`~keyedconsumer.kafka.Connector`: the
+  consumers built with it get their clients from it, and their middleware their producers
+  (``DeadLetter()``, ``DeadLetter(brokers=...)``, ``Audit()``), so dead letters, the audit trail and
+  what handlers produce all land in the broker's topics. While a run (:meth:`InMemoryBroker.run`,
+  :meth:`InMemoryBroker.run_app`) or a test with the ``kc_broker`` fixture is on, a real Kafka or
+  Redis client that anything tries to start is refused: the run or the test fails with
+  :class:`NetworkRefusedError`, naming what tried to connect (:mod:`keyedconsumer.hermetic`).
+
 Not modelled: replication, transactions left open by a crash and ``read_uncommitted`` readers,
 compaction, retention, record size limits, quotas, and a
 member being slower than ``max.poll.interval.ms``.
@@ -54,7 +62,8 @@ Layout: :mod:`~keyedconsumer.testing.broker` (the broker, its records, the membe
 Kafka seams, which use only the broker's public methods) and :mod:`~keyedconsumer.testing.clock`.
 """
 
-from .broker import GroupEvent, InMemoryBroker, Record
+from ..hermetic import NetworkRefusedError
+from .broker import BrokerConnector, GroupEvent, InMemoryBroker, Record
 from .client import FakeClient, FakePublisher, FakeTransactionalProducer
 from .clock import FakeClock
 from .group import Commit
@@ -62,6 +71,8 @@ from .run import AppRun, Run
 
 __all__ = [
     "InMemoryBroker",
+    "BrokerConnector",
+    "NetworkRefusedError",
     "FakeClock",
     "FakeClient",
     "FakePublisher",

@@ -25,7 +25,7 @@ waiting                                :meth:`~InMemoryBroker.version`,
 
 :class:`~keyedconsumer.testing.run.Run` runs consumers on the broker in threads.
 
-A member is named by the member id :meth:`~InMemoryBroker.client_factory` gave it; the broker knows
+A member is named by the member id :meth:`~InMemoryBroker.new_client` gave it; the broker knows
 its group. The group's state is a :class:`~keyedconsumer.testing.group.ConsumerGroup`'s own; one
 lock (the broker's) guards all of it.
 """
@@ -37,7 +37,7 @@ import itertools
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..app import KeyedApp
@@ -50,9 +50,9 @@ from .group import Commit, ConsumerGroup, EventKind, matches
 from .run import AppRun, Run
 
 if TYPE_CHECKING:
-    from ..kafka import ClientFactory
+    from ..kafka import ClientFactory, Connector, PublisherFactory
 
-__all__ = ["InMemoryBroker", "Record", "GroupEvent"]
+__all__ = ["InMemoryBroker", "BrokerConnector", "Record", "GroupEvent"]
 
 Bytes = bytes | str | None
 Headers = Sequence[tuple[str, bytes | str | None]]
@@ -92,6 +92,34 @@ class GroupEvent:
     partitions: list[TP]
     committed: dict[TP, int | None] = dataclasses.field(default_factory=dict)
     end_offsets: dict[TP, int] = dataclasses.field(default_factory=dict)
+
+
+class BrokerConnector:
+    """An :class:`InMemoryBroker`'s :class:`~keyedconsumer.kafka.Connector` (its ``client_factory``):
+    the one object a consumer gets its Kafka clients from, and its middleware their producers.
+
+    Called as a :data:`~keyedconsumer.kafka.ClientFactory`, ``connector(conf, on_error)``, it makes a
+    :class:`FakeClient`, a new member of the group ``conf["group.id"]``; it reads ``group.id``,
+    ``enable.auto.commit``, ``auto.commit.interval.ms`` and ``auto.offset.reset`` and ignores the
+    rest (``KafkaClientError`` ``_INVALID_ARG`` without ``group.id``). :meth:`publisher` makes a
+    :class:`FakePublisher` into the broker, whatever ``brokers`` it is given: the in-memory broker
+    stands for every cluster, so ``DeadLetter(brokers=["other:9092"])`` writes into it too.
+    """
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        self._broker = broker
+
+    def __call__(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> FakeClient:
+        return self._broker.new_client(conf, on_error)
+
+    def publisher(
+        self, brokers: Sequence[str], config: Mapping[str, Any], *, delivery_timeout_s: float
+    ) -> FakePublisher:
+        """A :class:`~keyedconsumer.kafka.PublisherFactory`: a :class:`FakePublisher` into the broker."""
+        return FakePublisher(self._broker)
+
+    def __repr__(self) -> str:
+        return f"BrokerConnector({self._broker!r})"
 
 
 def _bytes(value: Bytes) -> bytes | None:
@@ -140,6 +168,9 @@ class InMemoryBroker:
         self._members: dict[str, str] = {}  # live member id -> its group, in creation order
         self._errors: dict[str, list[KafkaClientError]] = {}  # per live member, not yet reported
         self._member_ids = itertools.count(1)
+        #: The :class:`~keyedconsumer.kafka.Connector` of this broker:
+        #: ``KeyedConsumer(client_factory=broker.client_factory)``. See :class:`BrokerConnector`.
+        self.client_factory = BrokerConnector(self)
 
     # -- topics and records -----------------------------------------------------------------------
 
@@ -329,7 +360,7 @@ class InMemoryBroker:
         Raises
         ------
         KeyError
-            Unknown member id (not made by :meth:`client_factory`, or it left).
+            Unknown member id (not made by :meth:`new_client`, or it left).
         """
         with self._lock:
             self._group_of(member_id).join(member_id, topics, self._partition_counts())
@@ -513,18 +544,14 @@ class InMemoryBroker:
 
     # -- wiring -----------------------------------------------------------------------------------
 
-    def client_factory(
-        self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]
-    ) -> FakeClient:
-        """A :data:`~keyedconsumer.kafka.ClientFactory`: ``KeyedConsumer(client_factory=broker.client_factory)``.
-
-        Reads ``group.id``, ``enable.auto.commit``, ``auto.commit.interval.ms`` and
-        ``auto.offset.reset`` from ``conf``; ignores the rest.
+    def new_client(self, conf: dict[str, Any], on_error: Callable[[KafkaClientError], None]) -> FakeClient:
+        """A new :class:`FakeClient`, a member of the group ``conf["group.id"]`` (what
+        :attr:`client_factory` does when called; see :class:`BrokerConnector`).
 
         Raises
         ------
         KafkaClientError
-            ``conf`` has no ``group.id``.
+            ``_INVALID_ARG``: ``conf`` has no ``group.id``.
         """
         if not conf.get("group.id"):
             raise KafkaClientError("the consumer configuration has no group.id", code="_INVALID_ARG")
@@ -580,7 +607,13 @@ class InMemoryBroker:
         return AppRun(self, app)
 
 
-if TYPE_CHECKING:  # mypy checks that the fake satisfies the engine's seam
+if TYPE_CHECKING:  # mypy checks that the fake satisfies the engine's seams
 
     def _is_a_client_factory(broker: InMemoryBroker) -> ClientFactory:
         return broker.client_factory
+
+    def _is_a_connector(broker: InMemoryBroker) -> Connector:
+        return broker.client_factory
+
+    def _makes_publishers(broker: InMemoryBroker) -> PublisherFactory:
+        return broker.client_factory.publisher

@@ -1,4 +1,10 @@
-"""Consumers running in threads on an in-memory broker, for a test to wait on and stop."""
+"""Consumers running in threads on an in-memory broker, for a test to wait on and stop.
+
+Each :class:`Run` and :class:`AppRun` is hermetic (:mod:`keyedconsumer.hermetic`): from its start to
+its stop, a real Kafka or Redis client that anything tries to start is refused with
+:class:`~keyedconsumer.hermetic.NetworkRefusedError`, and the run raises that error (once) from its
+next wait or from its stop, even when a handler or a middleware swallowed it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from .. import hermetic
 from ..app import KeyedApp
 from ..config import ConsumerConfig
 from ..consumer import KeyedConsumer
@@ -20,6 +27,30 @@ if TYPE_CHECKING:
 __all__ = ["Run", "AppRun"]
 
 log = logging.getLogger("keyedconsumer.testing")
+
+
+class _Hermetic:
+    """A run's hermetic scope, and the refusals it already raised."""
+
+    def __init__(self, what: str) -> None:
+        self._scope = hermetic.open_scope(what)
+        self._raised = 0
+
+    def raise_new(self) -> None:
+        """Raise the refusals seen since the last call, if any (the scope stays open)."""
+        self._raise(hermetic.refusals(self._scope))
+
+    def close(self, *, raise_new: bool = True) -> None:
+        """Close the scope (a second call does nothing); raise the refusals not raised yet, unless
+        ``raise_new`` is false (another error is on its way)."""
+        seen = hermetic.close_scope(self._scope)
+        if raise_new:
+            self._raise(seen)
+
+    def _raise(self, seen: list[str]) -> None:
+        if len(seen) > self._raised:
+            new, self._raised = seen[self._raised :], len(seen)
+            raise hermetic.NetworkRefusedError("; ".join(new))
 
 
 class _Runner:
@@ -75,8 +106,14 @@ class Run:
     def __init__(self, broker: InMemoryBroker, consumers: Iterable[KeyedConsumer]) -> None:
         self._broker = broker
         self._runners: list[_Runner] = []
-        for c in consumers:
-            self.add(c)
+        consumers = list(consumers)
+        self._hermetic = _Hermetic(f"InMemoryBroker.run({', '.join(c.config.name for c in consumers)})")
+        try:
+            for c in consumers:
+                self.add(c)
+        except BaseException:
+            self._hermetic.close()
+            raise
 
     def add(self, consumer: KeyedConsumer) -> None:
         """Start one more consumer (for example a second member of a group, mid-run).
@@ -96,12 +133,15 @@ class Run:
         runner.thread.start()
 
     def stop(self, consumer: KeyedConsumer | None = None) -> None:
-        """Stop ``consumer`` (default: all) and wait until its ``run()`` returned.
+        """Stop ``consumer`` (default: all, and the run's hermetic scope ends) and wait until its
+        ``run()`` returned.
 
         Raises
         ------
         BaseException
             The error that ended its ``run()``, if not raised before.
+        NetworkRefusedError
+            Something tried to reach the network during the run (not raised before).
         TimeoutError
             ``run()`` did not return within ``shutdown_timeout_s`` + 10 s.
         """
@@ -112,13 +152,21 @@ class Run:
             r.thread.join(r.consumer.config.shutdown_timeout_s + 10.0)
             if r.thread.is_alive():
                 raise TimeoutError(f"consumer {r.consumer.config.name!r} did not stop")
-        self._raise_errors(chosen)
+        try:
+            self._raise_errors(chosen)
+        except BaseException:
+            if consumer is None:
+                self._hermetic.close(raise_new=False)
+            raise
+        if consumer is None:
+            self._hermetic.close()
 
     def _raise_errors(self, runners: Iterable[_Runner]) -> None:
         for r in runners:
             error = r.take_error()
             if error is not None:
                 raise error
+        self._hermetic.raise_new()
 
     def wait_for(
         self, condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "the condition"
@@ -194,6 +242,7 @@ class AppRun:
         self.app = app
         self._error: BaseException | None = None
         self._reported = False
+        self._hermetic = _Hermetic("InMemoryBroker.run_app(app)")
         self.thread = threading.Thread(target=self._main, name="keyedconsumer-app", daemon=True)
         self.thread.start()
 
@@ -207,6 +256,7 @@ class AppRun:
         if self._error is not None and not self._reported and not self.thread.is_alive():
             self._reported = True
             raise self._error
+        self._hermetic.raise_new()
 
     def until_idle(self, timeout_s: float = 5.0) -> None:
         """Wait until every record of every route's topics is committed by the route's group.
@@ -242,6 +292,8 @@ class AppRun:
         ------
         BaseException
             The error that ended ``app.run()``, if not raised before.
+        NetworkRefusedError
+            Something tried to reach the network during the run (not raised before).
         TimeoutError
             It did not stop within the longest route's ``shutdown_timeout_s`` + 10 s.
         """
@@ -249,7 +301,12 @@ class AppRun:
         self.thread.join(max((r.settings.shutdown_timeout_s for r in self.app.routes), default=30.0) + 10.0)
         if self.thread.is_alive():
             raise TimeoutError("the app did not stop")
-        self._raise_error()
+        try:
+            self._raise_error()
+        except BaseException:
+            self._hermetic.close(raise_new=False)
+            raise
+        self._hermetic.close()
 
     def __enter__(self) -> AppRun:
         return self

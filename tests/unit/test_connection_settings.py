@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 from keyedconsumer.middleware import DeadLetter, Metrics
-from keyedconsumer.middleware import dead_letter as dead_letter_module
 from pydantic import ValidationError
 
 from keyedconsumer import ConsumerConfig, KafkaClientError, KeyedConsumer, Message
@@ -175,31 +174,34 @@ def test_keyed_consumer_binds_each_middleware_outermost_first_before_composing()
     assert outer.settings is consumer.config and inner.settings is consumer.config
 
 
-class PublisherArgs:
-    """Stands in for ``Publisher`` in ``dead_letter``: records what it would be built with."""
+class RecordingConnector:
+    """A :class:`~keyedconsumer.kafka.Connector` that records each producer asked of it: the
+    consumer's ``client_factory``, the seam its middleware get their producers from."""
 
-    built: list[tuple[list[str], dict[str, Any]]] = []
+    def __init__(self) -> None:
+        self.built: list[tuple[list[str], dict[str, Any]]] = []
 
-    def __init__(
-        self, brokers: list[str], config: dict[str, Any] | None = None, *, delivery_timeout_s: float
-    ) -> None:
-        PublisherArgs.built.append((list(brokers), dict(config or {})))
+    def __call__(self, conf: dict[str, Any], on_error: Any) -> Any:
+        raise AssertionError("these tests make no consumer client")
+
+    def publisher(self, brokers: Any, config: Any, *, delivery_timeout_s: float) -> FakePublisher:
+        self.built.append((list(brokers), dict(config)))
+        return FakePublisher(InMemoryBroker())
 
 
 @pytest.fixture
-def built(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, Any]]]:
-    PublisherArgs.built = []
-    monkeypatch.setattr(dead_letter_module, "Publisher", PublisherArgs)
-    return PublisherArgs.built
+def connector() -> RecordingConnector:
+    return RecordingConnector()
 
 
 @pytest.mark.timeout(10)
 def test_dead_letter_without_brokers_takes_the_consumers_brokers_and_connection_properties(
-    built: list[tuple[list[str], dict[str, Any]]],
+    connector: RecordingConnector,
 ) -> None:
     dl = DeadLetter()
-    assert built == []  # nothing is built before a consumer binds it
+    assert connector.built == []  # nothing is built before a consumer binds it
     KeyedConsumer(
+        client_factory=connector,
         handler=lambda m: None,
         middlewares=[dl],
         name="n",
@@ -207,16 +209,18 @@ def test_dead_letter_without_brokers_takes_the_consumers_brokers_and_connection_
         topics=["t"],
         config={**SECURITY, **CONSUMER_ONLY, **TUNING, "oauth_cb": oauth_cb},
     )
-    assert built == [(["b1:9093", "b2:9093"], {**SECURITY, "oauth_cb": oauth_cb})]
+    assert connector.built == [(["b1:9093", "b2:9093"], {**SECURITY, "oauth_cb": oauth_cb})]
 
 
 @pytest.mark.timeout(10)
 def test_producer_config_wins_over_the_consumers_properties(
-    built: list[tuple[list[str], dict[str, Any]]],
+    connector: RecordingConnector,
 ) -> None:
     dl = DeadLetter(producer_config={"sasl.username": "dlq-writer", "sasl.password": "other", "linger.ms": 0})
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
-    assert built == [
+    KeyedConsumer(
+        client_factory=connector, handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY)
+    )
+    assert connector.built == [
         (
             ["b1:9093", "b2:9093"],
             {**SECURITY, "sasl.username": "dlq-writer", "sasl.password": "other", "linger.ms": 0},
@@ -226,44 +230,58 @@ def test_producer_config_wins_over_the_consumers_properties(
 
 @pytest.mark.timeout(10)
 def test_explicit_brokers_take_nothing_from_the_consumer(
-    built: list[tuple[list[str], dict[str, Any]]],
+    connector: RecordingConnector,
 ) -> None:
     # another cluster gets none of this one's credentials
     dl = DeadLetter(brokers=["other:9092"], producer_config={"linger.ms": 1})
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
-    assert built == [(["other:9092"], {"linger.ms": 1})]
+    KeyedConsumer(
+        client_factory=connector, handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY)
+    )
+    assert connector.built == [(["other:9092"], {"linger.ms": 1})]
 
 
 @pytest.mark.timeout(10)
-def test_an_explicit_publisher_is_kept(built: list[tuple[list[str], dict[str, Any]]]) -> None:
+def test_an_explicit_publisher_is_kept(connector: RecordingConnector) -> None:
     publisher = FakePublisher(InMemoryBroker())
     dl = DeadLetter(publisher=publisher)
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
-    assert built == [] and dl._publisher is publisher
+    KeyedConsumer(
+        client_factory=connector, handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY)
+    )
+    assert connector.built == [] and dl._source.current() is publisher
 
 
 @pytest.mark.timeout(10)
 def test_one_dead_letter_in_two_consumers_of_the_same_cluster_builds_one_producer(
-    built: list[tuple[list[str], dict[str, Any]]],
+    connector: RecordingConnector,
 ) -> None:
     dl = DeadLetter()
-    KeyedConsumer(handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY))
     KeyedConsumer(
+        client_factory=connector, handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY)
+    )
+    KeyedConsumer(
+        client_factory=connector,
         handler=lambda m: None,
         middlewares=[dl],
         settings=_settings(**SECURITY, **CONSUMER_ONLY),
         name="other",
         topics=["u"],
     )
-    assert len(built) == 1
+    assert len(connector.built) == 1
     # but not one of another cluster, or with other credentials
     with pytest.raises(ValueError, match="already bound to a consumer of other brokers"):
         KeyedConsumer(
-            handler=lambda m: None, middlewares=[dl], settings=_settings(**{**SECURITY, "sasl.username": "v"})
+            client_factory=connector,
+            handler=lambda m: None,
+            middlewares=[dl],
+            settings=_settings(**{**SECURITY, "sasl.username": "v"}),
         )
     with pytest.raises(ValueError, match="already bound"):
         KeyedConsumer(
-            handler=lambda m: None, middlewares=[dl], settings=_settings(**SECURITY), brokers=["c:9092"]
+            client_factory=connector,
+            handler=lambda m: None,
+            middlewares=[dl],
+            settings=_settings(**SECURITY),
+            brokers=["c:9092"],
         )
 
 
@@ -302,7 +320,7 @@ def test_the_consumers_password_reaches_the_real_dead_letter_producer() -> None:
         topics=["t"],
         config=SECURITY,
     )
-    assert dl._publisher is not None
+    assert dl._source.current() is not None
 
 
 # -- callbacks in config ---------------------------------------------------------------------------

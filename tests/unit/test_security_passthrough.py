@@ -145,12 +145,16 @@ def test_password_in_no_validation_error(
 
 @pytest.mark.timeout(10)
 def test_dead_letter_producer_takes_the_same_properties(props: dict[str, Any]) -> None:
+    # (the producer is built when the middleware is first composed without a consumer)
     dl = DeadLetter(brokers=[UNREACHABLE], producer_config=props, timeout_s=1.0)
+    dl(lambda m: None)
     assert dl.published == 0
     del dl  # its producer only tries to reach 127.0.0.1:9 (librdkafka logs FAIL lines on stderr)
     # librdkafka really got them: the same properties with an unsupported mechanism are refused
     with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:
-        DeadLetter(brokers=[UNREACHABLE], producer_config={**props, "sasl.mechanism": "SCRAM-SHA-1024"})
+        DeadLetter(brokers=[UNREACHABLE], producer_config={**props, "sasl.mechanism": "SCRAM-SHA-1024"})(
+            lambda m: None
+        )
     assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
 
 
@@ -288,8 +292,11 @@ def test_a_dead_letter_producer_built_from_the_config_gets_the_real_password(pro
     cfg = ConsumerConfig(name="n", brokers=[UNREACHABLE], topics=["t"], config=props)
     assert cfg.properties() == props
     # (confluent-kafka would take a SecretStr as its masked text: Publisher reveals it first)
-    DeadLetter(brokers=[UNREACHABLE], producer_config=dict(cfg.config), timeout_s=1.0)
-    DeadLetter(brokers=[UNREACHABLE], producer_config=cfg.properties(), timeout_s=1.0)
+    # (each producer is built when the middleware is first composed without a consumer)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=dict(cfg.config), timeout_s=1.0)(lambda m: None)
+    DeadLetter(brokers=[UNREACHABLE], producer_config=cfg.properties(), timeout_s=1.0)(lambda m: None)
     with pytest.raises(PublishError, match="SCRAM-SHA-1024") as info:  # librdkafka really got them
-        DeadLetter(brokers=[UNREACHABLE], producer_config={**cfg.config, "sasl.mechanism": "SCRAM-SHA-1024"})
+        DeadLetter(brokers=[UNREACHABLE], producer_config={**cfg.config, "sasl.mechanism": "SCRAM-SHA-1024"})(
+            lambda m: None
+        )
     assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
