@@ -320,3 +320,29 @@ def test_the_package_and_the_cli_load_no_kafka_library_on_import() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_handler_that_does_not_import_makes_the_supervisor_exit_2_once_its_children_did() -> None:
+    # the supervisor imports nothing of the handler: its children do, after the fork
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keyedconsumer",
+            "run",
+            "no_such_module:handle",
+            "-g",
+            "g",
+            "-t",
+            "t",
+            "--processes",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "cannot import handler module 'no_such_module'" in out.stderr
+    assert "error: a child could not start (bad input, above)" in out.stderr and "Traceback" not in out.stderr
