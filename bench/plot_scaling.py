@@ -52,7 +52,9 @@ def main(src: str, dst: str) -> None:
             style = dict(STYLE.get(c, {}))
             ls = style.pop("ls", "-")
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt=ls, capsize=2, label=c, **style)
-            hollow = [(x, y) for x, y, r in zip(xs, ys, pts, strict=True) if not r.get("comparable_repeats", 1)]
+            hollow = [
+                (x, y) for x, y, r in zip(xs, ys, pts, strict=True) if not r.get("comparable_repeats", 1)
+            ]
             if hollow:
                 ax.plot(*zip(*hollow, strict=True), "o", mfc="white", color=style.get("color"))
             one = next((r["msg_per_s"] for r in pts if r["instances"] == 1), None)
@@ -81,7 +83,7 @@ def main(src: str, dst: str) -> None:
     m = res["machine"]
     fig.suptitle(
         f"keyedconsumer scaling {res['started']} UTC, {m.get('nproc')} CPUs {m.get('cpu')}, "
-        f"python {m.get('python')}, librdkafka {m.get('librdkafka')} ({res['size']} size; median of the "
+        f"python {m.get('python')}, librdkafka {m.get('librdkafka')}\n({res['size']} size; median of the "
         "comparable repeats, bars: min-max; dotted: linear from N=1)",
         fontsize=9,
     )

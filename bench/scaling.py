@@ -45,7 +45,8 @@ for the 1-minute load average to fall to the core count, and records it: a run t
 is kept but marked not comparable, and the summary takes the median over the comparable ones. Rounds
 are repeated, each rerunning only what lacks ``--repeats`` comparable runs (3 at full size), up to
 ``--max-rounds`` (5). The CPU limit of the machine (its cores / the machine's CPU seconds per
-message at N=1) is reported per contender, with each figure's ratio to min(linear, CPU limit);
+message of the instances, brokers and Redis at N=1) is reported per contender, with each figure's
+ratio to min(linear, CPU limit);
 bench/plot_scaling.py draws it as a line.
 
 Writes ``<out>/scaling.json`` and ``<out>/scaling.md`` (default out: bench/results).
@@ -776,16 +777,19 @@ def summarize(runs: list[dict[str, Any]], instances: list[int]) -> list[dict[str
 
 
 def cpu_limit(ones: list[dict[str, Any]]) -> float | None:
-    """The CPU limit of this machine for one contender, msg/s: its cores / the machine's CPU seconds
-    per message at N=1 (every process over the window: on a quiet machine, the instance, the brokers
-    and Redis), the median over the comparable N=1 runs. No N, however its work is spread, goes
-    past it; a ratio to linear that falls where linear crosses it is the machine's, not the design's."""
+    """The CPU limit of this machine for one contender, msg/s: its cores / the CPU seconds per message
+    of the stack at N=1 (the instances', the brokers' and the Redis nodes' processes over the window;
+    the brokers and Redis only when this benchmark started them, else the limit is too high by their
+    share), the median over the comparable N=1 runs. Other people's work on the machine is not in it.
+    No N, however its work is spread, goes past it: a ratio to linear that falls where linear crosses
+    it is the machine's, not the design's."""
     quiet = [r for r in ones if r.get("comparable", True)]
-    vals = [
-        NCPU * r["msg_per_s"] / r["cpu"]["machine_cores_busy"]
-        for r in quiet
-        if r.get("msg_per_s") and (r.get("cpu") or {}).get("machine_cores_busy")
-    ]
+    vals = []
+    for r in quiet:
+        cpu = r.get("cpu") or {}
+        stack = sum(cpu.get(k) or 0.0 for k in ("instances_cores", "brokers_cores", "redis_cores"))
+        if r.get("msg_per_s") and stack > 0:
+            vals.append(NCPU * r["msg_per_s"] / stack)
     return round(statistics.median(vals), 1) if vals else None
 
 
@@ -871,7 +875,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "brackets. W2: the I/O-bound handler above; W1: a no-op handler (the engine's own cost). "
         "keyedconsumer-procs: one `keyedconsumer run --processes N` (bench/procs_app.py), next to N separate "
         "instances (keyedconsumer); processes / instances: their ratio at the same N. CPU limit: this "
-        f"machine's {NCPU} cores / its CPU seconds per message at N=1 (every process), msg/s; of attainable: "
+        f"machine's {NCPU} cores / the CPU seconds per message at N=1 of the instances, brokers and Redis "
+        "(theirs only when started here), msg/s; of attainable: "
         "msg/s / min(linear, CPU limit), so a fall below linear past the CPU limit is the machine's. "
         "CPU over the window: CPU s / 1,000 msgs = the instances' CPU (user + sys; with the supervisor) / the "
         "messages they handled; cores busy: of the machine (/proc/stat, every process), of the instances, "

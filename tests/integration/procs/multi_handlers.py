@@ -13,17 +13,13 @@ import time
 
 from keyedconsumer import Message
 
+from .cli_handlers import _log as log_line
+
 _SLEEP_S = float(os.environ.get("KC_SLEEP_MS", "2")) / 1000.0
 
 
 def _log(msg: Message) -> None:
-    fd = os.open(os.environ["KC_CLI_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        key = (msg.key or b"-").decode()
-        value = (msg.value or b"-").decode()
-        os.write(fd, f"{os.getpid()} {msg.partition} {msg.offset} {key} {value}\n".encode())
-    finally:
-        os.close(fd)
+    log_line(str(os.getpid()), msg)  # "<pid> <partition> <offset> <key> <value>"
 
 
 def handle(msg: Message) -> None:
