@@ -263,6 +263,7 @@ def test_a_child_killed_with_sigkill_is_restarted_and_no_record_is_lost_or_out_o
             len(sup.handled()),
             sup.output[-4000:],
         )
+        wait_ready(health, 120, sup, assigned=partitions // 3)  # the restart's rebalances are over
         code = sup.stop()
     finally:
         sup.kill()
