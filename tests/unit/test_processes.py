@@ -346,3 +346,30 @@ def test_a_handler_that_does_not_import_makes_the_supervisor_exit_2_once_its_chi
     assert out.returncode == 2, out.stderr
     assert "cannot import handler module 'no_such_module'" in out.stderr
     assert "error: a child could not start (bad input, above)" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_metrics_directory_of_the_environment_is_wiped_of_its_db_files_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyedconsumer.cli.endpoints import MetricsDir
+
+    # given PROMETHEUS_MULTIPROC_DIR with the files of an earlier run, and a file of someone else's
+    (tmp_path / "counter_4711.db").write_bytes(b"old")
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    # when the supervisor sets it up, then ends
+    d = MetricsDir()
+    d.close()
+    # then the old values are gone (prometheus-client: wiped between runs), the rest and the directory stay
+    assert not d.owned and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_without_a_metrics_directory_the_supervisor_makes_one_and_removes_it() -> None:
+    code = (
+        "import os; from keyedconsumer.cli.endpoints import MetricsDir; d = MetricsDir(); "
+        "assert d.owned and os.environ['PROMETHEUS_MULTIPROC_DIR'] == str(d.path) and d.path.is_dir(); "
+        "d.close(); print(d.path.exists())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
