@@ -71,6 +71,7 @@ CLI_SETTINGS = (
     "dead_letter_topic",
     "retry_attempts",
     "park",
+    "processes",
     "config_file",
     "web_token",
     "web_audit_topic",

@@ -21,6 +21,10 @@ stored offset mean it did not move in between, however far apart they are.
 
 ``Health.serve(port)`` answers ``GET /livez``, ``/readyz`` and ``/healthz`` with ``200`` or ``503``
 and the JSON of :meth:`HealthReport.to_dict`, from a daemon thread (stdlib ``http.server``).
+
+:class:`ProcessesHealth` is the health of the N children of ``keyedconsumer run --processes N``,
+from the reports each child sends its supervisor (see its documentation); the supervisor serves it
+with :func:`request_handler` from its own loop (it runs no thread, so that it can fork).
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ from typing import Any, Protocol
 
 from .consumer import PartitionStatus
 
-__all__ = ["Health", "HealthReport", "StalledPartition", "HealthSource"]
+__all__ = [
+    "Health",
+    "HealthReport",
+    "StalledPartition",
+    "HealthSource",
+    "ProcessesHealth",
+    "ProcessesReport",
+    "request_handler",
+]
 
 log = logging.getLogger("keyedconsumer.health")
 
@@ -245,7 +257,7 @@ class Health:
         """
         if self._server is not None:
             raise RuntimeError("this Health is already serving")
-        server = ThreadingHTTPServer((addr, port), _handler_for(self))
+        server = ThreadingHTTPServer((addr, port), request_handler(self))
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="keyedconsumer-health", daemon=True)
@@ -266,15 +278,167 @@ class Health:
         return f"Health(stall_after_s={self.stall_after_s:g}, live_within_s={self.live_within_s:g})"
 
 
-_ROUTES: dict[str, Callable[[HealthReport], bool]] = {
+@dataclasses.dataclass(frozen=True)
+class ProcessesReport:
+    """One sample of the health of a supervisor's children (:class:`ProcessesHealth`).
+
+    ``children``: per slot, ``{"slot", "pid", "state", "restarts", "report_age_s", "report"}``:
+    ``state`` is ``"starting"`` (no report yet), ``"running"``, or ``"down"`` (between a child's end
+    and its restart, or stopped); ``report`` is the child's last :meth:`HealthReport.to_dict`.
+    """
+
+    live: bool
+    ready: bool
+    healthy: bool
+    stopping: bool
+    children: tuple[dict[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "healthy": self.healthy,
+            "stopping": self.stopping,
+            "processes": len(self.children),
+            "children": list(self.children),
+        }
+
+
+@dataclasses.dataclass
+class _Child:
+    pid: int | None = None
+    started_at: float = 0.0
+    starts: int = 0
+    report: dict[str, Any] | None = None
+    reported_at: float = 0.0
+
+
+class ProcessesHealth:
+    """The health of the N children of one supervisor (``keyedconsumer run --processes N``), from the
+    :class:`HealthReport` each child sends once a second (:meth:`reported`).
+
+    A child's report is **fresh** while at most ``live_within_s`` old (a child that stopped sending,
+    frozen or gone, has none).
+
+    - **Live**: every running child is live: its fresh report says live, or it started less than
+      ``live_within_s`` ago and has not reported yet (it imports the handler and joins the group).
+      A slot waiting for its child's restart does not count: the supervisor restarts it; when it
+      gives up, it exits non-zero.
+    - **Ready**: not stopping, and every one of the N children runs with a fresh report that says
+      ready (so, as for one process, a child with no partition assigned, when there are more
+      processes than partitions, keeps the whole not ready).
+    - **Healthy**: live, and no fresh report shows a stalled partition.
+
+    Not thread-safe: the supervisor's loop owns it.
+
+    Parameters
+    ----------
+    processes:
+        N, the slots.
+    live_within_s:
+        Seconds a report stays fresh, and a starting child counts as live; as :class:`Health`'s.
+    clock:
+        Monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(
+        self, processes: int, *, live_within_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.live_within_s = float(live_within_s)
+        self._clock = clock
+        self._children = [_Child() for _ in range(processes)]
+        self._stopping = False
+
+    def started(self, slot: int, pid: int) -> None:
+        """The child ``pid`` started in ``slot``."""
+        c = self._children[slot]
+        c.pid, c.started_at, c.report, c.starts = pid, self._clock(), None, c.starts + 1
+
+    def reported(self, slot: int, pid: int, report: dict[str, Any]) -> None:
+        """The child ``pid`` of ``slot`` sent ``report`` (a :meth:`HealthReport.to_dict`); ignored
+        when that child is no longer the slot's."""
+        c = self._children[slot]
+        if c.pid == pid:
+            c.report, c.reported_at = report, self._clock()
+
+    def ended(self, slot: int, pid: int) -> None:
+        """The child ``pid`` of ``slot`` exited."""
+        c = self._children[slot]
+        if c.pid == pid:
+            c.pid, c.report = None, None
+
+    def stopping(self) -> None:
+        """The supervisor is stopping its children: not ready from now on."""
+        self._stopping = True
+
+    def check(self) -> ProcessesReport:
+        """Sample the children now."""
+        now = self._clock()
+        live = ready = True
+        stalled = False
+        children = []
+        for slot, c in enumerate(self._children):
+            fresh = c.report if c.report is not None and now - c.reported_at <= self.live_within_s else None
+            if c.pid is None:
+                state = "down"
+                ready = False
+            elif c.report is None:
+                state = "starting"
+                live = live and now - c.started_at <= self.live_within_s
+                ready = False
+            else:
+                state = "running"
+                live = live and fresh is not None and bool(fresh.get("live"))
+                ready = ready and fresh is not None and bool(fresh.get("ready"))
+                stalled = stalled or bool(fresh and fresh.get("stalled"))
+            children.append(
+                {
+                    "slot": slot,
+                    "pid": c.pid,
+                    "state": state,
+                    "restarts": max(0, c.starts - 1),
+                    "report_age_s": round(now - c.reported_at, 3) if c.report is not None else None,
+                    "report": c.report,
+                }
+            )
+        ready = ready and live and not self._stopping
+        return ProcessesReport(live, ready, live and not stalled, self._stopping, tuple(children))
+
+
+class _Report(Protocol):
+    @property
+    def live(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class _Checker(Protocol):
+    def check(self) -> _Report: ...
+
+
+_ROUTES: dict[str, Callable[[_Report], bool]] = {
     "/livez": lambda r: r.live,
     "/readyz": lambda r: r.ready,
     "/healthz": lambda r: r.healthy,
 }
 
 
-def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
+def request_handler(health: _Checker, *, timeout_s: float | None = None) -> type[BaseHTTPRequestHandler]:
+    """The ``http.server`` request handler of ``/livez``, ``/readyz`` and ``/healthz``: each calls
+    ``health.check()`` (a :class:`Health`, a :class:`ProcessesHealth`) and answers ``200`` when its
+    condition holds, else ``503``, with the report's JSON; other paths ``404``. ``timeout_s``: how
+    long a request may take to arrive (a server that answers from its own loop bounds a slow client)."""
+
     class _Handler(BaseHTTPRequestHandler):
+        timeout = timeout_s
+
         def do_GET(self) -> None:
             route = _ROUTES.get(self.path.split("?", 1)[0].rstrip("/") or "/")
             if route is None:

@@ -200,7 +200,11 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "keyedconsumer_messages_in_flight", "handlers running", [_DEST, _GROUP], registry=r
+            "keyedconsumer_messages_in_flight",
+            "handlers running",
+            [_DEST, _GROUP],
+            registry=r,
+            multiprocess_mode="livesum",  # PROMETHEUS_MULTIPROC_DIR: the sum over the live processes
         )
         self.retries = Counter(
             "keyedconsumer_retries", "attempts that asked to be retried", [_DEST, _GROUP], registry=r

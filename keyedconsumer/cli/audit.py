@@ -14,7 +14,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import KafkaClientError
-from ..kafka import admin
 from .errors import CliError
 from .output import _out_console, _reports_errors, _setup_logging
 from .replay import parse_since
@@ -54,6 +53,8 @@ def find(
     KafkaClientError
         The audit topic does not exist, or the brokers did not answer within ``timeout_s``.
     """
+    from ..kafka import admin  # here: `keyedconsumer run --processes` forks before Kafka is loaded
+
     reader = admin.TopicReader(conf, topic, READER_GROUP, timeout_s)
     try:
         parts = reader.partitions

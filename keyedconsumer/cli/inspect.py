@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,7 +11,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config import ENV_PREFIX
-from ..kafka import admin
 from ..offsets import FinishedOffsets
 from ..sequencing import redact_url
 from .errors import CliError
@@ -27,6 +26,9 @@ from .settings import (
     _Level,
     _secrets,
 )
+
+if TYPE_CHECKING:  # imported where used: `keyedconsumer run --processes` forks before Kafka is loaded
+    from ..kafka import admin
 
 
 def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
@@ -57,6 +59,8 @@ def group_rows(
     KafkaClientError
         The brokers did not answer, or a topic in ``topics`` does not exist.
     """
+    from ..kafka import admin
+
     desc = admin.describe_group(conf, group, timeout_s)
     if topics:
         counts = admin.topic_partitions(conf, topics, timeout_s)

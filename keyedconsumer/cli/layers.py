@@ -67,6 +67,11 @@ class RunOptions(pydantic.BaseModel):
     park:
         ``Retry(park=True)``: a retrying key waits parked in Redis, so its partition's offset moves
         on (needs ``redis``).
+    processes:
+        Run this many processes of the handler, 1 to 256, forked by a supervisor that restarts
+        them and serves one health and one metrics endpoint for all (docs/processes.md); ``None``
+        (the default): consume in this process, without a supervisor. The bound guards against a
+        typo forking hundreds of consumers.
     """
 
     model_config = pydantic.ConfigDict(extra="forbid", hide_input_in_errors=True)
@@ -78,6 +83,7 @@ class RunOptions(pydantic.BaseModel):
     dead_letter_topic: str | None = pydantic.Field(default=None, min_length=1)
     retry_attempts: int | None = pydantic.Field(default=None, ge=1, le=1000)
     park: bool = False
+    processes: int | None = pydantic.Field(default=None, ge=1, le=256)
 
 
 #: The Redis sequencer's options besides its URL and namespace (``--redis``, ``--namespace``).

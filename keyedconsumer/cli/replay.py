@@ -5,18 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import logging
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pydantic
 import typer
 from rich.table import Table
 
 from ..errors import KafkaClientError, PublishError
-from ..kafka import admin
 from .errors import CliError
 from .marker import ReplayMarker
 from .output import _out_console, _print_json, _reports_errors, _setup_logging, _show_key
 from .settings import BrokersOpt, ConfigOpt, PropsOpt, TimeoutOpt, ToolLogLevelOpt, _client_conf, _Level
+
+if TYPE_CHECKING:  # imported where used: `keyedconsumer run --processes` forks before Kafka is loaded
+    from ..kafka import admin
 
 log = logging.getLogger("keyedconsumer.cli")
 
@@ -116,6 +118,8 @@ class _Replay:
         """The partition count of ``topic`` (``None``: it does not exist), asked once per topic."""
         if topic not in self.partition_counts:
             try:
+                from ..kafka import admin
+
                 self.partition_counts[topic] = admin.topic_partitions(self.conf, [topic], self.timeout_s)[
                     topic
                 ]
@@ -245,6 +249,8 @@ def marker_group_of(dlq: str) -> str:
 
 def _run(job: _Replay, group: str, dry_run: bool, batch_size: int) -> str | None:
     """Run a replay job; the error that ended it early (``None``: it ran to the end)."""
+    from ..kafka import admin
+
     reader = admin.TopicReader(job.conf, job.dlq, group, job.timeout_s)
     publisher = None
     error: str | None = None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import pydantic
@@ -23,6 +24,9 @@ from .help import FAILURES, HANDLER, KAFKA, OUTPUT, PROCESSING, REDIS
 from .layers import RUN_KEYS, Layered, RunOptions, layered
 from .output import _Format, _print_json, _reports_errors, _setup_logging
 from .settings import BrokersOpt, ConfigOpt, PropsOpt, _Level, _parse_properties, _resolve_run, _secrets
+
+if TYPE_CHECKING:
+    from .child import ChildLink
 
 log = logging.getLogger("keyedconsumer.cli")
 
@@ -48,6 +52,7 @@ def _effective(settings: ConsumerConfig, options: RunOptions, sequencer: dict[st
         dead_letter_topic=options.dead_letter_topic,
         retry_attempts=options.retry_attempts,
         park=options.park,
+        processes=options.processes,
         sequencer=None,
     )
     if options.redis:
@@ -245,6 +250,14 @@ def run(
             help="Print the effective settings as JSON (secrets hidden) and exit.",
         ),
     ] = False,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Run N processes of the handler under a supervisor that restarts them (docs/processes.md).",
+            show_default=False,
+        ),
+    ] = None,
     more_settings: dict[str, Any] | None = None,
 ) -> None:
     """Consume topics with a handler until SIGTERM or SIGINT, which drain gracefully.
@@ -277,9 +290,39 @@ def run(
         "auto_offset_reset": auto_offset_reset.value if auto_offset_reset else None,
         "shutdown_timeout_s": shutdown_timeout_s,
         "config": _parse_properties(props or []),
+        "processes": processes,
         **(more_settings or {}),
     }
     layers = layered(flags, config_file)
+    if layers.values.get("processes") is not None and not print_settings:
+        from .supervisor import supervise
+
+        # in each child: the path below, its errors reported as one line and an exit code
+        work = functools.partial(
+            _reports_errors(_consume), layers, app_dir, False, None, metrics_port, http_addr
+        )
+        supervise(
+            layers.values["processes"],
+            work,
+            health_port=health_port,
+            metrics_port=metrics_port,
+            http_addr=http_addr,
+        )
+        return
+    _consume(layers, app_dir, print_settings, health_port, metrics_port, http_addr)
+
+
+def _consume(
+    layers: Layered,
+    app_dir: str,
+    print_settings: bool,
+    health_port: int | None,
+    metrics_port: int | None,
+    http_addr: str,
+    link: ChildLink | None = None,
+) -> None:
+    """``run`` once the settings are layered: in this process, or in a child of ``--processes``
+    (``link``: its link to the supervisor, which serves the health and metrics endpoints)."""
     spec = layers.values.get("handler")
     if not spec:
         raise CliError(
@@ -287,7 +330,7 @@ def run(
         )
     target = load_handler(spec, app_dir)
     if isinstance(target, KeyedApp):
-        _run_app(spec, target, layers, print_settings, health_port, metrics_port, http_addr)
+        _run_app(spec, target, layers, print_settings, health_port, metrics_port, http_addr, link)
         return
     settings, options, sequencer_options = _resolve_run(layers)
     if options.park and not options.redis:
@@ -315,7 +358,7 @@ def run(
     if metrics_port is not None:
         try:
             metrics = importlib.import_module("keyedconsumer.middleware").Metrics(
-                http_port=metrics_port, http_addr=http_addr
+                http_port=metrics_port if link is None else None, http_addr=http_addr
             )
         except ImportError:
             raise CliError(
@@ -341,13 +384,19 @@ def run(
     )
     if metrics is not None:
         metrics.bind(consumer)
-        log.info("metrics on http://%s:%d/metrics", http_addr, metrics_port)
-    _run_serving_health(consumer.run, consumer, health_port, http_addr)
+        if link is None:
+            log.info("metrics on http://%s:%d/metrics", http_addr, metrics_port)
+    _run_serving_health(consumer.run, consumer, health_port, http_addr, link)
 
 
-def _run_serving_health(run: Any, source: Any, health_port: int | None, http_addr: str) -> None:
+def _run_serving_health(
+    run: Any, source: Any, health_port: int | None, http_addr: str, link: ChildLink | None = None
+) -> None:
     """``run()`` (a consumer's or an app's), with ``/livez``, ``/readyz``, ``/healthz`` of
-    ``source`` served meanwhile when ``health_port`` is given; its errors as CLI errors (exit 1)."""
+    ``source`` served meanwhile when ``health_port`` is given (in a child of ``--processes``: given
+    to ``link``, whose supervisor serves them); its errors as CLI errors (exit 1)."""
+    if link is not None:
+        link.attach(source)
     health: Any = None
     if health_port is not None:
         from ..health import Health
@@ -376,6 +425,7 @@ def _run_app(
     health_port: int | None,
     metrics_port: int | None,
     http_addr: str,
+    link: ChildLink | None = None,
 ) -> None:
     """``keyedconsumer run module:app``: run a :class:`~keyedconsumer.KeyedApp` as its routes say.
 
@@ -391,7 +441,7 @@ def _run_app(
     ignored, and logged. ``--health-port`` serves the health of every route together
     (``Health(app)``), ``--metrics-port`` adds ``Metrics`` to every route (message counters and
     durations; the per-partition gauges need ``Metrics.bind`` of one consumer)."""
-    routes_own = sorted((RUN_KEYS - {"handler", "group"}) | {"sequencer", "topics"})
+    routes_own = sorted((RUN_KEYS - {"handler", "group", "processes"}) | {"sequencer", "topics"})
     refused = [k for k in routes_own if k in layers.values and layers.origin.get(k) in ("flag", "file")]
     if refused:
         named = ", ".join(layers.where((k,)) for k in refused)
@@ -438,12 +488,13 @@ def _run_app(
         try:
             app.use(
                 importlib.import_module("keyedconsumer.middleware").Metrics(
-                    http_port=metrics_port, http_addr=http_addr
+                    http_port=metrics_port if link is None else None, http_addr=http_addr
                 )
             )
         except ImportError:
             raise CliError(
                 "--metrics-port needs prometheus-client: pip install 'keyedconsumer[metrics]'", 2
             ) from None
-        log.info("metrics on http://%s:%d/metrics (messages of every route)", http_addr, metrics_port)
-    _run_serving_health(app.run, app, health_port, http_addr)
+        if link is None:
+            log.info("metrics on http://%s:%d/metrics (messages of every route)", http_addr, metrics_port)
+    _run_serving_health(app.run, app, health_port, http_addr, link)
