@@ -10,10 +10,11 @@ lists every one it reads.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -277,8 +278,6 @@ def _split(value: Any) -> Any:
     if isinstance(value, str):
         value = value.strip()
         if value.startswith("["):
-            import json
-
             return json.loads(value)
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
@@ -559,7 +558,7 @@ class ConsumerConfig(BaseSettings):
     def _librdkafka_accepts(cls, value: dict[str, Any]) -> dict[str, Any]:
         # librdkafka itself knows its properties: an unknown name or a bad value fails here, at
         # construction, instead of at run().
-        from .kafka.client import check_config
+        from .kafka.properties import check_config  # loads librdkafka: only when a config is checked
 
         conf = {"group.id": "keyedconsumer-config-check", "bootstrap.servers": "127.0.0.1:9"}
         # without the callbacks: confluent-kafka calls oauth_cb when it builds the client, and a
@@ -684,20 +683,25 @@ ENVIRONMENT_VARIABLES = frozenset(
 )
 
 
+#: Variables other settings models read (``register_environment_variables``): the Redis sequencer's
+#: options, ``KEYEDCONSUMER_SEQUENCER__<OPTION>``.
+_REGISTERED: set[str] = set()
+
+
+def register_environment_variables(names: Iterable[str]) -> None:
+    """Declare more ``KEYEDCONSUMER_*`` variables the package reads (a settings model defined
+    elsewhere, e.g. the Redis sequencer's options, registers its own at import): they are not
+    refused as unknown."""
+    _REGISTERED.update(n.upper() for n in names)
+
+
 def _refuse_unknown_environment_variables(title: str) -> None:
     """Raise :class:`pydantic.ValidationError` naming each ``KEYEDCONSUMER_*`` variable that is
     not in :data:`ENVIRONMENT_VARIABLES`. Its value is never shown (it may be a secret)."""
     unknown = sorted(
         k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in ENVIRONMENT_VARIABLES
     )
-    if any(k.upper().startswith(SEQUENCER_ENV_PREFIX) for k in unknown):
-        from .sequencing.config import RedisSequencerConfig  # here: it imports this module
-
-        options = {SEQUENCER_ENV_PREFIX + f.upper() for f in RedisSequencerConfig.model_fields} - {
-            SEQUENCER_ENV_PREFIX + "URL",
-            SEQUENCER_ENV_PREFIX + "NAMESPACE",
-        }
-        unknown = [k for k in unknown if k.upper() not in options]
+    unknown = [k for k in unknown if k.upper() not in _REGISTERED]
     if not unknown:
         return
     errors: list[InitErrorDetails] = []

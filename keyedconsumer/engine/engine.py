@@ -64,6 +64,8 @@ class Engine:
         The back-pressure bounds.
     conflate:
         Only the newest waiting message of a lane runs (``conflate=True``).
+    stop_signal:
+        The consumer's stop latch (set from any thread by ``stop()``): see :meth:`stop_starting`.
     """
 
     def __init__(
@@ -89,10 +91,7 @@ class Engine:
         self.flow = InFlight(max_in_flight, max_in_flight_bytes)
         self.conflate = conflate and ordering != "none"
         self.halted = False  # no new message starts
-        # a graceful stop (set from any thread: KeyedConsumer.stop()): only messages below their
-        # partition's highest finished offset start, so the committed offset can reach what
-        # already finished (no re-runs after the stop)
-        self._stop_signal = stop_signal if stop_signal is not None else Latch()
+        self._stop_signal = stop_signal if stop_signal is not None else Latch()  # see stop_starting
         self.closed = False  # the run is over: no result counts any more
         self._halt_signal = Latch()  # a failure in a worker: nothing new starts from now
         self._retries = 0  # Retry and Park outcomes so far
@@ -129,8 +128,7 @@ class Engine:
         return batch
 
     @property
-    def chunk(self) -> int:
-        """Messages a worker gets at once now (from the handlers' moving average duration)."""
+    def chunk(self) -> int:  # messages a worker gets at once now (from handlers' average duration)
         return self._chunk
 
     @property
@@ -144,7 +142,6 @@ class Engine:
         return part.lanes.next_order(d) if part is not None and d.lane is not None else None
 
     def ready_count(self) -> int:
-        """How many heads wait for a worker now."""
         return len(self.queue)
 
     def may_start(self, d: Delivery) -> bool:
@@ -166,8 +163,7 @@ class Engine:
         return self.seq.may_start(d)
 
     def signal_halt(self) -> None:
-        """(Any thread.) A failure nothing handled: no message starts from now on; the owner
-        :meth:`halt`\\ s the engine next."""
+        """(Any thread.) A failure nothing handled: no message starts from now on (then :meth:`halt`)."""
         self._halt_signal.set()
 
     # -- settling -------------------------------------------------------------------------------------
@@ -185,8 +181,7 @@ class Engine:
                 if nxt is not None:
                     push(nxt)
             return
-        # the common case in one pass: an in-memory sequencer, and messages of active partitions
-        # that are done; the counts are settled once for the batch
+        # the common case in one pass: in-memory sequencing, done messages of active partitions
         done = self.partitions.done_many
         ended = nbytes = 0
         for d, outcome in results:
@@ -207,12 +202,10 @@ class Engine:
             self.flow.finished(ended, nbytes)
 
     def give_back(self, ds: Iterable[Delivery]) -> None:
-        """Taken, not started messages return to the ready queue (a worker was stuck in a slow
-        handler and the rest of its chunk was taken back)."""
+        """Taken, not started messages return to the ready queue (taken back from a stuck worker)."""
         for d in ds:
             if self.halted or (d.part is not None and not d.part.active):
-                # its partition was revoked or lost (or the run halted): it ends here, and its lane's
-                # next message (of the partition's next assignment, if any) may run
+                # revoked, lost or halted: it ends here; its lane's next message (of a next assignment) may run
                 nxt = self._finish(d, HALT)
                 if nxt is not None:
                     self.queue.push(nxt)
@@ -272,10 +265,9 @@ class Engine:
         lane = d.lane
         match outcome:
             case NotStarted() if lane is not None and live:
-                # it stays its lane's head: the lane does not go on without it (that would run its
-                # key's later messages first). While the consumer stops or the partition is being
-                # revoked it is held until it is below the highest finished offset (or dropped);
-                # else (its lease was briefly unconfirmed) it is ready again at once.
+                # it stays its lane's head (its key's later messages must not run first): held while
+                # stopping or catching up (until it is below the highest finished offset), else
+                # ready again at once (its lease was briefly unconfirmed)
                 part.ended()
                 self.flow.ended()
                 if self.stopping or part.catching_up:
@@ -284,16 +276,14 @@ class Engine:
                     self.queue.push(d)
                 return True
             case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
-                # its key is parked: it and its lane's later messages go to the sequencer, whose
-                # offsets count done once it stored them (LanePort.parked)
+                # its key is parked: it and its lane go to the sequencer (done once stored there)
                 part.ended()
                 self.flow.ended()
                 d.msg.attempt += 1
                 self._retries += 1
                 return True
             case Retry(delay_s) | Park(delay_s) if live:
-                # run again later: it stays its lane's head (its key waits, others go on) and its
-                # offset stays unfinished; the attempt number grows before the next attempt
+                # run again later, still its lane's head (its key waits, others go on), unfinished
                 part.ended()
                 self.flow.ended()
                 d.msg.attempt += 1
@@ -482,7 +472,7 @@ class Engine:
         return self._retries + self._port.retries
 
     @property
-    def skipped_finished(self) -> int:
+    def skipped_finished(self) -> int:  # messages the previous owner had finished: not run
         return self.partitions.skipped_finished
 
     # -- still owned (Message.still_owned; any thread, read only) -------------------------------
@@ -500,13 +490,11 @@ class Engine:
             return True
         return self.seq.owns(d)
 
-    # -- status (any thread: plain counters) ------------------------------------------------------
-
+    # -- status (any thread: plain counters) --
     @property
-    def in_flight(self) -> int:
-        """Messages buffered or running now."""
+    def in_flight(self) -> int:  # messages buffered or running now
         return self.flow.buffered
 
     @property
-    def running(self) -> int:
+    def running(self) -> int:  # messages taken by a worker and not finished
         return self.flow.running

@@ -5,7 +5,7 @@ core takes :data:`TP` from here). The implementations on librdkafka live in the 
 only modules of the package that import ``confluent_kafka``:
 
 - :mod:`keyedconsumer.kafka.client`: :func:`~keyedconsumer.kafka.client.connect`, the real
-  :class:`KafkaClient`, and :func:`~keyedconsumer.kafka.client.check_config`;
+  :class:`KafkaClient`; :mod:`keyedconsumer.kafka.properties`: librdkafka's check of a property dict;
 - :mod:`keyedconsumer.kafka.publisher`: :class:`~keyedconsumer.Publisher`, the real
   :class:`RecordPublisher`;
 - :mod:`keyedconsumer.kafka.transactional`: the real :class:`TransactionalProducer`;

@@ -1,7 +1,6 @@
 """The real :class:`~keyedconsumer.kafka.KafkaClient`, on ``confluent_kafka.Consumer`` (librdkafka).
 
-:func:`connect` is the engine's default client factory; :func:`check_config` lets librdkafka check
-its own properties. Tests pass another factory to the consumer (see :mod:`keyedconsumer.testing`).
+:func:`connect` is the engine's default client factory. Tests pass another factory to the consumer (see :mod:`keyedconsumer.testing`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from ..errors import CommitError, KafkaClientError
 from ..message import Message
 from . import MISSING_TOPIC, TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer, logs
 
-__all__ = ["connect", "check_cluster", "check_config", "missing_topic_text"]
+__all__ = ["connect", "check_cluster", "missing_topic_text"]
 
 log = logging.getLogger("keyedconsumer.kafka")
 
@@ -431,21 +430,6 @@ def missing_topic_text(topic: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(topic, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"subscribed topic {topic!r} does not exist{hint}: none of its partitions is assigned until it is created"
-
-
-def check_config(conf: dict[str, Any]) -> None:
-    """Check librdkafka properties by building (and at once closing) a consumer; no broker is contacted
-    for long and no group is joined.
-
-    Raises
-    ------
-    ValueError
-        librdkafka's own message for an unknown property or an invalid value.
-    """
-    try:
-        Consumer({**conf, "log_level": 0}).close()  # silent: it is only a check
-    except KafkaException as exc:
-        raise ValueError(exc.args[0].str()) from None
 
 
 def check_cluster(conf: dict[str, Any], timeout_s: float) -> None:

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..config import hide_secrets
+from ..config import SEQUENCER_ENV_PREFIX, hide_secrets, register_environment_variables
 
 __all__ = ["RedisSequencerConfig", "RedisUrl", "redact_url"]
 
@@ -138,3 +138,12 @@ class RedisSequencerConfig(BaseModel):
         if isinstance(data, dict) and isinstance(data.get("url"), str):
             data = {**data, "url": RedisUrl(data["url"])}
         return handler(hide_secrets(data))
+
+
+# the sequencer's options as environment variables (KEYEDCONSUMER_SEQUENCER__<OPTION>; the URL and
+# the namespace come from their own flags): read by the command line's settings layers
+register_environment_variables(
+    SEQUENCER_ENV_PREFIX + name.upper()
+    for name in RedisSequencerConfig.model_fields
+    if name not in ("url", "namespace")
+)

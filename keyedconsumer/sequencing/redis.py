@@ -10,6 +10,7 @@ view of its leases), :mod:`.parking` (ordered non-blocking retries and scheduled
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import threading
@@ -20,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.delivery import Delivery
 from ..engine.outcome import Outcome
+from ..message import Message
+from . import keys
 from .config import RedisSequencerConfig
 from .durations import at_ms, due_ms, redis_ms
 from .keys import lease_id
 from .leases import LeaseTable
-from .parking import DrainJob, Parker, last_error
+from .parking import DrainJob, Parker, encode_entry, last_error, new_schedule_id
 
 if TYPE_CHECKING:
     from ..engine.sequencer import LanePort
@@ -454,8 +457,6 @@ class RedisSequencer:
         if self.config.scheduler and now >= self._sched_check_s:
             self._sched_check_s = now + float(self.config.renew_interval_s or 1.0)
             ttl_ms = redis_ms(self.config.lease_ttl_s)
-            from . import keys
-
             was = self.is_scheduler
             self.is_scheduler = self._store.hold(
                 keys.scheduler(self.config.namespace), self.instance_id, ttl_ms
@@ -495,8 +496,6 @@ class RedisSequencer:
             held = self._leases.release_all()
             try:
                 self._store.release(held)
-                from . import keys
-
                 if self.is_scheduler:
                     self._store.release_plain(keys.scheduler(self.config.namespace), self.instance_id)
                 self._store.check_out(self.instance_id)
@@ -553,10 +552,6 @@ class RedisSequencer:
         StoreUnavailable
             Redis did not answer (nothing was stored).
         """
-        import math
-
-        from ..message import Message
-        from .parking import encode_entry, new_schedule_id
         from .store import LeaseStore
 
         if (delay_s is None) == (at is None):
@@ -593,7 +588,6 @@ class RedisSequencer:
         StoreUnavailable
             Redis did not answer.
         """
-        from .keys import lease_id
         from .store import LeaseStore
 
         store = LeaseStore(

@@ -141,3 +141,192 @@ def test_the_architecture_picture_matches_its_source() -> None:
         [str(ROOT / "scripts" / "gen-architecture"), "--check"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+# -- Engine v2's rules (one owner of the engine's state; layers that lean one way) -------------------
+
+ENGINE = PACKAGE / "engine"
+#: Third-party libraries a module may import inside a function: optional extras, or libraries whose
+#: import starts threads or loads native code (librdkafka), kept out of the processes that do not
+#: use them (the `run --processes` supervisor, the CLI's help, a test with the in-memory broker).
+HEAVY = {
+    "confluent_kafka",
+    "redis",
+    "starlette",
+    "uvicorn",
+    "uvloop",
+    "opentelemetry",
+    "prometheus_client",
+    "jinja2",
+    "yaml",
+}
+LOCK_NAMES = {"Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore"}
+
+
+def _module_name(path: Path) -> str:
+    """The dotted name of a package module; a package's ``__init__`` ends with ``.__init__``, so
+    relative imports resolve from the package itself."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "middleware":  # installed as keyedconsumer.middleware
+        parts = ["keyedconsumer", *parts]
+    return ".".join(parts)
+
+
+def engine_lock_uses(source: str) -> list[str]:
+    """Places in ``source`` that take or name a lock of the engine: ``with <engine>.lock``,
+    ``<engine>._lock``, a ``*_locked`` call."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("lock", "_lock"):
+            owner = ast.unparse(node.value)
+            if any(w in owner for w in ("engine", "dispatcher", "_d", "port")) or owner == "d":
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("_locked")
+            and ast.unparse(node.func.value) not in ("self", "cls")
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node.func)}(...)")
+    return found
+
+
+def module_locks(source: str) -> list[str]:
+    """Locks ``source`` creates (``threading.Lock()``, ``Condition()``, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in LOCK_NAMES:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def imports_of(source: str, module: str) -> list[tuple[int, str]]:
+    """Every module ``source`` (the module ``module``) imports, anywhere: ``[(line, name)]``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            out.append((node.lineno, target))
+            out.extend((node.lineno, f"{target}.{a.name}") for a in node.names)
+    return out
+
+
+def _package_sources() -> list[tuple[Path, str]]:
+    paths = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "middleware").rglob("*.py"))
+    return [(p, _module_name(p)) for p in paths]
+
+
+def test_no_module_but_the_engines_takes_a_lock_of_the_engine() -> None:
+    # given every module of the package
+    found = []
+    for path, _ in _package_sources():
+        found += [f"{path.relative_to(ROOT)}:{x}" for x in engine_lock_uses(path.read_text())]
+    # then none takes or names a lock of the engine, and the engine's state has none at all
+    assert found == []
+    for name in ("engine.py", "port.py", "handout.py", "partitions.py", "lanes.py", "ready.py", "flow.py"):
+        assert module_locks((ENGINE / name).read_text()) == [], name
+
+
+def test_the_lock_rule_catches_a_planted_violation() -> None:
+    assert engine_lock_uses("with d.lock:\n    pass\n") and engine_lock_uses("port.make_ready_locked(x)\n")
+    assert engine_lock_uses("with self.engine.lock:\n    pass\n")
+    assert module_locks("import threading\nx = threading.Lock()\n")
+
+
+def engine_imports_sequencing(source: str, module: str) -> list[str]:
+    return [
+        f"{line}: {name}"
+        for line, name in imports_of(source, module)
+        if name.startswith("keyedconsumer.sequencing")
+    ]
+
+
+def test_no_engine_module_imports_sequencing() -> None:
+    # the sequencer protocol and the in-memory sequencer live in the engine; sequencing/ sits above
+    found = []
+    for path in sorted(ENGINE.glob("*.py")):
+        mod = _module_name(path)
+        found += [f"{path.name}:{x}" for x in engine_imports_sequencing(path.read_text(), mod)]
+    assert found == []
+    assert engine_imports_sequencing("from ..sequencing import RedisSequencer\n", "keyedconsumer.engine.run")
+
+
+def client_imports(source: str, module: str) -> list[str]:
+    return [
+        f"{line}: {name}"
+        for line, name in imports_of(source, module)
+        if name.startswith("keyedconsumer.kafka.client")
+    ]
+
+
+def test_config_imports_no_client() -> None:
+    # the vocabulary (settings) sits below the Kafka client, which reads it
+    assert client_imports((PACKAGE / "config.py").read_text(), "keyedconsumer.config") == []
+    assert client_imports("from .kafka.client import check_config\n", "keyedconsumer.config")
+
+
+def test_no_engine_module_is_over_500_lines() -> None:
+    long = {p.name: n for p in ENGINE.glob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
+
+
+def lazy_imports(source: str, module: str, heavy_modules: set[str]) -> list[str]:
+    """Imports made inside a function of ``source`` (the module ``module``) that bring in neither a
+    :data:`HEAVY` library nor a package module that imports one at its top: such an import only
+    dodges an import circle (or nothing at all)."""
+    out = []
+    tree = ast.parse(source)
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [n for _, n in imports_of(ast.unparse(node), module)]
+            first = names[0]
+            if first.split(".")[0] in HEAVY:
+                continue
+            if any(n in heavy_modules for n in names):
+                continue
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def _heavy_modules() -> set[str]:
+    """The package's modules that load a :data:`HEAVY` library when imported: by a top-level
+    import of their own, or of a package module that does (transitively)."""
+    top: dict[str, set[str]] = {}
+    for path, mod in _package_sources():
+        names: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update(n for _, n in imports_of(ast.unparse(node), mod))
+        top[mod.removesuffix(".__init__")] = names
+    heavy = {m for m, names in top.items() if any(n.split(".")[0] in HEAVY for n in names)}
+    while True:
+        more = {m for m, names in top.items() if m not in heavy and names & heavy}
+        if not more:
+            return heavy
+        heavy |= more
+
+
+def test_no_import_inside_a_function_only_dodges_a_circle() -> None:
+    # given the package's modules that load a heavy or optional library at import
+    heavy = _heavy_modules()
+    found = []
+    for path, mod in _package_sources():
+        found += [f"{path.relative_to(ROOT)}:{x}" for x in lazy_imports(path.read_text(), mod, heavy)]
+    # then every import made inside a function defers one of those, and nothing else
+    assert found == []
+    planted = "def f() -> None:\n    from .config import ConsumerConfig\n"
+    assert lazy_imports(planted, "keyedconsumer.app", heavy)
+    assert not lazy_imports("def f() -> None:\n    import uvloop\n", "keyedconsumer.app", heavy)

@@ -110,7 +110,7 @@ def test_secrets_never_in_validation_errors() -> None:
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer", "CONSUMER"])
 def test_librdkafka_accepts_the_engine_dict_under_both_protocols(protocol: str) -> None:
-    from keyedconsumer.kafka.client import check_config
+    from keyedconsumer.kafka.properties import check_config
 
     cfg = ConsumerConfig(name="n", topics=["t"], config={"group.protocol": protocol})
     conf = cfg.librdkafka()

@@ -51,6 +51,7 @@ CONFLUENT_MODULES = {
     "keyedconsumer.kafka.publisher",
     "keyedconsumer.kafka.transactional",
     "keyedconsumer.kafka.admin",
+    "keyedconsumer.kafka.properties",
 }
 #: The Schema Registry's seam (another outside system, whose client ships in confluent-kafka): the one
 #: middleware module that imports confluent_kafka, and only its schema_registry and serialization parts.
