@@ -68,9 +68,6 @@ BLOCKING_CALL_S = 5.0
 FINAL_COMMIT_MIN_S = 2.0
 #: Pause between attempts of a commit the group refused during a rebalance (seconds).
 COMMIT_RETRY_S = (0.05, 0.5)
-#: Longest wait of one attempt of the stop's final commit (seconds); attempts go on, with polls
-#: between them, until the stop's deadline.
-FINAL_ATTEMPT_S = 2.0
 
 
 class CommitMode(Protocol):
@@ -230,9 +227,7 @@ class _OffsetCommits:
         not rejoined the new generation yet), and a coordinator may be unknown for a moment: then
         the client is polled, which serves the rebalance (a revoke commits its partitions itself),
         and the rest is committed again, until ``deadline`` (monotonic seconds). Records polled
-        meanwhile are not run (nor stored). Each attempt waits at most :data:`FINAL_ATTEMPT_S`: an
-        attempt with no answer by then (librdkafka may hold a commit while the group rebalances,
-        until this thread polls) is polled past and made again too.
+        meanwhile are not run (nor stored). Each attempt waits at most until ``deadline``.
 
         Raises
         ------
@@ -247,13 +242,11 @@ class _OffsetCommits:
                 return
             self._stage(final, meta)
             try:
-                # in attempts of a few seconds: librdkafka may hold a commit until a rebalance under
-                # way completes, which needs this thread to poll (it serves the callbacks)
-                left = deadline - time.monotonic()
-                client.commit(final, meta, timeout_s=max(0.5, min(left, FINAL_ATTEMPT_S)))
+                client.commit(final, meta, timeout_s=max(0.5, deadline - time.monotonic()))
             except CommitError as exc:
-                again = exc.code in COMMIT_AGAIN or exc.code == "_TIMED_OUT"
-                if not again or time.monotonic() >= deadline:
+                # a commit with no answer by the deadline (_TIMED_OUT) is not polled past: its call
+                # still holds the client, and a poll would wait for it (a stopped broker: for ever)
+                if exc.code not in COMMIT_AGAIN or time.monotonic() >= deadline:
                     raise
                 log.info(
                     "final commit refused (%s): polling (a rebalance, the coordinator), then committing again",
