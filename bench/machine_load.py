@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: the busy loop: spin in chunks of a million iterations, stop when orphaned
+#: the busy loop: spin in chunks of a million iterations while its parent (the pid in argv[1], the
+#: bench that started it) lives; orphaned, its parent pid changes and it stops
 BUSY_CODE = (
-    "import os\n"
-    "parent = os.getppid()\n"
+    "import os, sys\n"
+    "parent = int(sys.argv[1])\n"
     "while os.getppid() == parent:\n"
     "    for _ in range(1_000_000):\n"
     "        pass\n"
@@ -76,7 +77,7 @@ class BusyLoop:
 
     def __enter__(self) -> BusyLoop:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", BUSY_CODE],
+            [sys.executable, "-c", BUSY_CODE, str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
