@@ -112,7 +112,9 @@ def _ordered(x: dict[str, Any] | None) -> bool:
     return bool(x) and not (x or {}).get("order_violations") and not (x or {}).get("error")
 
 
-def row(name: str, goal: str, parts: list[dict[str, Any]], short: str | None = None) -> dict[str, Any]:
+def row(
+    name: str, goal: str, parts: list[dict[str, Any]], short: str | None = None, extra: str = ""
+) -> dict[str, Any]:
     """A goals row from its parts: ``met`` False if any part misses, None if any did not run. Each
     figure is named ``short`` (default: the row's name) + its part's label in "a busy machine"."""
     texts: list[str] = []
@@ -138,6 +140,8 @@ def row(name: str, goal: str, parts: list[dict[str, Any]], short: str | None = N
             text += " (order violations or error)"
         busy |= {r + 1 for x in p["runs"] for r in (x or {}).get("busy_repeats", [])}
         texts.append(text)
+    if extra:
+        texts.append(extra)
     if busy:
         texts.append(
             f"**busy: not comparable** (repeat {', '.join(map(str, sorted(busy)))}: load above the cores)"
@@ -252,8 +256,8 @@ def w4_row(view: View) -> dict[str, Any]:
             for x in w4
         ],
         "W4",
+        "peak RSS " + " / ".join(f"{fmt(x.get('peak_rss_mb'))} MB" for x in w4),
     )
-    g["result"] += "; peak RSS " + " / ".join(f"{fmt(x.get('peak_rss_mb'))} MB" for x in w4)
     if any((x.get("peak_rss_mb") or 0) >= W4_RSS_MB for x in w4):
         g["met"] = False
     return g

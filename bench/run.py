@@ -1300,6 +1300,12 @@ def main() -> int:
         ]
         old["skipped"] += [x for x in results["skipped"] if x["id"].split(":")[0] in results["workloads"]]
         old["workloads"] = dict(sorted(old["workloads"].items()))
+        noise = old.setdefault("noise", {"enabled": False, "passes": []})
+        noise["passes"] = [
+            x for x in noise.get("passes", []) if x["workload"] not in results["workloads"]
+        ] + results["noise"]["passes"]
+        noise["enabled"] = bool(noise["passes"]) or args.noise
+        noise["cool_down_limit_s"] = results["noise"]["cool_down_limit_s"]
         old["notes"] = NOTES
         for wl, data in old["workloads"].items():
             finish_workload(wl, data)
