@@ -699,6 +699,7 @@ def run_one(
         and any(fnmatch.fnmatchcase(run_id(r), p) for p in args.profile.split(","))
         and wl in args.profile_workloads
         and repeat == 0
+        and not noise  # the quiet pass of the first repeat only
     ):
         pyspy = args.py_spy or str(PEERS_PY.parent / "py-spy")
         pyspy = str(Path(pyspy).resolve()) if "/" in pyspy else (shutil.which(pyspy) or pyspy)
