@@ -9,7 +9,8 @@ the project venv). Only the selected library is imported.
 The spec (a JSON object) names: contender, ordering, concurrency, mode (sync|async), brokers, topic,
 group, target (messages to handle before the run ends), sleep_ms (handler wait), max_seconds (cap
 from the first message), max_in_flight, batch_size, block_key / block_count / stall_s (workload 4),
-produce_t0_ms; and, for runs of several instances in one group (bench/scaling.py): stop_file (the run
+produce_t0_ms, event_loop (keyedconsumer's ``event_loop`` option for async handlers: a mode
+``async`` or ``async-asyncio``; absent: the option's default); and, for runs of several instances in one group (bench/scaling.py): stop_file (the run
 ends when this file exists) and progress_file (rewritten with "<handled> <perf_counter>" at each sample).
 
 The last stdout line is ``BENCH_RESULT {json}``.
@@ -163,7 +164,14 @@ def kc_options(spec: dict[str, Any]) -> dict[str, Any]:
     )
     if spec.get("batch_size"):
         opts["batch_size"] = spec["batch_size"]
+    if spec.get("event_loop") and is_async(spec):
+        opts["event_loop"] = spec["event_loop"]  # "uvloop" (mode async) or "asyncio" (mode async-asyncio)
     return opts
+
+
+def is_async(spec: dict[str, Any]) -> bool:
+    """``async def`` handlers: mode ``async`` (and ``async-asyncio``, keyedconsumer on asyncio's loop)."""
+    return str(spec["mode"]).startswith("async")
 
 
 def kc_fetch_settings(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -227,7 +235,7 @@ def run_keyedconsumer(spec: dict[str, Any], rec: Recorder, block: Block, sampler
     from keyedconsumer import KeyedConsumer
 
     sync_h, async_h = make_handlers(spec, rec, block)
-    if spec["mode"] == "async":
+    if is_async(spec):
 
         async def handler(msg):  # type: ignore[no-untyped-def]
             await async_h(msg.key, msg.value, msg.timestamp_ms)

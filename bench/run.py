@@ -13,6 +13,7 @@ report gives the median over the repeats and the spread (min-max) of msg/s and o
                          message, enable.auto.offset.store=false, auto commit; keyedconsumer's fetch
                          settings (common.FETCH_SETTINGS, read from its config at run time)
   keyedconsumer          ordering key|partition|none x concurrency 1,16,64,256 x sync|async handlers
+                         (async: event_loop="uvloop"; mode async-asyncio: event_loop="asyncio")
   keyedconsumer-redis    keyedconsumer with the Redis sequencer (per-key leases in Redis)
   parallel-consumer      Confluent Parallel Consumer (Java, bench/parallel-consumer, built by scripts/bench)
   pyrallel-consumer      from bench/.venv-peers (async execution mode; see bench/README.md)
@@ -20,8 +21,8 @@ report gives the median over the repeats and the spread (min-max) of msg/s and o
   faststream-unordered   faststream's concurrent subscriber (max_workers, no order)
 
 Workloads (full size; `ci` is a ~1 min smoke version on tiny data):
-  1 overhead  1,500,000 x 100 B, 8 partitions, 10,000 keys, no-op handler; a run ends when the topic
-              is consumed or 15 s after its first message
+  1 overhead  10,000,000 x 100 B, 8 partitions, 10,000 keys, no-op handler; every run ends 12 s after
+              its first message (none consumes the topic by then)
   2 io        600,000 x 100 B, 1 partition, 10,000 keys, handler waits 5 ms; each run handles the
               prefix whose ideal time is 10 s (capped at 15 s)
   3 skew      50,000 messages like workload 2 with 20% of the messages on 5 hot keys
@@ -31,6 +32,9 @@ Workloads (full size; `ci` is a ~1 min smoke version on tiny data):
   5 flights   examples/flights.py on the first 30,000 flights: concurrency=1 on a 5,000-message
               sample (ideal: the handler alone, back to back) and concurrency=64
 
+--noise runs every repeat twice, a quiet pass and a noisy one (a busy-loop process, one core, runs
+beside the noisy pass), and reports both. Each run records the 1-minute load average before and after.
+
 Writes <out>/results.json, <out>/results.md and <out>/throughput.png (default out: bench/results).
 Contender ids look like ``keyedconsumer/key/c16/sync``; --contenders takes comma-separated
 fnmatch patterns over them (``raw,keyedconsumer/key/*``); a bare name matches all its runs.
@@ -39,8 +43,10 @@ fnmatch patterns over them (``raw,keyedconsumer/key/*``); a bare name matches al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import fnmatch
+import itertools
 import json
 import os
 import platform
@@ -51,6 +57,8 @@ import subprocess
 import sys
 import time
 import uuid
+from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,28 +66,40 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import make_value  # noqa: E402
+from goals import (  # noqa: E402  (fmt, spread_of: also used by bench/scaling.py as run.fmt, run.spread_of)
+    ASYNCIO,
+    CONCURRENCIES,
+    MODES,
+    fmt,
+    goals,
+    other_checks,
+)
+from machine_load import BusyLoop, cool_down, load_record, loadavg  # noqa: E402  (loadavg: run.loadavg elsewhere)
+from report import NOTES, print_goals, write_markdown  # noqa: E402
 
 PEERS_PY = HERE / ".venv-peers" / "bin" / "python"
 PC_DIR = HERE / "parallel-consumer"  # the Java contender; scripts/bench builds it into target/
-CONCURRENCIES = (1, 16, 64, 256)
 ORDERINGS = ("key", "partition", "none")
-MODES = ("sync", "async")
+#: keyedconsumer's async handlers run on uvloop (mode "async", the consumer's ``event_loop="uvloop"``)
+#: or on asyncio's default loop (mode ASYNCIO, "async-asyncio": ``event_loop="asyncio"``)
+EVENT_LOOPS = {"async": "uvloop", ASYNCIO: "asyncio"}
 
 # ----------------------------------------------------------------------------------- workloads
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
-        # W1: raw handles ~120k msg/s here, so 1.5M messages last >= 10 s for every contender; a run
-        # ends when the topic is consumed or 15 s after its first message (what it handled by then)
+        # W1: every run is time-boxed: it ends 12 s after its first message, and no contender can
+        # consume 10M records by then (raw would need 833k msg/s; it makes 380-700k here), so raw,
+        # the denominator of every W1 ratio, runs as long as the others (bench/README.md, "Sizing")
         "w1": dict(
             title="overhead",
-            messages=1_500_000,
+            messages=10_000_000,
             size=100,
             partitions=8,
             keys=10_000,
             sleep_ms=0,
-            lat_every=4,
-            max_seconds=15.0,
+            lat_every=16,
+            max_seconds=12.0,
         ),
         # W2: each run handles the prefix whose ideal time is io_budget_s (10 s): c256 at 5 ms is
         # 51,200 msg/s ideal, so 512,000 messages; runs far below the ideal stop at 15 s
@@ -174,6 +194,9 @@ RUN_LIMITS = {
     "ci": dict(max_seconds=4.0, io_budget_s=1.5, io_min_target=150),
 }
 BLOCK_KEY = "k-blocked"
+#: --noise: after a noisy pass, wait up to this long for the 1-minute load average to fall back to
+#: the core count (machine_load.cool_down)
+COOL_DOWN_S = {"full": 60.0, "ci": 0.0}
 
 
 def kc(ordering: str, c: int, mode: str) -> dict[str, Any]:
@@ -207,12 +230,17 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
     workload 1: ordering key at every concurrency x sync/async, partition and none at 16 sync;
     workloads 2 and 3: key at every concurrency x sync/async, partition at 16 sync (one partition:
     every concurrency is bound to 200 msg/s), none at 64 sync and 256 async, and the peers without
-    their concurrency-1 runs (bound by the handler like everyone's). ``full_matrix`` runs every
-    ordering x concurrency x mode and every peer run.
+    their concurrency-1 runs (bound by the handler like everyone's). Confluent Parallel Consumer runs
+    at every concurrency keyedconsumer runs on workloads 1 and 2 (a goal compares them at each);
+    workload 2 also runs key c256 async on asyncio's default loop (``async-asyncio``) next to uvloop.
+    ``full_matrix`` runs every ordering x concurrency x mode and every peer run.
     """
-    all_kc = [kc(o, c, m) for o in ORDERINGS for c in CONCURRENCIES for m in MODES]
+    all_kc = [kc(o, c, m) for o in ORDERINGS for c in CONCURRENCIES for m in MODES] + [
+        kc("key", 256, ASYNCIO)
+    ]
     key_kc = [kc("key", c, m) for c in CONCURRENCIES for m in MODES]
     redis = [kcr(c, m) for c in CONCURRENCIES[1:] for m in MODES]
+    pcs = [pc("key", c) for c in CONCURRENCIES]
     if size == "ci":
         return {
             # every goal's runs, once, on tiny data (the goals table is exercised, no speed is asserted)
@@ -225,13 +253,17 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
                 kc("key", 256, "async"),
                 kc("partition", 16, "sync"),
                 kc("none", 16, "async"),
+                pc("key", 16),
                 peer("pyrallel-consumer", "key", 16, "async"),
                 peer("faststream", "partition", 1, "async"),
             ],
             "w2": [
                 RAW,
                 kc("key", 64, "sync"),
+                kc("key", 64, "async"),
+                kc("key", 256, "sync"),
                 kc("key", 256, "async"),
+                kc("key", 256, ASYNCIO),
                 kcr(64, "sync"),
                 pc("key", 64),
                 peer("pyrallel-consumer", "key", 64, "async"),
@@ -245,7 +277,7 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
         return [
             RAW,
             *w1_kc,
-            *[pc("key", c) for c in (16, 64)],
+            *pcs,
             peer("pyrallel-consumer", "key", 16, "async"),
             peer("faststream", "partition", 1, "async"),
             peer("faststream", "partition", 8, "async"),
@@ -257,7 +289,7 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
                 RAW,
                 *all_kc,
                 *redis,
-                *[pc("key", c) for c in CONCURRENCIES],
+                *pcs,
                 *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES],
                 peer("faststream", "partition", 1, "sync"),
                 peer("faststream", "partition", 1, "async"),
@@ -266,11 +298,12 @@ def matrix(size: str, wl: str, full_matrix: bool = False) -> list[dict[str, Any]
         return [
             RAW,
             *key_kc,
+            *([kc("key", 256, ASYNCIO)] if wl == "w2" else []),
             kc("partition", 16, "sync"),
             kc("none", 64, "sync"),
             kc("none", 256, "async"),
             *(redis if wl == "w2" else [kcr(64, "sync"), kcr(256, "async")]),
-            *[pc("key", c) for c in CONCURRENCIES],
+            *pcs,
             *[peer("pyrallel-consumer", "key", c, "async") for c in CONCURRENCIES[1:]],
             peer("faststream", "partition", 1, "async"),
             *[peer("faststream-unordered", "none", c, "async") for c in (64, 256)],
@@ -294,10 +327,13 @@ def parse_id(text: str) -> dict[str, Any] | None:
     if text == "raw":
         return dict(RAW)
     parts = text.split("/")
-    if len(parts) != 4 or not parts[2].startswith("c") or not parts[2][1:].isdigit() or parts[3] not in MODES:
+    if len(parts) != 4 or not parts[2].startswith("c") or not parts[2][1:].isdigit():
         return None
     name, ordering, c, mode = parts[0], parts[1], int(parts[2][1:]), parts[3]
-    if ordering not in ORDERINGS:
+    if ordering not in ORDERINGS or mode not in (
+        *MODES,
+        *([ASYNCIO] if name.startswith("keyedconsumer") else []),
+    ):
         return None
     if name == "keyedconsumer":
         return kc(ordering, c, mode)
@@ -321,13 +357,6 @@ def run_id(r: dict[str, Any]) -> str:
 
 def log(*a: Any) -> None:
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
-
-
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
 
 
 def machine_info(peers_py: Path | None) -> dict[str, Any]:
@@ -477,13 +506,14 @@ def delete_topics(brokers: str, names: list[str]) -> None:
             log(f"could not delete topic {name}: {exc}")
 
 
-def keys_for(w: dict[str, Any], rng: random.Random) -> list[int]:
+def keys_for(w: dict[str, Any], rng: random.Random) -> array[int]:
     """Key id per message: uniform over `keys`, with the hot and blocked keys of workloads 3 and 4.
-    Id -1 is the blocked key."""
+    Id -1 is the blocked key. An ``array('i')``: 4 bytes a message (W1's 10M ids in 40 MB, where a
+    list of ints would hold 360 MB in the orchestrator for the whole run)."""
     n, nkeys = w["messages"], w["keys"]
     hot, hot_share = w.get("hot_keys", 0), w.get("hot_share", 0.0)
     block_share = w.get("block_share", 0.0)
-    out = []
+    out = array("i")
     for _ in range(n):
         r = rng.random()
         if r < block_share:
@@ -495,7 +525,7 @@ def keys_for(w: dict[str, Any], rng: random.Random) -> list[int]:
     return out
 
 
-def produce(brokers: str, topic: str, w: dict[str, Any], key_ids: list[int]) -> dict[str, Any]:
+def produce(brokers: str, topic: str, w: dict[str, Any], key_ids: Sequence[int]) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     p = Producer(
@@ -563,7 +593,7 @@ def end_offsets(brokers: str, topic: str, partitions: int) -> int:
 
 
 def ideal(
-    w: dict[str, Any], key_ids: list[int], r: dict[str, Any], target: int, max_in_flight: int
+    w: dict[str, Any], key_ids: Sequence[int], r: dict[str, Any], target: int, max_in_flight: int
 ) -> dict[str, Any] | None:
     """Ideal msg/s of an I/O-bound run handling the first ``target`` messages of the partition.
 
@@ -609,9 +639,10 @@ def run_one(
     w: dict[str, Any],
     meta: dict[str, Any],
     r: dict[str, Any],
-    key_ids: list[int],
+    key_ids: Sequence[int],
     peers_py: Path,
     repeat: int = 0,
+    noise: bool = False,
 ) -> dict[str, Any]:
     limits = RUN_LIMITS[args.size]
     target = w["messages"]
@@ -640,6 +671,8 @@ def run_one(
         "lat_every": w.get("lat_every", 1),
         "redis_url": args.redis_url,
     }
+    if r["contender"].startswith("keyedconsumer") and r["mode"] in EVENT_LOOPS:
+        spec["event_loop"] = EVENT_LOOPS[r["mode"]]
     if r.get("peer") and w.get("peer_max_seconds") and not args.max_seconds:
         spec["max_seconds"] = w["peer_max_seconds"]  # W4: the peers cannot finish 1M in 120 s anyway
     if w.get("block_share"):
@@ -666,6 +699,7 @@ def run_one(
         and any(fnmatch.fnmatchcase(run_id(r), p) for p in args.profile.split(","))
         and wl in args.profile_workloads
         and repeat == 0
+        and not noise  # the quiet pass of the first repeat only
     ):
         pyspy = args.py_spy or str(PEERS_PY.parent / "py-spy")
         pyspy = str(Path(pyspy).resolve()) if "/" in pyspy else (shutil.which(pyspy) or pyspy)
@@ -708,7 +742,7 @@ def run_one(
         "peer": bool(r.get("peer")),
         "repeat": repeat,
         "wall_s": round(wall, 1),
-        "loadavg_before": load0,
+        **load_record(load0, noise),
     }
     line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("BENCH_RESULT ")), None)
     if line is None:
@@ -775,14 +809,15 @@ SPREAD_KEYS = ("msg_per_s", "ratio_to_raw", "efficiency", "ratio_to_in_memory", 
 
 
 def finish_workload(wl: str, data: dict[str, Any]) -> None:
-    """Per repeat: ratios against the runs of the same repeat; then one aggregated run per id
-    (``data["runs"]``, in the order first run) with the median and min-max of each figure."""
+    """Per repeat and pass (quiet, or noisy with ``--noise``): ratios against the runs of the same
+    repeat and pass; then one aggregated run per id (in the order first run) with the median and
+    min-max of each figure: ``data["runs"]`` for the quiet pass, ``data["noisy_runs"]`` for the noisy one."""
     reps: list[dict[str, Any]] = data.setdefault("repeat_runs", [])
     if not reps and data.get("runs"):  # a results.json written before repeats: one run each
         reps.extend(dict(x, repeat=0) for x in data["runs"])
-    by_rep: dict[int, dict[str, dict[str, Any]]] = {}
+    by_rep: dict[tuple[int, bool], dict[str, dict[str, Any]]] = {}
     for x in reps:
-        by_rep.setdefault(x.get("repeat", 0), {})[x["id"]] = x
+        by_rep.setdefault((x.get("repeat", 0), bool(x.get("noise"))), {})[x["id"]] = x
     for runs in by_rep.values():
         raw = (runs.get("raw") or {}).get("msg_per_s")
         c1 = (runs.get("keyedconsumer/key/c1/sync") or {}).get("msg_per_s")
@@ -806,10 +841,14 @@ def finish_workload(wl: str, data: dict[str, Any]) -> None:
                 x["speed_up"] = round(v / c1, 2)
             if wl == "w4" and x.get("rss_samples"):
                 x["rss_growth"] = rss_growth(x["rss_samples"], data["messages"], data["size"])
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for x in reps:
-        groups.setdefault(x["id"], []).append(x)
-    data["runs"] = [aggregate(xs) for xs in groups.values()]
+    for key, noise in (("runs", False), ("noisy_runs", True)):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for x in reps:
+            if bool(x.get("noise")) == noise:
+                groups.setdefault(x["id"], []).append(x)
+        data[key] = [aggregate(xs) for xs in groups.values()]
+    if not data["noisy_runs"]:
+        del data["noisy_runs"]
 
 
 def w_is_demo(wl: str) -> bool:
@@ -820,10 +859,12 @@ def aggregate(xs: list[dict[str, Any]]) -> dict[str, Any]:
     """One contender's repeats -> the median (``msg_per_s``, ``ratio_to_raw``, ...) and spread
     (``msg_per_s_min`` / ``_max`` ...) of each figure; the other fields (handled, latency, RSS samples,
     settings) are those of the repeat with the median msg/s; order violations are summed and peak RSS
-    is the highest of all repeats."""
+    is the highest of all repeats; ``load_1min`` lists each repeat's 1-minute load average before and
+    after its run, ``busy_repeats`` the repeats whose load before exceeded the cores."""
     ok = sorted((x for x in xs if x.get("msg_per_s")), key=lambda x: x["msg_per_s"])
     rep = ok[(len(ok) - 1) // 2] if ok else xs[0]
-    agg = {k: v for k, v in rep.items() if k not in ("repeat", *SPREAD_KEYS)}
+    skip = ("repeat", "busy", "loadavg_before", "loadavg_after", *SPREAD_KEYS)
+    agg = {k: v for k, v in rep.items() if k not in skip}
     agg["repeats"] = len(xs)
     agg["median_repeat"] = rep.get("repeat")
     for k in SPREAD_KEYS:
@@ -832,6 +873,10 @@ def aggregate(xs: list[dict[str, Any]]) -> dict[str, Any]:
             nd = 1 if k == "msg_per_s" else 3
             agg[k] = round(statistics.median(vals), nd)
             agg[k + "_min"], agg[k + "_max"] = min(vals), max(vals)
+    agg["load_1min"] = [
+        [(x.get("loadavg_before") or [None])[0], (x.get("loadavg_after") or [None])[0]] for x in xs
+    ]
+    agg["busy_repeats"] = [x.get("repeat", 0) for x in xs if x.get("busy")]
     viol = [x["order_violations"] for x in xs if x.get("order_violations") is not None]
     agg["order_violations"] = sum(viol) if viol else None
     rss = [x["peak_rss_mb"] for x in xs if x.get("peak_rss_mb") is not None]
@@ -887,424 +932,9 @@ def rss_growth(samples: list[list[float]], n: int, value_bytes: int) -> dict[str
     return out
 
 
-def find(runs: list[dict[str, Any]], rid: str) -> dict[str, Any] | None:
-    return next((x for x in runs if x["id"] == rid), None)
-
-
-def paired(data: dict[str, Any], a: str, b: str) -> list[float]:
-    """msg/s of run ``a`` / msg/s of run ``b``, one ratio per repeat in which both ran."""
-    by_rep: dict[int, dict[str, float]] = {}
-    for x in data.get("repeat_runs", []):
-        if x["id"] in (a, b) and x.get("msg_per_s"):
-            by_rep.setdefault(x.get("repeat", 0), {})[x["id"]] = x["msg_per_s"]
-    return [round(d[a] / d[b], 3) for d in by_rep.values() if a in d and b in d]
-
-
-def spread(x: dict[str, Any], key: str, nd: int = 2, unit: str = "") -> str:
-    """'0.93x (0.90-0.95)': the median and, with more than one repeat, the min-max."""
-    v = x.get(key)
-    if v is None:
-        return "–"
-    lo, hi = x.get(key + "_min"), x.get(key + "_max")
-    s = f"{v:,.{nd}f}{unit}"
-    if x.get("repeats", 1) > 1 and lo is not None and hi is not None:
-        s += f" ({lo:,.{nd}f}–{hi:,.{nd}f})"
-    return s
-
-
-def spread_of(vals: list[float], nd: int = 2) -> str:
-    if not vals:
-        return "–"
-    s = f"{statistics.median(vals):.{nd}f}"
-    return s + (f" ({min(vals):.{nd}f}–{max(vals):.{nd}f})" if len(vals) > 1 else "")
-
-
-def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The goals of the "Performance" issue: each a ratio within one run (median over the repeats of
-    the per-repeat ratios; the spread is shown). ``met`` is None when the runs it needs did not run."""
-    out: list[dict[str, Any]] = []
-    wls = results["workloads"]
-
-    def runs(wl: str) -> list[dict[str, Any]]:
-        return wls[wl]["runs"] if wl in wls else []
-
-    def ordered(x: dict[str, Any] | None) -> bool:
-        return bool(x) and not (x or {}).get("order_violations") and not (x or {}).get("error")
-
-    def add(
-        row: str, goal: str, parts: list[tuple[str, dict[str, Any] | None, str, float]], unit: str
-    ) -> None:
-        """parts: (label, aggregated run, figure, threshold); met when every part's median reaches
-        its threshold with no order violation."""
-        vals: list[float] = []
-        texts: list[str] = []
-        status: list[bool | None] = []
-        for label, x, key, thr in parts:
-            v = x.get(key) if x else None
-            if v is None:
-                texts.append(f"{label}: not run" if label else "not run")
-                status.append(None)
-                continue
-            vals.append(v)
-            status.append(v >= thr and ordered(x))
-            texts.append(
-                (f"{label}: " if label else "")
-                + spread(x, key, 2, unit)
-                + ("" if ordered(x) else " (order violations or error)")
-            )
-        met = False if False in status else (None if None in status else True)
-        out.append(
-            {
-                "row": row,
-                "goal": goal,
-                "result": "; ".join(texts),
-                "value": vals[0] if len(vals) == 1 else (vals or None),
-                "met": met,
-            }
-        )
-
-    w1, w2 = runs("w1"), runs("w2")
-    k = "keyedconsumer/key"
-    add("W1 no-op, key, c1 sync", ">= 0.9x raw", [("", find(w1, f"{k}/c1/sync"), "ratio_to_raw", 0.9)], "x")
-    add("W1 c16 sync", ">= 0.9x raw", [("", find(w1, f"{k}/c16/sync"), "ratio_to_raw", 0.9)], "x")
-    add("W1 c16 async", ">= 0.85x raw", [("", find(w1, f"{k}/c16/async"), "ratio_to_raw", 0.85)], "x")
-    add(
-        "W1 c64 sync / c256 async",
-        ">= 0.85x / >= 0.75x raw",
-        [
-            ("c64 sync", find(w1, f"{k}/c64/sync"), "ratio_to_raw", 0.85),
-            ("c256 async", find(w1, f"{k}/c256/async"), "ratio_to_raw", 0.75),
-        ],
-        "x",
-    )
-    add("W2 5 ms, c64 sync", ">= 0.9 of ideal", [("", find(w2, f"{k}/c64/sync"), "efficiency", 0.9)], "")
-    add("W2 5 ms, c256 async", ">= 0.8 of ideal", [("", find(w2, f"{k}/c256/async"), "efficiency", 0.8)], "")
-    w4 = [x for x in runs("w4") if x["contender"] == "keyedconsumer"]
-    if w4:
-        parts = [(x["id"].removeprefix("keyedconsumer/"), x, "ratio_to_raw", 0.8) for x in w4]
-        add("W4 1 KB backlog, one blocked key", ">= 0.8x raw msg/s, RSS < 300 MB", parts, "x")
-        g = out[-1]
-        big = [x for x in w4 if (x.get("peak_rss_mb") or 0) >= 300]
-        g["result"] += "; peak RSS " + " / ".join(f"{fmt(x.get('peak_rss_mb'))} MB" for x in w4)
-        if big:
-            g["met"] = False
-    else:
-        add("W4 1 KB backlog, one blocked key", ">= 0.8x raw msg/s, RSS < 300 MB", [("", None, "", 0)], "")
-    f1 = find(runs("w5"), f"{k}/c1/sync")
-    add(
-        "flights demo, concurrency=1",
-        ">= 0.95 of ideal (ideal for a 2 ms handler ~ 460-500 msg/s)",
-        [("", f1, "efficiency", 0.95)],
-        "",
-    )
-    if f1 and f1.get("ideal"):
-        out[-1]["result"] += (
-            f" of {f1['ideal']['ideal_msg_per_s']:,.0f} msg/s ({f1['ideal']['bound']}); "
-            f"measured {spread(f1, 'msg_per_s', 0)} msg/s"
-        )
-    points = [f"c{c}/{m}" for c in CONCURRENCIES[1:] for m in MODES]  # every point must run to be met
-    add(
-        "Redis sequencer against in-memory, W2",
-        ">= 0.7 at every point",
-        [(p, find(w2, f"keyedconsumer-redis/key/{p}"), "ratio_to_in_memory", 0.7) for p in points]
-        if "w2" in wls
-        else [("", None, "", 0)],
-        "x",
-    )
-    return out
-
-
-def other_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Goals of earlier issues, kept for comparison (not part of the Performance issue's table)."""
-    out: list[dict[str, Any]] = []
-    wls = results["workloads"]
-    if "w2" in wls:
-        for c in CONCURRENCIES[1:]:  # at concurrency 1 both are bound by the 5 ms handler (200 msg/s)
-            for mode in MODES:
-                r = paired(wls["w2"], f"keyedconsumer/key/c{c}/{mode}", f"pyrallel-consumer/key/c{c}/async")
-                if r:
-                    v = statistics.median(r)
-                    out.append(
-                        {
-                            "check": f"W2: keyedconsumer key c{c} {mode} >= 2x pyrallel-consumer key_hash c{c}",
-                            "result": spread_of(r),
-                            "value": round(v, 3),
-                            "met": v >= 2.0,
-                        }
-                    )
-    if "w4" in wls:
-        raw = find(wls["w4"]["runs"], "raw") or {}
-        for x in wls["w4"]["runs"]:
-            g = x.get("rss_growth_max_mb_per_100k")
-            if x["contender"] == "keyedconsumer" and g is not None:
-                ref = (
-                    f"; raw: {raw['rss_growth_max_mb_per_100k']}"
-                    if raw.get("rss_growth_max_mb_per_100k")
-                    else ""
-                )
-                net = x.get("rss_net_growth_max_mb_per_100k")
-                if net is None:  # a run without the in-flight column: the plain slope
-                    out.append(
-                        {
-                            "check": f"W4: {x['id']} RSS does not grow with the backlog (highest MB per 100k "
-                            f"messages handled over the repeats, 25%→90% of the backlog{ref}; < 2 is flat)",
-                            "result": f"{g}",
-                            "value": g,
-                            "met": g < 2,
-                        }
-                    )
-                else:
-                    out.append(
-                        {
-                            "check": f"W4: {x['id']} RSS does not grow with the backlog beyond the blocked key's "
-                            "messages it holds by design up to max_in_flight (highest MB per 100k messages "
-                            "handled over the repeats, 25%→90% of the backlog, less the held messages' "
-                            f"values; < 2 is flat)",
-                            "result": f"{net} (plain slope {g}{ref})",
-                            "value": net,
-                            "met": net < 2,
-                        }
-                    )
-    return out
-
-
-def side_by_side(data: dict[str, Any]) -> list[str]:
-    """keyedconsumer (key) next to Confluent Parallel Consumer (KEY) and pyrallel-consumer
-    (key_hash) at each concurrency: median msg/s (min-max); the ratio is per repeat, then the median."""
-    runs = data["runs"]
-    cs = sorted(
-        {x["concurrency"] for x in runs if x["contender"] == "parallel-consumer"}
-        | {x["concurrency"] for x in runs if x["contender"] == "keyedconsumer" and x["ordering"] == "key"}
-    )
-    if not any(x["contender"] == "parallel-consumer" for x in runs):
-        return []
-    eff = bool(data.get("sleep_ms"))
-    what = "efficiency vs ideal" if eff else "ratio to raw"
-    L = [
-        f"| concurrency | keyedconsumer key sync | keyedconsumer key async | parallel-consumer KEY (sync commits) "
-        f"| keyedconsumer sync / parallel-consumer | pyrallel-consumer key_hash async | {what}: kc sync / kc async / PC |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for c in cs:
-        ks, ka = find(runs, f"keyedconsumer/key/c{c}/sync"), find(runs, f"keyedconsumer/key/c{c}/async")
-        p, py = (
-            find(runs, f"parallel-consumer/key/c{c}/sync"),
-            find(runs, f"pyrallel-consumer/key/c{c}/async"),
-        )
-        ratio = spread_of(paired(data, f"keyedconsumer/key/c{c}/sync", f"parallel-consumer/key/c{c}/sync"))
-        key = "efficiency" if eff else "ratio_to_raw"
-        rel = " / ".join(fmt(x.get(key), 2) if x else "–" for x in (ks, ka, p))
-        L.append(
-            f"| {c} | {spread(ks, 'msg_per_s', 0) if ks else '–'} | {spread(ka, 'msg_per_s', 0) if ka else '–'} "
-            f"| {spread(p, 'msg_per_s', 0) if p else '–'} | {ratio} | {spread(py, 'msg_per_s', 0) if py else '–'} "
-            f"| {rel} |"
-        )
-    return L
-
-
-def fmt(v: Any, nd: int = 0) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def write_markdown(results: dict[str, Any], path: Path) -> None:
-    m = results["machine"]
-    L = [f"# keyedconsumer benchmark ({results['size']} size)", ""]
-    L.append(
-        f"- date: {results['started']} UTC, wall time {results['wall_s'] / 60:.1f} min; "
-        f"{results.get('repeats', 1)} repeat(s) of every contender, round-robin"
-    )
-    L.append(
-        f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory_gb']} GB RAM, {m['os']}; "
-        f"load average at start {m.get('loadavg_start')}, at end {m.get('loadavg_end')}"
-    )
-    L.append(
-        f"- python {m['python']}, confluent-kafka {m['confluent_kafka']}, librdkafka {m['librdkafka']}; "
-        f"keyedconsumer {m.get('keyedconsumer_commit')}"
-    )
-    pv = m.get("peers_venv")
-    if pv:
-        L.append("- peers venv: " + ", ".join(f"{k} {v}" for k, v in pv.items()))
-    if m.get("parallel_consumer"):
-        L.append(
-            f"- Confluent Parallel Consumer: parallel-consumer-core {m['parallel_consumer']} on {m.get('java')}"
-        )
-    L.append(f"- broker: {results['brokers']}; command: `{results['command']}`")
-    L.append("")
-    if results.get("goals"):
-        L += [
-            "## Goals (ratios within one run: median over the repeats, min–max in brackets)",
-            "",
-            "| row | goal | result | met |",
-            "| --- | --- | --- | :---: |",
-        ]
-        for g in results["goals"]:
-            met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
-            L.append(f"| {g['row']} | {g['goal']} | {g['result']} | {met} |")
-        L.append("")
-    if results.get("other_checks"):
-        L += [
-            "### Other checks (goals of earlier issues)",
-            "",
-            "| check | result | met |",
-            "| --- | ---: | :---: |",
-        ]
-        for g in results["other_checks"]:
-            L.append(f"| {g['check']} | {g['result']} | {'yes' if g['met'] else '**no**'} |")
-        L.append("")
-    for wl, data in results["workloads"].items():
-        sbs = side_by_side(data) if wl in ("w1", "w2", "w3") else []
-        if sbs:
-            L += [
-                f"## {wl.upper()} side by side: keyedconsumer and Confluent Parallel Consumer (msg/s, median "
-                "(min–max) over the repeats)",
-                "",
-                *sbs,
-                "",
-            ]
-    for wl, data in results["workloads"].items():
-        if data.get("demo"):
-            L.append(
-                f"## {wl.upper()} {data['title']}: examples/flights.py on the first {data['messages']:,} flights, "
-                f"8 partitions keyed by aircraft, a 2 ms handler; concurrency=1 on a sample of "
-                f"{data['sample']:,}, concurrency=64 on all"
-            )
-        else:
-            L.append(
-                f"## {wl.upper()} {data['title']}: {data['messages']:,} x {data['size']} B, "
-                f"{data['partitions']} partition(s), {data['keys']:,} keys"
-                + (f", handler waits {data['sleep_ms']} ms" if data["sleep_ms"] else ", no-op handler")
-            )
-        L.append("")
-        run = data.get("run") or {}
-        if run and (run.get("started") != results["started"] or run.get("command") != results["command"]):
-            L += [
-                f"- run separately: {run.get('started')} UTC, {fmt(run.get('wall_s'), 0)} s, `{run.get('command')}`, "
-                f"{run.get('repeats', 1)} repeat(s), keyedconsumer {run.get('keyedconsumer_commit')}",
-                "",
-            ]
-        if data.get("notes"):
-            L += [f"- {n}" for n in data["notes"]] + [""]
-        L.append(
-            "| contender | workload | ordering | concurrency | sync/async | repeats | handled (median run) "
-            "| msg/s median (min–max) | ratio to raw | efficiency vs ideal "
-            "| p50/p99 latency ms (produce→start) | p50/p99 ms backlog-aligned "
-            "| peak RSS MB | order violations | notes |"
-        )
-        L.append(
-            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
-        )
-        for x in data["runs"]:
-            notes = []
-            if x.get("error"):
-                notes.append("ERROR: " + x["error"].splitlines()[0][:160])
-            elif not x.get("complete"):
-                notes.append(f"capped at {x.get('seconds')} s (median run)")
-            if (
-                results["size"] == "full"
-                and x.get("seconds") is not None
-                and x["seconds"] < 9
-                and not data.get("demo")
-            ):
-                notes.append(f"short: {x['seconds']} s")
-            if x.get("target") and x["target"] < data["messages"] and not data.get("demo"):
-                notes.append(f"prefix of {x['target']:,}")
-            if x.get("ideal"):
-                notes.append(f"ideal {x['ideal']['ideal_msg_per_s']:,.0f}/s ({x['ideal']['bound']})")
-            if x.get("ratio_to_in_memory") is not None:
-                notes.append(f"{spread(x, 'ratio_to_in_memory', 2, 'x')} the in-memory sequencer")
-            if x.get("speed_up") is not None:
-                notes.append(f"speed-up {spread(x, 'speed_up', 1, 'x')} over concurrency=1")
-            if data.get("demo"):
-                st = x.get("settings") or {}
-                notes.append(
-                    f"start-up {st.get('startup_s')} s and stop() {st.get('stop_s')} s not counted; "
-                    f"mean handler inside the run {st.get('handler_ms_mean')} ms"
-                )
-            if x.get("block"):
-                notes.append(
-                    f"block released after {x['block'].get('released_after_s')} s "
-                    f"at {fmt(x['block'].get('handled_at_release'))} handled, "
-                    f"RSS then {x['block'].get('rss_mb_at_release')} MB"
-                )
-            if x.get("rss_growth"):
-                notes.append(
-                    f"RSS 25%→90% of backlog: {x['rss_growth']['rss_mb_at_25pct']}→"
-                    f"{x['rss_growth']['rss_mb_at_90pct']} MB"
-                )
-            if x.get("peak_in_flight") is not None:
-                notes.append(f"peak in-flight {x['peak_in_flight']:,}")
-            acq = (x.get("settings") or {}).get("lease_acquire_calls")
-            if acq is not None and x.get("handled"):
-                notes.append(f"Redis lease acquires {acq:,} ({acq / x['handled']:.2f} per message)")
-            lat = (
-                f"{fmt(x.get('lat_p50_ms'))} / {fmt(x.get('lat_p99_ms'))}"
-                if x.get("lat_p50_ms") is not None
-                else "–"
-            )
-            alat = (
-                f"{fmt(x.get('aligned_p50_ms'))} / {fmt(x.get('aligned_p99_ms'))}"
-                if x.get("aligned_p50_ms") is not None
-                else "–"
-            )
-            L.append(
-                f"| {x['contender']} | {wl.upper()} | {x['ordering']} | {x['concurrency']} | {x['mode']} "
-                f"| {x.get('repeats', 1)} | {fmt(x.get('handled'))} | {spread(x, 'msg_per_s', 0)} "
-                f"| {spread(x, 'ratio_to_raw')} | {spread(x, 'efficiency')} | {lat} | {alat} "
-                f"| {fmt(x.get('peak_rss_mb'))} | {fmt(x.get('order_violations'))} | {'; '.join(notes)} |"
-            )
-        L.append("")
-    if results.get("skipped"):
-        L += ["## Not run", ""] + [f"- {s['id']}: {s['reason']}" for s in results["skipped"]] + [""]
-    L += ["## How to read this", ""] + [f"- {n}" for n in results["notes"]] + [""]
-    path.write_text("\n".join(L))
-
-
-NOTES = [
-    "Every contender runs in its own process on the same topic data, each run with a fresh consumer group. "
-    "Each workload runs its contenders round-robin, once per repeat (raw, keyedconsumer..., peers; then again), "
-    "so a change of the machine's load hits raw and keyedconsumer alike. Absolute numbers depend on the (shared, "
-    "noisy) machine; ratios compare runs of one repeat.",
-    "msg/s: the median over the repeats, with the lowest and highest in brackets. Ratios (to raw, to the ideal, "
-    "Redis to in-memory, keyedconsumer to a peer, c64 to c1) are computed within each repeat against the run of the "
-    "same repeat; the table shows their median and min–max. Handled count, latency and RSS samples are those of the "
-    "repeat with the median msg/s; order violations are summed over the repeats and peak RSS is the highest.",
-    "msg/s of one run: handled messages / seconds from the first handler start to the end of the last handled "
-    "message. A run ends when its target is handled or at its cap (max_seconds after its first message: 15 s for "
-    "workload 1, 15 s for workload 2, 30 s for workload 3, 120 s for workload 4 (30 s for the peers)); a capped run "
-    'counts what was handled by the cap, over the time to the cap ("capped"). Neither counts the contender\'s '
-    "start-up nor its stop.",
-    "Sizing: every full-size run lasts about 10 s or more. Workload 1 has 1,500,000 messages (raw handles "
-    "~120k msg/s here). Workloads 2 and 3: each run handles the prefix of the topic whose ideal time is 10 s "
-    '("prefix of N"), e.g. 2,000 messages at concurrency 1 and 512,000 at 256, and is compared with the ideal of '
-    "that prefix.",
-    "efficiency = msg/s / ideal; ideal = usable concurrency / handler wait, where usable concurrency is "
-    "min(concurrency, distinct keys among the first max_in_flight messages) for ordering=key, "
-    "min(concurrency, partitions) for ordering=partition (and for raw: 1), concurrency for ordering=none; "
-    "bounded by the longest chain of one key for ordering=key (workload 3's hot keys). Workload 5 (flights): "
-    "ideal = 1 / the time per message of the same handler called back to back with no consumer running.",
-    "latency (produce→start) = handler start - the record's produce timestamp (Kafka CreateTime, set by the "
-    "producer; pyrallel-consumer does not expose it, so it is read from the value, where the producer wrote the same number). "
-    "The input is produced once before all runs, so it mostly measures how long the backlog waited; "
-    "backlog-aligned latency subtracts (first handler start - first produce time), i.e. it is the latency of a replay of the "
-    "topic at its produce rate started when the run started (clamped at 0): comparable across contenders.",
-    "peak RSS: the highest RSS of the contender process and its children, sampled every second (the harness's own "
-    "per-message latency array, 8 bytes a message, is included for every contender; parallel-consumer is a JVM "
-    "with its default heap sizing).",
-    "order violations: a message whose per-key sequence number is not the previous one + 1 (reordering, duplicate "
-    "or gap); must be 0 for ordering key and partition. ordering=none and faststream-unordered promise no order.",
-    "raw gets keyedconsumer's librdkafka fetch settings (queued.max.messages.kbytes, fetch.queue.backoff.ms: "
-    "bench/common.py FETCH_SETTINGS, read from keyedconsumer's config at run time; see its settings in results.json), "
-    "so workload 4's ratio compares the consumers, not two prefetch configurations.",
-]
-
-
-def run_flights(args: argparse.Namespace, w: dict[str, Any], repeat: int, topic: str) -> list[dict[str, Any]]:
+def run_flights(
+    args: argparse.Namespace, w: dict[str, Any], repeat: int, topic: str, noise: bool = False
+) -> list[dict[str, Any]]:
     """Workload 5: examples/flights.py (its own topic) -> a concurrency=1 and a concurrency=64 run."""
     tmp = args.out / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -1344,7 +974,7 @@ def run_flights(args: argparse.Namespace, w: dict[str, Any], repeat: int, topic:
         peer=False,
         repeat=repeat,
         wall_s=wall,
-        loadavg_before=load0,
+        **load_record(load0, noise),
     )
     if not out_json.exists():
         err = f"exit {rc}, no result; output tail: {(stdout + stderr).strip()[-1500:]}"
@@ -1422,6 +1052,12 @@ def main() -> int:
     ap.add_argument("--io-budget-s", type=float, default=None, help="W2/W3: seconds of ideal time per run")
     ap.add_argument("--keep-topics", action="store_true")
     ap.add_argument(
+        "--noise",
+        action="store_true",
+        help="run every repeat twice: a quiet pass, then a noisy one with a busy-loop process (one core) "
+        "beside it; both are reported, and the goal 'a busy machine' compares them",
+    )
+    ap.add_argument(
         "--full-matrix",
         action="store_true",
         help="every ordering x concurrency x mode and every peer run (default: trimmed, see matrix())",
@@ -1456,8 +1092,7 @@ def main() -> int:
         results["notes"] = NOTES
         for wl, data in results["workloads"].items():
             finish_workload(wl, data)
-        results["goals"] = goals(results)
-        results["other_checks"] = other_checks(results)
+        set_goals(results)
         jp.write_text(json.dumps(results, indent=1))
         write_markdown(results, args.out / "results.md")
         if not args.no_plot:
@@ -1495,7 +1130,26 @@ def main() -> int:
         "workloads": {},
         "skipped": [],
         "notes": NOTES,
+        "noise": {"enabled": args.noise, "passes": [], "cool_down_limit_s": COOL_DOWN_S[args.size]},
     }
+    passes = (False, True) if args.noise else (False,)
+
+    @contextlib.contextmanager
+    def noise_pass(noise: bool, wl: str, rep: int) -> Iterator[None]:
+        """The noisy pass of one repeat: the busy loop runs beside it; after it, the load cools down."""
+        if not noise:
+            yield
+            return
+        log(f"{wl} r{rep + 1}/{repeats}: noisy pass, a busy-loop process beside it")
+        with BusyLoop() as busy:
+            yield
+        rec = {"workload": wl, "repeat": rep, **busy.record, **cool_down(COOL_DOWN_S[args.size])}
+        results["noise"]["passes"].append(rec)
+        log(
+            f"{wl} r{rep + 1}/{repeats}: busy loop stopped ({rec.get('cores_used')} cores used), "
+            f"cooled down {rec['cool_down_s']} s to load {rec['loadavg'][:1]}"
+        )
+
     json_path, md_path = args.out / "results.json", args.out / "results.md"
     run_tag = uuid.uuid4().hex[:8]
     topics: list[str] = []
@@ -1516,11 +1170,13 @@ def main() -> int:
             extra = f"  x{fmt(res['ratio_to_in_memory'], 2)} in-memory"
         if res.get("speed_up") is not None:
             extra = f"  speed-up x{fmt(res['speed_up'], 1)}"
+        load = [(res.get(k) or [None])[0] for k in ("loadavg_before", "loadavg_after")]
+        tag = " noisy" if res.get("noise") else (" BUSY" if res.get("busy") else "")
         log(
-            f"{wl} r{rep + 1}/{repeats} {res['id']:40s} {fmt(res.get('msg_per_s')):>10} msg/s  "
+            f"{wl} r{rep + 1}/{repeats}{tag} {res['id']:40s} {fmt(res.get('msg_per_s')):>10} msg/s  "
             f"x{fmt(res.get('ratio_to_raw'), 2)} raw  eff {fmt(res.get('efficiency'), 2)}{extra}  "
             f"rss {fmt(res.get('peak_rss_mb'))} MB  viol {res.get('order_violations')}  "
-            f"({res.get('wall_s')} s) {status[:300]}"
+            f"load {fmt(load[0], 1)}→{fmt(load[1], 1)}  ({res.get('wall_s')} s) {status[:300]}"
         )
         if res.get("error"):
             failed = True
@@ -1561,15 +1217,16 @@ def main() -> int:
                 }
                 results["workloads"][wl] = data
                 t_wl = time.perf_counter()
-                for rep in range(repeats):
-                    topic = f"bench-{run_tag}-{wl}-r{rep}"
+                for rep, noise in itertools.product(range(repeats), passes):
+                    topic = f"bench-{run_tag}-{wl}-r{rep}" + ("-noisy" if noise else "")
                     topics.append(topic)
                     log(
                         f"{wl}: examples/flights.py --limit {w['messages']:,} --sample {w['sample']:,} "
-                        f"(repeat {rep + 1}/{repeats})"
+                        f"(repeat {rep + 1}/{repeats}{', noisy' if noise else ''})"
                     )
-                    for res in run_flights(args, w, rep, topic):
-                        report(wl, data, res, rep)
+                    with noise_pass(noise, wl, rep):
+                        for res in run_flights(args, w, rep, topic, noise):
+                            report(wl, data, res, rep)
                     data["run"]["wall_s"] = round(time.perf_counter() - t_wl, 1)
                     save()
                 continue
@@ -1623,12 +1280,14 @@ def main() -> int:
                 )
             log(f"{wl}: produced in {meta['produce_s']} s; {len(todo)} runs x {repeats} repeat(s)")
             results["workloads"][wl] = data
-            for rep in range(repeats):  # round-robin: every contender once per repeat, raw first
-                for r in todo:
-                    res = run_one(args, wl, w, meta, r, key_ids, args.peers_python, rep)
-                    report(wl, data, res, rep)
-                    data["run"]["wall_s"] = round(time.perf_counter() - t_wl, 1)
-                    save()
+            # round-robin: every contender once per repeat and pass, raw first
+            for rep, noise in itertools.product(range(repeats), passes):
+                with noise_pass(noise, wl, rep):
+                    for r in todo:
+                        res = run_one(args, wl, w, meta, r, key_ids, args.peers_python, rep, noise)
+                        report(wl, data, res, rep)
+                        data["run"]["wall_s"] = round(time.perf_counter() - t_wl, 1)
+                        save()
     finally:
         if not args.keep_topics:
             delete_topics(args.brokers, topics)
@@ -1642,12 +1301,17 @@ def main() -> int:
         ]
         old["skipped"] += [x for x in results["skipped"] if x["id"].split(":")[0] in results["workloads"]]
         old["workloads"] = dict(sorted(old["workloads"].items()))
+        noise = old.setdefault("noise", {"enabled": False, "passes": []})
+        noise["passes"] = [
+            x for x in noise.get("passes", []) if x["workload"] not in results["workloads"]
+        ] + results["noise"]["passes"]
+        noise["enabled"] = bool(noise["passes"]) or args.noise
+        noise["cool_down_limit_s"] = results["noise"]["cool_down_limit_s"]
         old["notes"] = NOTES
         for wl, data in old["workloads"].items():
             finish_workload(wl, data)
         results = old
-    results["goals"] = goals(results)
-    results["other_checks"] = other_checks(results)
+    set_goals(results)
     json_path.write_text(json.dumps(results, indent=1))
     write_markdown(results, md_path)
     print_goals(results)
@@ -1657,21 +1321,14 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def print_goals(results: dict[str, Any]) -> None:
-    """The goals table on stdout (the same as in results.md)."""
-    rows = [
-        (g["row"], g["goal"], g["result"], "–" if g["met"] is None else ("yes" if g["met"] else "NO"))
-        for g in results.get("goals", [])
-    ]
-    if not rows:
-        return
-    w = [max(len(r[i]) for r in rows) for i in range(2)]
-    print(
-        f"\nGoals ({results.get('repeats', 1)} repeat(s); median of the per-repeat ratios, min–max in brackets)"
-    )
-    for row, goal, res, met in rows:
-        print(f"  {row:{w[0]}}  {goal:{w[1]}}  {met:3}  {res}")
-    print(flush=True)
+def set_goals(results: dict[str, Any]) -> None:
+    """results["goals"] (the quiet pass's, with "a busy machine"), results["goals_noisy"] (--noise) and
+    results["other_checks"]."""
+    results["goals"], noisy = goals(results)
+    results.pop("goals_noisy", None)
+    if noisy is not None:
+        results["goals_noisy"] = noisy
+    results["other_checks"] = other_checks(results)
 
 
 def plot(args: argparse.Namespace, json_path: Path) -> None:

@@ -73,6 +73,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import goals  # noqa: E402  (the suite's formatting helpers)
 import run as bench  # noqa: E402  (topic, produce, machine info and formatting helpers of the suite)
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -838,7 +839,7 @@ def summary_row(
 
 
 def write_markdown(res: dict[str, Any], path: Path) -> None:
-    fmt, spread_of = bench.fmt, bench.spread_of
+    fmt, spread_of = goals.fmt, goals.spread_of
     m, s = res["machine"], res["size_settings"]
     lock = res["lock"]
     L = [
