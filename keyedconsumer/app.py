@@ -38,6 +38,7 @@ from .config import ConsumerConfig
 from .consumer import ErrorHandler, Handler, KeyedConsumer, Middleware, PartitionStatus
 from .engine.batch import check_batch_middlewares
 from .errors import KeyedConsumerError
+from .health import unavailable_of
 from .kafka import ClientFactory
 from .sequencing.base import Sequencer
 
@@ -397,6 +398,11 @@ class KeyedApp:
     def overrunning(self) -> int:
         """Plain handler runs past ``handler_timeout_s`` still running, over every route."""
         return sum(c.overrunning for c in self.consumers)
+
+    def unavailable(self) -> list[str]:
+        """Why messages of a route wait now for a service its middleware needs (a ``Typed`` whose
+        schema registry is out), one reason each: what makes ``Health(app)`` not ready."""
+        return unavailable_of([*self._middlewares, *(m for r in self.routes for m in r.middlewares)])
 
     def partition_status(self) -> list[PartitionStatus]:
         """Every route's partition status (two routes on one topic list its partitions twice)."""
