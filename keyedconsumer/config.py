@@ -597,7 +597,10 @@ class ConsumerConfig(BaseSettings):
 
         ``partition.assignment.strategy`` defaults to ``cooperative-sticky`` under the classic
         protocol; under ``group.protocol=consumer`` (KIP-848) the assignor runs on the broker and
-        the client-side properties the new protocol rejects are not set.
+        the client-side properties the new protocol rejects are not set. ``client.id`` defaults to
+        ``keyedconsumer-<name>`` (librdkafka's own default, ``rdkafka``, would be every member's),
+        so the routes of a ``KeyedApp`` (unique names) are told apart in the group's member list;
+        a ``client.id`` in ``config`` is used as given.
         """
         conf: dict[str, Any] = {
             "bootstrap.servers": ",".join(self.brokers),
@@ -624,6 +627,9 @@ class ConsumerConfig(BaseSettings):
         }
         if not self.uses_consumer_protocol:
             conf["partition.assignment.strategy"] = "cooperative-sticky"
+        # each consumer of a process its own client.id (librdkafka's default is "rdkafka" for all):
+        # the members of a group, the broker's logs and quotas tell a KeyedApp's routes apart
+        conf["client.id"] = f"keyedconsumer-{self.name}"
         conf.update(self.properties())
         return conf
 
