@@ -108,11 +108,13 @@ SECRET_WORDS = (
 #: The librdkafka callback properties ``config`` accepts, as confluent-kafka names them: each takes a
 #: callable (``logger``: a :class:`logging.Logger` or :class:`logging.LoggerAdapter`, whose ``log``
 #: method confluent-kafka calls). ``oauth_cb(sasl_oauthbearer_config: str) -> (token, expiry_epoch_s)``
-#: (or ``(token, expiry, principal, extensions)``) is librdkafka's ``oauthbearer_token_refresh_cb``,
-#: called when a token is needed (confluent-kafka also calls it once when the client is built);
-#: ``error_cb(KafkaError)``; ``stats_cb(json: str)`` every ``statistics.interval.ms``;
-#: ``throttle_cb(ThrottleEvent)``. They run in the poll thread, inside librdkafka's poll call: keep
-#: them short. Every other property is refused a callable.
+#: (or ``(token, expiry, principal, extensions)``) is librdkafka's ``oauthbearer_token_refresh_cb``:
+#: called once before each client (consumer, producers, admin) is built, and then by librdkafka's
+#: background thread at 80% of each token's lifetime, for idle clients too; its result is checked
+#: and a raise retried (:mod:`keyedconsumer.kafka.oauth`). ``error_cb(KafkaError)``;
+#: ``stats_cb(json: str)`` every ``statistics.interval.ms``; ``throttle_cb(ThrottleEvent)``: these
+#: run in the poll thread, inside librdkafka's poll call. Keep them all short. Every other property
+#: is refused a callable.
 CALLBACK_PROPERTIES = ("oauth_cb", "error_cb", "stats_cb", "throttle_cb", "logger")
 
 #: Properties another client of the same cluster shares with the consumer (see

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..config import reveal
 from ..errors import PublishError
+from .oauth import TokenCallbackError, with_token_source
 
 if TYPE_CHECKING:
     from . import BatchPublisher, RecordPublisher
@@ -48,7 +49,8 @@ class Publisher:
     Raises
     ------
     PublishError
-        The producer could not be created (an invalid property).
+        The producer could not be created (an invalid property; an ``oauth_cb`` that gives no usable
+        token, :mod:`keyedconsumer.kafka.oauth`).
     ValueError
         ``delivery_timeout_s`` not above 0.
     """
@@ -78,7 +80,9 @@ class Publisher:
             }
         )
         try:
-            self._producer = Producer(conf)
+            self._producer = Producer(with_token_source(conf))
+        except TokenCallbackError as exc:
+            raise PublishError(f"cannot create the producer: {exc}") from exc
         except KafkaException as exc:
             raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
         # Delivery reports are served by one poller thread (started on first use): a caller waits
