@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from keyedconsumer import KeyedConsumer
+
+from ..conftest import _unavailable
 
 
 class Running:
@@ -54,3 +57,12 @@ def start() -> Iterator[Callable[[KeyedConsumer], Running]]:
         r.consumer.stop()
     for r in started:
         r.thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def sasl_bootstrap() -> str:
+    """``host:port`` of the broker's SASL_PLAINTEXT listener (``KAFKA_SASL_BOOTSTRAP_SERVERS``)."""
+    env = os.environ.get("KAFKA_SASL_BOOTSTRAP_SERVERS")
+    if not env:
+        _unavailable("Kafka's SASL_PLAINTEXT listener (KAFKA_SASL_BOOTSTRAP_SERVERS=127.0.0.1:9094)")
+    return env  # type: ignore[return-value]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import threading
 import time
 import uuid
@@ -29,18 +28,9 @@ from keyedconsumer.middleware import DeadLetter
 from keyedconsumer import KafkaClientError, KeyedConsumer, Message, PublishError
 from keyedconsumer.kafka import admin
 
-from ..conftest import _unavailable
 from .kafkautil import produce, read_all, wait_until
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="session")
-def sasl_bootstrap() -> str:
-    env = os.environ.get("KAFKA_SASL_BOOTSTRAP_SERVERS")
-    if not env:
-        _unavailable("Kafka's SASL_PLAINTEXT listener (KAFKA_SASL_BOOTSTRAP_SERVERS=127.0.0.1:9094)")
-    return env  # type: ignore[return-value]
 
 
 def _b64(data: dict[str, Any]) -> str:

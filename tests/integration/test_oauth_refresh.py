@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import secrets
 import signal
 import subprocess
@@ -150,8 +149,7 @@ auto.create.topics.enable=true
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        if not os.environ.get("KC_KEEP_BROKER"):
-            subprocess.run(["rm", "-rf", str(self.dir)], check=False)
+        subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 
 @pytest.fixture(scope="module")

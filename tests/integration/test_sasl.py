@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -35,19 +34,9 @@ from keyedconsumer.middleware import DeadLetter, Metrics
 
 from keyedconsumer import KafkaClientError, KeyedConsumer, Message
 
-from ..conftest import _unavailable
 from .kafkautil import committed, end_offsets, produce, read_all, wait_until
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="session")
-def sasl_bootstrap() -> str:
-    """``host:port`` of the broker's SASL_PLAINTEXT listener (``KAFKA_SASL_BOOTSTRAP_SERVERS``)."""
-    env = os.environ.get("KAFKA_SASL_BOOTSTRAP_SERVERS")
-    if not env:
-        _unavailable("Kafka's SASL_PLAINTEXT listener (KAFKA_SASL_BOOTSTRAP_SERVERS=127.0.0.1:9094)")
-    return env  # type: ignore[return-value]
 
 
 _MECHANISMS = {"SCRAM-SHA-256": ScramMechanism.SCRAM_SHA_256, "SCRAM-SHA-512": ScramMechanism.SCRAM_SHA_512}
