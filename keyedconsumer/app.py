@@ -39,6 +39,7 @@ from .consumer import ErrorHandler, KeyedConsumer, Middleware, PartitionStatus
 from .engine.batch import check_batch_middlewares
 from .engine.handler import check_error_handler, check_handler
 from .errors import KeyedConsumerError
+from .health import unavailable_of
 from .kafka import ClientFactory
 from .routes import Route, differing, layered, route_settings
 from .sequencing.base import Sequencer
@@ -308,9 +309,10 @@ class KeyedApp:
 
     def on_shutdown(self, fn: H) -> H:
         """Run ``fn()`` (sync or ``async def``) after every consumer stopped and made its last
-        commit, on the app's event loop, in reverse registration order. Shutdown hooks run when
-        every startup hook ran, also after a consumer failed; a raising hook is logged and the
-        others still run."""
+        commit, on the app's event loop, in reverse registration order: after the last handler run
+        ended, except a handler left behind by ``shutdown_timeout_s`` (logged when the consumer
+        stops; a plain function cannot be interrupted). Shutdown hooks run when every startup hook
+        ran, also after a consumer failed; a raising hook is logged and the others still run."""
         self._shutdown.append(fn)
         return fn
 
@@ -325,8 +327,14 @@ class KeyedApp:
         self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
     ) -> None:
         """Run every route until :meth:`stop`, SIGINT/SIGTERM, or a route's unhandled error, on a new
-        event loop (``asyncio.run``). See :meth:`run_async`."""
-        asyncio.run(self.run_async(client_factory=client_factory, clock=clock))
+        event loop (``asyncio.run``). See :meth:`run_async`.
+
+        Called from the main thread, it holds SIGINT and SIGTERM from its call to its return
+        (:func:`keyedconsumer.signals.guard`): a signal at any moment of it (the startup hooks, the
+        routes' runs, the shutdown hooks, the loop's own setup and teardown) stops the app once,
+        gracefully; asyncio's own SIGINT handler (which would cancel the run) is not installed."""
+        with signals.guard():
+            asyncio.run(self.run_async(client_factory=client_factory, clock=clock))
 
     async def run_async(
         self, *, client_factory: ClientFactory | None = None, clock: Callable[[], float] | None = None
@@ -485,6 +493,11 @@ class KeyedApp:
     def overrunning(self) -> int:
         """Plain handler runs past ``handler_timeout_s`` still running, over every route."""
         return sum(c.overrunning for c in self.consumers)
+
+    def unavailable(self) -> list[str]:
+        """Why messages of a route wait now for a service its middleware needs (a ``Typed`` whose
+        schema registry is out), one reason each: what makes ``Health(app)`` not ready."""
+        return unavailable_of([*self._middlewares, *(m for r in self.routes for m in r.middlewares)])
 
     def partition_status(self) -> list[PartitionStatus]:
         """Every route's partition status (two routes on one topic list its partitions twice)."""

@@ -110,11 +110,13 @@ SECRET_WORDS = (
 #: The librdkafka callback properties ``config`` accepts, as confluent-kafka names them: each takes a
 #: callable (``logger``: a :class:`logging.Logger` or :class:`logging.LoggerAdapter`, whose ``log``
 #: method confluent-kafka calls). ``oauth_cb(sasl_oauthbearer_config: str) -> (token, expiry_epoch_s)``
-#: (or ``(token, expiry, principal, extensions)``) is librdkafka's ``oauthbearer_token_refresh_cb``,
-#: called when a token is needed (confluent-kafka also calls it once when the client is built);
-#: ``error_cb(KafkaError)``; ``stats_cb(json: str)`` every ``statistics.interval.ms``;
-#: ``throttle_cb(ThrottleEvent)``. They run in the poll thread, inside librdkafka's poll call: keep
-#: them short. Every other property is refused a callable.
+#: (or ``(token, expiry, principal, extensions)``) is librdkafka's ``oauthbearer_token_refresh_cb``:
+#: called once before each client (consumer, producers, admin) is built, and then by librdkafka's
+#: background thread at 80% of each token's lifetime, for idle clients too; its result is checked
+#: and a raise retried (:mod:`keyedconsumer.kafka.oauth`). ``error_cb(KafkaError)``;
+#: ``stats_cb(json: str)`` every ``statistics.interval.ms``; ``throttle_cb(ThrottleEvent)``: these
+#: run in the poll thread, inside librdkafka's poll call. Keep them all short. Every other property
+#: is refused a callable.
 CALLBACK_PROPERTIES = ("oauth_cb", "error_cb", "stats_cb", "throttle_cb", "logger")
 
 #: Properties another client of the same cluster shares with the consumer (see
@@ -609,7 +611,10 @@ class ConsumerConfig(BaseSettings):
 
         ``partition.assignment.strategy`` defaults to ``cooperative-sticky`` under the classic
         protocol; under ``group.protocol=consumer`` (KIP-848) the assignor runs on the broker and
-        the client-side properties the new protocol rejects are not set.
+        the client-side properties the new protocol rejects are not set. ``client.id`` defaults to
+        ``keyedconsumer-<name>`` (librdkafka's own default, ``rdkafka``, would be every member's),
+        so the routes of a ``KeyedApp`` (unique names) are told apart in the group's member list;
+        a ``client.id`` in ``config`` is used as given.
         """
         conf: dict[str, Any] = {
             "bootstrap.servers": ",".join(self.brokers),
@@ -636,6 +641,9 @@ class ConsumerConfig(BaseSettings):
         }
         if not self.uses_consumer_protocol:
             conf["partition.assignment.strategy"] = "cooperative-sticky"
+        # each consumer of a process its own client.id (librdkafka's default is "rdkafka" for all):
+        # the members of a group, the broker's logs and quotas tell a KeyedApp's routes apart
+        conf["client.id"] = f"keyedconsumer-{self.name}"
         conf.update(self.properties())
         return conf
 

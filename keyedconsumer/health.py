@@ -4,9 +4,11 @@
   poll) is at most ``live_within_s`` old. The loop returns every ``poll_timeout_s`` when idle; a
   rebalance callback runs inside a poll and may hold it for up to ``revoke_timeout_s``, so keep
   ``live_within_s`` above that. Not live before the first poll and once the loop stopped.
-- **Ready**: live, at least one partition is assigned (``consumer.assignment``), and no plain
-  handler runs past ``handler_timeout_s`` (``consumer.overrunning``). A member with nothing
-  assigned (more members than partitions) is live but not ready.
+- **Ready**: live, at least one partition is assigned (``consumer.assignment``), no plain
+  handler runs past ``handler_timeout_s`` (``consumer.overrunning``), and no message waits for a
+  service that does not answer (``unavailable()`` of the source and of the ``dependencies`` given,
+  e.g. a ``Typed`` middleware whose schema registry is out). A member with nothing assigned (more
+  members than partitions) is live but not ready.
 - **Stalled partition**: its lag is above zero while its stored offset has not moved for
   ``stall_after_s`` (from ``consumer.partition_status()``; this object remembers when each
   partition's ``stored_offset`` last changed). Before anything was stored for the assignment the
@@ -34,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -45,6 +47,8 @@ __all__ = [
     "HealthReport",
     "StalledPartition",
     "HealthSource",
+    "Dependency",
+    "unavailable_of",
     "ProcessesHealth",
     "ProcessesReport",
     "request_handler",
@@ -56,7 +60,8 @@ log = logging.getLogger("keyedconsumer.health")
 class HealthSource(Protocol):
     """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one, and
     a :class:`~keyedconsumer.KeyedApp`). An ``overrunning`` attribute (int), when present, counts
-    handler runs past their time limit: above 0, not ready."""
+    handler runs past their time limit: above 0, not ready. An ``unavailable()`` method, when
+    present, is a :class:`Dependency`'s (a ``KeyedApp`` asks its middleware)."""
 
     @property
     def polled_at_s(self) -> float: ...
@@ -65,6 +70,25 @@ class HealthSource(Protocol):
     def assignment(self) -> list[tuple[str, int]]: ...
 
     def partition_status(self) -> list[PartitionStatus]: ...
+
+
+class Dependency(Protocol):
+    """Something messages need besides Kafka, e.g. a :class:`~keyedconsumer.middleware.Typed`
+    middleware (its schema registry): ``unavailable()`` lists why messages wait for it now, one
+    reason each (``[]``: none waits)."""
+
+    def unavailable(self) -> list[str]: ...
+
+
+def unavailable_of(sources: Iterable[object]) -> list[str]:
+    """The reasons of every source's ``unavailable()`` (a :class:`Dependency`'s; sources without
+    one are skipped), each once, in order."""
+    reasons: list[str] = []
+    for source in sources:
+        ask = getattr(source, "unavailable", None)
+        if callable(ask):
+            reasons.extend(str(r) for r in ask())
+    return list(dict.fromkeys(reasons))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +118,7 @@ class HealthReport:
     assigned_partitions: int
     stalled: tuple[StalledPartition, ...]
     overrunning: int = 0  # plain handler runs past handler_timeout_s, still running
+    unavailable: tuple[str, ...] = ()  # why messages wait for a service now (a schema registry)
 
     @property
     def healthy(self) -> bool:
@@ -110,6 +135,7 @@ class HealthReport:
             "assigned_partitions": self.assigned_partitions,
             "stalled": [dataclasses.asdict(s) for s in self.stalled],
             "overrunning_handlers": self.overrunning,
+            "unavailable": list(self.unavailable),
         }
 
 
@@ -129,6 +155,10 @@ class Health:
     clock:
         Monotonic seconds; must be the clock of ``consumer.polled_at_s`` (``time.monotonic``).
         Tests pass a fake one.
+    dependencies:
+        :class:`Dependency` objects (a ``Typed`` middleware of the consumer): not ready while one
+        says messages wait for it. A ``KeyedApp`` source asks its own middleware; a
+        ``KeyedConsumer`` does not know its middleware's services, so pass them here.
 
     Raises
     ------
@@ -143,12 +173,14 @@ class Health:
         stall_after_s: float = 60.0,
         live_within_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        dependencies: Sequence[Dependency] = (),
     ) -> None:
         if not (stall_after_s > 0 and live_within_s > 0):
             raise ValueError(
                 f"stall_after_s and live_within_s must be > 0, got {stall_after_s!r}, {live_within_s!r}"
             )
         self.consumer = consumer
+        self.dependencies: tuple[Dependency, ...] = tuple(dependencies)
         self.stall_after_s = float(stall_after_s)
         self.live_within_s = float(live_within_s)
         self._clock = clock
@@ -173,9 +205,9 @@ class Health:
             live = polled_ago_s is not None and polled_ago_s <= self.live_within_s
             stalled = self._track(statuses, now)
         overrunning = int(getattr(c, "overrunning", 0))
-        return HealthReport(
-            live, live and assigned > 0 and not overrunning, polled_ago_s, assigned, stalled, overrunning
-        )
+        unavailable = tuple(unavailable_of([c, *self.dependencies]))
+        ready = live and assigned > 0 and not overrunning and not unavailable
+        return HealthReport(live, ready, polled_ago_s, assigned, stalled, overrunning, unavailable)
 
     def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
         since = self._since
@@ -228,7 +260,7 @@ class Health:
         return self.check().live
 
     def ready(self) -> bool:
-        """Live, with at least one partition assigned."""
+        """Live, with at least one partition assigned, no handler overrunning, no service awaited."""
         return self.check().ready
 
     def stalled(self) -> tuple[StalledPartition, ...]:

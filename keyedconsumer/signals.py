@@ -14,16 +14,27 @@ handler stays installed until the main thread registers or unregisters a consume
 signal comes first, the handler puts the previous handlers back and passes the signal on to the one
 it replaced (``SIG_DFL``: the signal is raised again; ``SIG_IGN``: nothing), as if it had been
 removed in time.
+
+:func:`guard` holds the signals for a whole block of the main thread whose job is to run consumers
+(``keyedconsumer run``, ``KeyedApp.run()``), also while none is registered: a signal before the
+first consumer registers is remembered and stops each consumer that registers later in the block,
+at once (``stop()`` before ``run()``); one after the last consumer ended changes nothing (the
+block is ending). So a signal at any moment of the block stops it cleanly, once, never by the
+default action (which kills the process; and which the kernel drops for PID 1 of a PID namespace,
+a container's entry point: there a SIGTERM during start-up would be lost and the consumer would
+run on).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["SIGNALS", "register", "unregister", "registered"]
+__all__ = ["SIGNALS", "register", "unregister", "registered", "guard"]
 
 #: The signals that stop every registered consumer.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -36,6 +47,8 @@ class Stoppable(Protocol):
 _lock = threading.RLock()  # re-entrant: the handler runs in the main thread, which may hold it
 _running: list[Stoppable] = []  # the registered consumers (a consumer may run twice: once per entry)
 _replaced: dict[int, Any] | None = None  # the handlers ours replaced, while ours is installed
+_guards = 0  # guard() blocks of the main thread now open
+_stop_requested = False  # a signal came within the open guard() blocks: consumers registering stop
 
 
 def register(consumer: Stoppable) -> None:
@@ -44,6 +57,8 @@ def register(consumer: Stoppable) -> None:
         _running.append(consumer)
         if threading.current_thread() is threading.main_thread():
             _install()
+        if _stop_requested:
+            consumer.stop()  # a signal came before it registered, within a guard() block
 
 
 def unregister(consumer: Stoppable) -> None:
@@ -54,13 +69,36 @@ def unregister(consumer: Stoppable) -> None:
             _running.remove(consumer)
         except ValueError:
             pass
-        if not _running and threading.current_thread() is threading.main_thread():
+        if not _running and not _guards and threading.current_thread() is threading.main_thread():
             _restore()
 
 
 def registered() -> list[Stoppable]:
     """The consumers registered now, in registration order."""
     return list(_running)
+
+
+@contextlib.contextmanager
+def guard() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block (see the module's docs): installed on entry, put back
+    on exit (unless a consumer still runs then). Usable as a decorator. In another thread than the
+    main one it does nothing (only the main thread may install signal handlers). Blocks may nest."""
+    global _guards, _stop_requested
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with _lock:
+        _guards += 1
+        _install()
+    try:
+        yield
+    finally:
+        with _lock:
+            _guards -= 1
+            if not _guards:
+                _stop_requested = False
+                if not _running:
+                    _restore()
 
 
 def _install() -> None:
@@ -86,11 +124,16 @@ def _restore() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _stop_requested
     consumers = list(_running)
+    if _guards:
+        _stop_requested = True  # every consumer registering later in the block stops at once
     if consumers:
         for consumer in consumers:
             consumer.stop()  # returns at once: safe in a signal handler
         return
+    if _guards:
+        return  # before the first consumer, or after the last, of a guard() block
     # No consumer runs: the last one ended in another thread, which could not restore the handlers.
     with _lock:
         previous = (_replaced or {}).get(signum)

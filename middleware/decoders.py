@@ -3,9 +3,13 @@
 A decoder is any object with ``decode(data, *, msg, field)`` (the :class:`Decoder` protocol). When
 the bytes are not valid for it, it raises :class:`UndecodableError`, which ``Typed`` turns into a
 :class:`~keyedconsumer.middleware.DecodeError` naming the record; the record is then dead-lettered
-(or stops the consumer) and never retried. Any other exception a decoder raises (a schema registry
-that does not answer, say) is not about the record: it goes the ordinary failure path, so
-:class:`~keyedconsumer.middleware.Retry` retries it.
+(or stops the consumer) and never retried. When what a decoder needs does not answer (a schema
+registry), that is not about the record either: it raises
+:class:`~keyedconsumer.middleware.unavailable.Unavailable` (made by
+:func:`~keyedconsumer.middleware.unavailable.wait_on`) and the record waits, not failed; such a
+decoder also has ``unavailable() -> list[str]``, the reasons records wait now (for health). Any other
+exception a decoder raises goes the ordinary failure path, so :class:`~keyedconsumer.middleware.Retry`
+retries it.
 
 Decoders here: :class:`Json` (JSON into a pydantic model; what ``Typed(Model)`` uses) and
 :class:`Text` (UTF-8, for keys). Confluent Schema Registry payloads (Avro, Protobuf, JSON Schema)

@@ -25,6 +25,7 @@ from tenacity.wait import wait_exponential_jitter
 from keyedconsumer import Message, PermanentError, RetryLater
 
 from ._kind import around, failure_of
+from .unavailable import failed_attempts
 
 __all__ = ["Retry", "Wait"]
 
@@ -63,7 +64,9 @@ class Retry:
     Parameters
     ----------
     max_attempts:
-        Attempts in all, first included (>= 1); ``None`` retries without end.
+        Attempts in all, first included (>= 1); ``None`` retries without end. An attempt that ended
+        waiting for a service (:class:`~keyedconsumer.middleware.unavailable.Unavailable`, e.g. a
+        schema registry that does not answer) is not a failed attempt and does not count.
     initial_delay_s, multiplier, max_delay_s:
         Seconds after the first failed attempt; the factor between two delays (>= 1); the longest
         delay in seconds, jitter included.
@@ -141,9 +144,10 @@ class Retry:
             return
         if isinstance(exc, self.give_up_on) or not isinstance(exc, self.retry_on):
             raise exc
-        if self.max_attempts is not None and msg.attempt >= self.max_attempts:
+        failed = failed_attempts(msg)  # attempts that waited for a service do not count
+        if self.max_attempts is not None and failed >= self.max_attempts:
             raise exc
-        raise RetryLater(self.delay_s(msg.attempt), park=self.park) from exc
+        raise RetryLater(self.delay_s(failed), park=self.park) from exc
 
     def __call__(self, handler: Any) -> Any:
         return around(handler, None, lambda msg, exc, _state: self._after(msg, exc))

@@ -20,17 +20,31 @@ the client. What makes a record undecodable raises
 :class:`~keyedconsumer.middleware.DecodeError` (never retried; dead-lettered, or the consumer stops
 naming topic, partition and offset): not the wire format (bad magic byte, too short), a schema id
 the registry does not know (HTTP 404), bytes that do not match the writer's schema, a JSON document
-that violates its JSON Schema, and a decoded object that ``model`` rejects. Errors that are not the
-record's fault are raised unchanged, so the message fails the ordinary way and ``Retry`` retries
-it: the registry does not answer (connection errors, time-outs), or answers with another HTTP error
-(5xx, 401, 403, 429).
+that violates its JSON Schema, and a decoded object that ``model`` rejects.
+
+**A registry outage is not the record's fault.** When the registry does not answer (connection
+refused or reset, a request timed out) or answers with another HTTP error (5xx, 401, 403, 429), the
+record *waits*: the decoder raises :class:`~keyedconsumer.middleware.unavailable.Unavailable` (a
+``RetryLater`` that is not a failure: ``Retry`` does not count it, ``DeadLetter`` never sees it),
+so the message stays its key's next one and its partition's offset stays at it, until the registry
+answers. Records whose writer schema the client has cached decode meanwhile. The requests are
+bounded: each by the client's ``timeout`` (:data:`REQUEST_TIMEOUT_S` for a client this module
+builds; confluent-kafka's own default is no timeout at all), and while the registry is out at most
+one request is in flight, spaced by a back-off from 0.5 s doubling to 5 s (every other record
+waits without asking; :class:`~keyedconsumer.middleware.unavailable.Availability`). Meanwhile
+``unavailable()`` names the registry, which makes :class:`~keyedconsumer.health.Health` not ready
+(``Health(consumer, dependencies=[typed])``; a ``KeyedApp`` reports its routes' by itself).
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
@@ -42,8 +56,11 @@ from pydantic import BaseModel, ValidationError
 from keyedconsumer import Message
 
 from .decoders import Field, UndecodableError, first_error, validation_errors
+from .unavailable import Availability, wait_on
 
-__all__ = ["Avro", "JsonSchema", "Protobuf", "registry_client", "Registry"]
+__all__ = ["Avro", "JsonSchema", "Protobuf", "registry_client", "Registry", "REQUEST_TIMEOUT_S"]
+
+log = logging.getLogger("keyedconsumer.middleware.schema_registry")
 
 M = TypeVar("M", bound=BaseModel)
 #: a generated Protobuf message class's instances (google.protobuf ships no type information)
@@ -63,8 +80,21 @@ Registry = str | Mapping[str, Any] | SchemaRegistryClient
 _TRANSPORT_MODULES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio", "ssl", "socket"})
 
 
+#: Seconds a request to the registry may take, in a client :func:`registry_client` builds (its
+#: ``timeout``; confluent-kafka sets none, so a registry that accepts a connection and never answers
+#: would hold the decoding worker for good). A record waits that long at most before it waits
+#: without a thread (see the module's docs).
+REQUEST_TIMEOUT_S = 5.0
+
+#: What a client :func:`registry_client` builds is given unless its configuration says otherwise:
+#: the request timeout, and no retries of its own (``max.retries``: confluent-kafka's retries sleep
+#: in the decoding worker; a record whose registry does not answer waits without a thread instead).
+CLIENT_DEFAULTS: dict[str, Any] = {"timeout": REQUEST_TIMEOUT_S, "max.retries": 0}
+
+
 def registry_client(registry: Registry) -> SchemaRegistryClient:
-    """A ``SchemaRegistryClient`` for ``registry`` (returned as is when it is one).
+    """A ``SchemaRegistryClient`` for ``registry`` (returned as is when it is one). One built here
+    from a URL or a configuration gets :data:`CLIENT_DEFAULTS` under the configuration's own values.
 
     Raises
     ------
@@ -74,12 +104,71 @@ def registry_client(registry: Registry) -> SchemaRegistryClient:
     if isinstance(registry, SchemaRegistryClient):
         return registry
     if isinstance(registry, str):
-        return SchemaRegistryClient({"url": registry})
+        return SchemaRegistryClient({**CLIENT_DEFAULTS, "url": registry})
     if isinstance(registry, Mapping):
-        return SchemaRegistryClient(dict(registry))
+        return SchemaRegistryClient({**CLIENT_DEFAULTS, **registry})
     raise TypeError(
         f"registry must be a URL, a configuration dict or a SchemaRegistryClient, got {registry!r}"
     )
+
+
+class _Refused(Exception):
+    """Raised before a request while the registry is out and another request probes it."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(f"not asked: the registry is unavailable (next request in {delay_s:.2f} s)")
+        self.delay_s = delay_s
+
+
+_availability_lock = threading.Lock()
+_availabilities: weakref.WeakKeyDictionary[SchemaRegistryClient, Availability] = weakref.WeakKeyDictionary()
+
+
+def availability(client: SchemaRegistryClient) -> Availability:
+    """The :class:`~keyedconsumer.middleware.unavailable.Availability` of ``client``'s registry,
+    shared by every decoder of that client; made on first use, when its requests are gated.
+
+    The gate is a pair of httpx event hooks (httpx's public ``Client.event_hooks``) on the HTTP
+    session confluent-kafka's client keeps (``_rest_client.session``, an ``httpx.Client``): before a
+    request, :meth:`~keyedconsumer.middleware.unavailable.Availability.admit` (a request not let
+    through raises :class:`_Refused` and is not sent); on a response, ``answered`` unless 5xx or
+    429. A client without that session (another confluent-kafka version) is not gated: its
+    requests are still bounded by its ``timeout``, and a warning says so.
+    """
+    with _availability_lock:
+        found = _availabilities.get(client)
+        if found is not None:
+            return found
+        conf: Mapping[str, Any] = client.config()  # type: ignore[no-untyped-call]
+        url = str(conf.get("url", "?"))
+        parts = [urlsplit(u.strip()) for u in url.split(",")]
+        shown = ",".join(f"{p.scheme}://{p.hostname}{f':{p.port}' if p.port else ''}" for p in parts)
+        avail = _availabilities[client] = Availability(f"schema registry {shown}")
+        _gate(client, avail)
+        return avail
+
+
+def _gate(client: SchemaRegistryClient, avail: Availability) -> None:
+    session: Any = getattr(getattr(client, "_rest_client", None), "session", None)
+    hooks = getattr(session, "event_hooks", None)
+    if not isinstance(hooks, dict):
+        log.warning("%s: requests not gated (no httpx session found in the client)", avail.name)
+        return
+
+    def before(_request: Any) -> None:
+        delay_s = avail.admit()
+        if delay_s is not None:
+            raise _Refused(delay_s)
+
+    def after(response: Any) -> None:
+        status = int(getattr(response, "status_code", 0))
+        if status < 500 and status != 429:
+            avail.answered()
+
+    session.event_hooks = {
+        "request": [*hooks.get("request", []), before],
+        "response": [*hooks.get("response", []), after],
+    }
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -134,6 +223,13 @@ class _RegistryDecoder(Generic[T]):
         self.model = model
         self.client = client
         self._deserializer = deserializer
+        #: the availability of the client's registry (shared by the decoders of one client)
+        self.availability = availability(client)
+
+    def unavailable(self) -> list[str]:
+        """``[reason]`` while records wait for the registry (see the module's docs), else ``[]``."""
+        reason = self.availability.unavailable()
+        return [] if reason is None else [reason]
 
     def decode(self, data: bytes, *, msg: Message, field: Field) -> T:
         """Decode Confluent wire-format ``data``.
@@ -142,18 +238,24 @@ class _RegistryDecoder(Generic[T]):
         ------
         UndecodableError
             The record is not decodable (see the module's docs).
-        SchemaRegistryError, OSError, httpx errors
-            The registry could not be asked (not the record's fault; retried by ``Retry``).
+        Unavailable
+            The registry could not be asked (not the record's fault): the message waits.
         """
         kind = MessageField.KEY if field == "key" else MessageField.VALUE
         headers: list[tuple[str, str | bytes | None]] = list(msg.headers)
         ctx = SerializationContext(msg.topic, kind, headers)
+        avail = self.availability
         try:
             obj = self._deserializer(data, ctx)
+        except _Refused as exc:
+            raise wait_on(msg, exc.delay_s, f"{avail.name} unavailable") from exc
         except Exception as exc:
             if _is_transient(exc):
-                raise
+                reason = f"{type(exc).__name__}: {exc}"
+                raise wait_on(msg, avail.failed(reason), f"{avail.name} unavailable: {reason}") from exc
             raise self._undecodable(exc, data, headers) from exc
+        finally:
+            avail.release()
         if self.model is None:
             return obj  # type: ignore[no-any-return]
         try:

@@ -82,8 +82,10 @@ class Typed(Generic[V]):
     key that is not UTF-8 cannot fail here). A key or value that does not decode raises
     :class:`DecodeError` (not retried): with :class:`~keyedconsumer.middleware.DeadLetter` outside
     it, the record goes to the dead-letter topic with the errors in a header; without it the
-    consumer stops, naming the topic, partition and offset. Any other error of a decoder (a schema
-    registry that does not answer) fails the message the ordinary way, so ``Retry`` retries it.
+    consumer stops, naming the topic, partition and offset. A decoder that cannot ask what it needs
+    (a schema registry that does not answer) raises
+    :class:`~keyedconsumer.middleware.unavailable.Unavailable`: the record waits, not failed (see
+    :meth:`unavailable`); any other error of a decoder fails the message the ordinary way.
 
     Parameters
     ----------
@@ -127,6 +129,17 @@ class Typed(Generic[V]):
         if msg.key is None or self.key_decoder is None:
             return None
         return self._run(self.key_decoder, msg.key, msg, "key")
+
+    def unavailable(self) -> list[str]:
+        """Why records wait now for what the decoders need (a schema registry that does not
+        answer), one reason each; ``[]`` when none waits. ``Health(consumer, dependencies=[typed])``
+        is not ready while it is not empty."""
+        reasons: list[str] = []
+        for decoder in (self.decoder, self.key_decoder):
+            ask = getattr(decoder, "unavailable", None)
+            if callable(ask):
+                reasons.extend(ask())
+        return list(dict.fromkeys(reasons))  # a key and a value decoder of one registry: once
 
     @staticmethod
     def _run(decoder: Decoder[T], data: bytes, msg: Message, field: Field) -> T:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import pydantic
 import typer
 
+from .. import signals
 from ..app import KeyedApp
 from ..config import ENV_PREFIX, ConsumerConfig, redact
 from ..errors import KeyedConsumerError, PublishError
@@ -92,6 +93,7 @@ def _middlewares(settings: ConsumerConfig, options: RunOptions) -> list[Any]:
 
 @with_every_setting(_SPELLED_OUT)
 @_reports_errors
+@signals.guard()  # SIGTERM/SIGINT stop the run cleanly from the command's first line to its last
 def run(
     handler: Annotated[
         str | None,

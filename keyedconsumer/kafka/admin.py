@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from .. import hermetic
 from ..errors import KafkaClientError, PublishError
 from . import TP
+from .oauth import with_token_source
 
 __all__ = [
     "Record",
@@ -101,11 +102,14 @@ class GroupDescription:
 
 
 def _tools_conf(conf: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """``conf`` for one more client: ``extra`` laid over it, librdkafka's log to ``tools_log``, and
+    ``oauth_cb``'s first token fetched (:func:`~keyedconsumer.kafka.oauth.with_token_source`;
+    raises its :class:`~keyedconsumer.kafka.oauth.TokenCallbackError`, a ``KafkaClientError``)."""
     hermetic.check("a Kafka admin tool (keyedconsumer.kafka.admin)", str(conf.get("bootstrap.servers")))
     out = dict(conf)
     out.update(extra)
     out.setdefault("logger", tools_log)
-    return out
+    return with_token_source(out)
 
 
 def _fail(exc: BaseException, what: str, timeout_s: float) -> NoReturn:

@@ -19,6 +19,7 @@ from ..config import is_connection_property
 from ..errors import CommitError, KafkaClientError
 from ..message import Message
 from . import MISSING_TOPIC, TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer, logs
+from .oauth import with_token_source
 
 __all__ = ["connect", "check_cluster", "missing_topic_text"]
 
@@ -96,7 +97,7 @@ class _ConfluentClient:
             "a Kafka consumer client (KeyedConsumer's default client factory)", str(conf["bootstrap.servers"])
         )
         try:
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(with_token_source(conf))  # TokenCallbackError: oauth_cb's fault
         except KafkaException as exc:
             err = exc.args[0]
             raise KafkaClientError(
@@ -342,8 +343,9 @@ class _ConfluentClient:
         """Wait up to ``timeout_s`` seconds for a metadata answer.
 
         The wait is cut in slices (1 s, doubling), and between them the client's callbacks are
-        served (``poll(0)``: librdkafka reports errors, and calls ``oauth_cb``, only there), so
-        that a refused authentication ends the wait at once instead of at ``timeout_s``.
+        served (``poll(0)``: librdkafka reports errors only there; ``oauth_cb`` runs on its
+        background thread, :mod:`keyedconsumer.kafka.oauth`), so that a refused authentication ends
+        the wait at once instead of at ``timeout_s``.
 
         Raises
         ------
@@ -362,7 +364,7 @@ class _ConfluentClient:
             except KafkaException as exc:
                 err = exc.args[0]
             slice_s *= 2
-            self._consumer.poll(0)  # serves error_cb (and oauth_cb); not subscribed: no message
+            self._consumer.poll(0)  # serves error_cb; not subscribed: no message
             auth = self._auth_error
             if auth is not None:
                 raise KafkaClientError(

@@ -14,6 +14,7 @@ from .. import hermetic
 from ..config import reveal
 from ..errors import PublishError
 from . import logs
+from .oauth import TokenCallbackError, with_token_source
 
 if TYPE_CHECKING:
     from . import BatchPublisher, RecordPublisher
@@ -51,7 +52,8 @@ class Publisher:
     Raises
     ------
     PublishError
-        The producer could not be created (an invalid property).
+        The producer could not be created (an invalid property; an ``oauth_cb`` that gives no usable
+        token, :mod:`keyedconsumer.kafka.oauth`).
     ValueError
         ``delivery_timeout_s`` not above 0.
     """
@@ -88,7 +90,9 @@ class Publisher:
             }
         )
         try:
-            self._producer = Producer(conf)
+            self._producer = Producer(with_token_source(conf))
+        except TokenCallbackError as exc:
+            raise PublishError(f"cannot create the producer: {exc}") from exc
         except KafkaException as exc:
             raise PublishError(f"cannot create the producer: {exc.args[0].str()}") from None
         # Delivery reports are served by one poller thread: a caller waits on its own event.

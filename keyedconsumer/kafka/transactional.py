@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from ..errors import TransactionError
 from ..message import Record
 from . import logs
+from .oauth import TokenCallbackError, with_token_source
 
 if TYPE_CHECKING:
     from . import TP, TransactionalProducer
@@ -101,7 +102,9 @@ class KafkaTransactionalProducer:
         self._group_metadata = group_metadata
         self._open = False
         try:
-            self._producer = Producer(settings)
+            self._producer = Producer(with_token_source(settings))
+        except TokenCallbackError as exc:
+            raise TransactionError(f"cannot create the transactional producer: {exc}", code=exc.code) from exc
         except KafkaException as exc:
             raise _error(exc.args[0], "cannot create the transactional producer") from None
         deadline = time.monotonic() + timeout_s

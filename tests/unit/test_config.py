@@ -64,6 +64,18 @@ def test_defaults_and_librdkafka_dict() -> None:
     assert "partition.assignment.strategy" not in conf  # KIP-848 rejects client-side assignors
 
 
+def test_each_consumer_has_a_client_id_naming_it_unless_config_gives_one() -> None:
+    # librdkafka's default is "rdkafka" for every client: a KeyedApp's routes (unique names) would
+    # be indistinguishable members of their group (tests/integration/test_app_members.py)
+    a, b = (ConsumerConfig(name=n, group_id="billing", topics=["t"]) for n in ("payments", "refunds"))
+    assert (a.librdkafka()["client.id"], b.librdkafka()["client.id"]) == (
+        "keyedconsumer-payments",
+        "keyedconsumer-refunds",
+    )
+    mine = ConsumerConfig(name="payments", topics=["t"], config={"client.id": "billing-svc"})
+    assert mine.librdkafka()["client.id"] == "billing-svc"
+
+
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEYEDCONSUMER_NAME", "from-env")
     monkeypatch.setenv("KEYEDCONSUMER_TOPICS", "a,b")

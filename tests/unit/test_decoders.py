@@ -16,6 +16,7 @@ from confluent_kafka.serialization import SerializationError
 from keyedconsumer.middleware import DecodeError, Json, Text, Typed, UndecodableError
 from keyedconsumer.middleware.schema_registry import Avro, JsonSchema, Protobuf, registry_client
 from keyedconsumer.middleware.schema_registry import _is_transient as is_transient
+from keyedconsumer.middleware.unavailable import Unavailable
 from pydantic import BaseModel
 
 from keyedconsumer import Message, PermanentError
@@ -194,11 +195,11 @@ def test_records_not_in_wire_format_are_undecodable_without_asking_the_registry(
 def test_a_registry_that_does_not_answer_is_not_the_records_fault() -> None:
     # given a well-framed record and a registry nobody listens on
     typed = Typed(Avro(NOWHERE, model=Order))
-    # when it is decoded, then the transport error is raised unchanged: not a DecodeError, so the
-    # message is retried (Retry) or stops the consumer, never dead-lettered
-    with pytest.raises(Exception) as info:
+    # when it is decoded, then the record waits (Unavailable, a RetryLater that is no failure):
+    # never a DecodeError, so it is never dead-lettered; the transport error is its cause
+    with pytest.raises(Unavailable) as info:
         typed.decode(rec(framed(7, b"\x04o1\x0a")))
-    assert not isinstance(info.value, DecodeError) and is_transient(info.value)
+    assert not isinstance(info.value, DecodeError) and is_transient(info.value.__cause__)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

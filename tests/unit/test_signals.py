@@ -145,3 +145,54 @@ def test_sigterm_stops_a_consumer_run_in_the_main_thread_and_one_run_in_another(
     assert signal.getsignal(signal.SIGTERM) is before and signals.registered() == []
     assert sorted(seen) == ["a"] * 20 + ["b"] * 20
     assert set(broker.lag("ga", "a").values()) == {0} and set(broker.lag("gb", "b").values()) == {0}
+
+
+def test_a_guard_holds_the_signals_before_the_first_consumer_and_after_the_last(previous: list[int]) -> None:
+    from keyedconsumer import signals
+
+    mine = signal.getsignal(signal.SIGTERM)
+    first, second = Stub(), Stub()
+    with signals.guard():
+        # given no consumer registered yet: a signal is remembered, not passed to the previous handler
+        assert signal.getsignal(signal.SIGTERM) is not mine
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)  # a second one, of the other kind: nothing more
+        assert previous == []
+        # when consumers register later in the block, then each stops at once (stop() before run())
+        signals.register(first)
+        assert first.stops == 1
+        signals.unregister(first)
+        # after the last one ended, the handler stays: another signal changes nothing
+        assert signal.getsignal(signal.SIGTERM) is not mine
+        signal.raise_signal(signal.SIGTERM)
+        signals.register(second)
+        assert second.stops == 1 and previous == []
+        signals.unregister(second)
+    # when the block ends, the previous handlers are back and nothing is remembered any more
+    assert signal.getsignal(signal.SIGTERM) is mine
+    signal.raise_signal(signal.SIGTERM)
+    assert previous == [signal.SIGTERM]
+    signals.register(first)
+    assert first.stops == 1
+    signals.unregister(first)
+
+
+def test_a_guard_as_a_decorator_nests_and_in_another_thread_does_nothing(previous: list[int]) -> None:
+    from keyedconsumer import signals
+
+    mine = signal.getsignal(signal.SIGTERM)
+
+    @signals.guard()
+    def outer() -> None:
+        with signals.guard():
+            pass
+        assert signal.getsignal(signal.SIGTERM) is not mine  # still held by the outer block
+
+    outer()
+    assert signal.getsignal(signal.SIGTERM) is mine
+
+    def elsewhere() -> None:
+        with signals.guard():
+            assert signal.getsignal(signal.SIGTERM) is mine
+
+    in_thread(elsewhere)
