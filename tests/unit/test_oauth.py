@@ -45,7 +45,7 @@ class Provider:
         (("secret-token", True), "an expiry of type bool"),
         (("secret-token", 3600.0), "expired"),
         (("secret-token", time.time() * 1000), "milliseconds"),
-        (("secret-token", time.time() + 60, None, {}), "principal or extensions"),
+        (("secret-token", time.time() + 7 * 86400, None, {}), "principal or extensions"),  # valid all week
     ],
 )
 def test_a_token_that_is_not_usable_is_a_clear_error_naming_the_callback_never_the_token(
