@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import typer
 
+from ..deadletters import ReplayMarker
 from . import audit, inspect, replay, run, web
 from .handler import load_handler
 from .layers import RunOptions
-from .marker import ReplayMarker
 from .replay import parse_since
 
 __all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOptions"]

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, NoReturn
 
 from confluent_kafka import (
@@ -500,7 +500,7 @@ class TopicReader:
             for tp in tps
         }
 
-    def read(self, start: dict[int, int]) -> Iterator[Record]:
+    def read(self, start: dict[int, int]) -> Generator[Record, None, None]:
         """Yield the records from ``start[partition]`` up to the end offsets seen at start, in offset
         order per partition (partitions interleave). A partition missing from ``start`` is not read;
         an offset below the log start reads from the log start.

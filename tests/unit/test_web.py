@@ -55,7 +55,7 @@ def _client(snap: Snapshot, **options: Any) -> TestClient:
         sampler=FixedSampler(snap),
         start_sampler=False,
     )
-    return TestClient(app)
+    return TestClient(app, base_url="http://127.0.0.1")
 
 
 def _snap(**kw: Any) -> Snapshot:
@@ -273,7 +273,7 @@ def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
         start_sampler=False,
         audit=audit,
     )
-    return TestClient(app)
+    return TestClient(app, base_url="http://localhost")
 
 
 @pytest.mark.timeout(30)
@@ -283,13 +283,13 @@ def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(
     import json
 
     from keyedconsumer.testing import InMemoryBroker
-    from keyedconsumer.web import app as web_app
+    from keyedconsumer.web import actions as web_actions
 
     # given a dashboard whose actions go to an audit topic (Redis stubbed here: tests/e2e use the real one)
     broker = InMemoryBroker()
     broker.create_topic("web.audit", partitions=3)
-    monkeypatch.setattr(web_app, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
-    monkeypatch.setattr(web_app, "cancel_scheduled", lambda url, ns, sid: True)
+    monkeypatch.setattr(web_actions, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
+    monkeypatch.setattr(web_actions, "cancel_scheduled", lambda url, ns, sid: True)
     snap = _snap(
         redis={
             "ns": {"scheduled_messages": [{"id": "a" * 32, "key": "later", "topic": "orders", "due_s": 5.0}]}
