@@ -518,7 +518,9 @@ class TopicReader:
         last_progress = time.monotonic()
         try:
             while todo:
-                batch = self._consumer.consume(500, 0.5)
+                # consume() waits for a full batch or its timeout: short, so that the last records of a
+                # small topic come without waiting (the loop ends when each partition reached its end)
+                batch = self._consumer.consume(500, 0.05)
                 if not batch and time.monotonic() - last_progress > self.timeout_s:
                     where = ", ".join(f"{self.topic}[{p}] at {o}" for p, o in sorted(todo.items()))
                     raise KafkaClientError(

@@ -40,6 +40,8 @@ MAX_MATCHES = 5000
 SEARCH_CACHE_S = 30.0
 #: Bytes per line of a hex view.
 HEX_WIDTH = 16
+#: Bytes of the longest key a row links to a search of (its bytes go in the link's URL).
+MAX_LINKED_KEY_BYTES = 1024
 
 #: Characters that change how the text around them is shown (bidirectional controls): a key holding
 #: them could look like another key.
@@ -103,7 +105,8 @@ def _cut(text: str | None, limit: int = MAX_SHOWN_CHARS) -> str | None:
 class DeadLetter:
     """One dead-letter record as shown: its place, key, value and headers (:class:`Shown`, ``None``
     where null), its failure headers as text (cut), whether it was replayed. ``key_hex``: the key's
-    bytes in hex (for a filter link); ``repeated``: failure headers given more than once."""
+    bytes in hex, for a link to a search of the key (``None`` for a key over
+    :data:`MAX_LINKED_KEY_BYTES`); ``repeated``: failure headers given more than once."""
 
     partition: int
     offset: int
@@ -133,7 +136,9 @@ class DeadLetter:
             partition=record.partition,
             offset=record.offset,
             key=None if record.key is None else Shown.of(record.key),
-            key_hex=None if record.key is None else record.key.hex(),
+            key_hex=record.key.hex()
+            if record.key is not None and len(record.key) <= MAX_LINKED_KEY_BYTES
+            else None,
             value=None if record.value is None else Shown.of(record.value),
             headers=[
                 (Shown.of(k.encode("utf-8", "surrogatepass")), None if v is None else Shown.of(v))
