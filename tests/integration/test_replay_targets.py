@@ -45,6 +45,18 @@ def java_partition(bootstrap: str, topic: str, key: bytes) -> int:
     return where[0]
 
 
+def failed_in(topic: str, key: bytes, partitions: int) -> dict[str, Any]:
+    """A dead letter (for ``produce_dead_letters``) of ``key``, which failed in ``topic`` of
+    ``partitions`` partitions on its key's partition under the Java producer's partitioner."""
+    return {
+        "topic": topic,
+        "key": key,
+        "value": key,
+        "failed_at_ms": 1,
+        "partition": partition_for("murmur2_random", key, partitions),
+    }
+
+
 def base(dlq: str, bootstrap: str, *extra: str) -> list[str]:
     return ["dead-letter", "replay", "--from", dlq, "--brokers", bootstrap, *extra]
 
@@ -167,20 +179,7 @@ def test_a_topic_that_gained_partitions_refuses_moved_keys_unless_repartitioned(
     group = f"orders-svc-{tag}"
     consume_as(kafka_bootstrap, group, orders, 3)
     keys = [f"k{i}".encode() for i in range(30)]
-    produce_dead_letters(
-        kafka_bootstrap,
-        dlq,
-        [
-            {
-                "topic": orders,
-                "key": k,
-                "value": k,
-                "failed_at_ms": 1,
-                "partition": partition_for("murmur2_random", k, 3),
-            }
-            for k in keys
-        ],
-    )
+    produce_dead_letters(kafka_bootstrap, dlq, [failed_in(orders, k, 3) for k in keys])
     # when the topic then grows to 7 partitions (new records of a key go to its partition among 7)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_partitions([NewPartitions(orders, 7)])[orders].result(timeout=30)

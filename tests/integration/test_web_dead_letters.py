@@ -17,7 +17,7 @@ from keyedconsumer.kafka.partitioners import partition_for
 
 from .kafkautil import end_offsets
 from .test_cli import produce_dead_letters, read_committed_records
-from .test_replay_targets import consume_as
+from .test_replay_targets import consume_as, failed_in
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
@@ -68,16 +68,7 @@ def test_a_replay_shows_each_target_sends_only_where_allowed_and_audits_it(
         kafka_bootstrap,
         dlq,
         [
-            *(
-                {
-                    "topic": orders,
-                    "key": k,
-                    "value": k,
-                    "failed_at_ms": 1,
-                    "partition": partition_for("murmur2_random", k, 5),
-                }
-                for k in real
-            ),
+            *(failed_in(orders, k, 5) for k in real),
             {"topic": payments, "key": b"acct-9", "value": b'{"pay": 1000000}', "failed_at_ms": 2},
         ],
     )
@@ -133,19 +124,7 @@ def test_a_target_that_changed_after_the_confirmation_is_not_sent(
 ) -> None:
     # given a dead letter whose confirmation showed orders[p]
     orders, dlq = new_topic(3, prefix="orders"), new_topic(1, prefix="orders-dlq")
-    produce_dead_letters(
-        kafka_bootstrap,
-        dlq,
-        [
-            {
-                "topic": orders,
-                "key": b"k",
-                "value": b"v",
-                "failed_at_ms": 1,
-                "partition": partition_for("murmur2_random", b"k", 3),
-            }
-        ],
-    )
+    produce_dead_letters(kafka_bootstrap, dlq, [failed_in(orders, b"k", 3)])
     client = dashboard(kafka_bootstrap, [dlq], allow_topics=[orders], actions=True, token=TOKEN)
     [row] = client.post(
         "/actions/replay-plan", json={"topic": dlq, "records": [[0, 0]]}, headers=BEARER
