@@ -3,7 +3,11 @@ library's :mod:`keyedconsumer.deadletters.replay`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import getpass
 import logging
+import socket
+import sys
 from enum import Enum
 from typing import Annotated, Any
 
@@ -11,6 +15,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..action_audit import ActionAudit, action_records, replay_fields
 from ..config import ENV_PREFIX
 from ..deadletters import ReplayJob, ReplayTargets, allowed_topics, marker_group_of, run_replay
 from ..formatting import TIME_FORMS, parse_time, utc_text
@@ -181,6 +186,25 @@ def replay(
         ),
     ] = None,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Records per transaction (1-10000).")] = 500,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Send without asking. On a terminal the replay first shows where each record would go "
+            "and asks; elsewhere (a script, --json) it does not ask.",
+        ),
+    ] = False,
+    audit_topic: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-topic",
+            metavar="TOPIC",
+            help="Write the replay to this audit topic (the Audit middleware's; who, each record's "
+            "target, each left pending; `keyedconsumer audit --outcome ACTION` reads it).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
@@ -207,7 +231,10 @@ def replay(
     runs on the same marker fences the older one off (its next commit fails).
 
     Records not matching --key/--since, and records left without a target (with the reason), stay
-    pending and a later replay sends them. --dry-run reads the marker but sends and marks nothing.
+    pending and a later replay sends them. --dry-run reads the marker but sends and marks nothing. On
+    a terminal the replay shows where each record would go and asks first (--yes does not ask); it
+    then sends exactly those records to exactly those targets. With --audit-topic the replay is
+    written to the audit trail, as the dashboard's replays are.
     """
     _setup_logging(log_level.value)
     conf, settings = _client_conf(brokers, props or [], config_file)
@@ -229,17 +256,87 @@ def replay(
         timeout_s=timeout_s,
     )
     marker = marker_group or marker_group_of(from_topic)
-    job = ReplayJob(
-        conf, from_topic, targets, frozenset(k.encode() for k in key or []), since_ms, timeout_s=timeout_s
-    )
+    keys = frozenset(k.encode() for k in key or [])
+    job = ReplayJob(conf, from_topic, targets, keys, since_ms, timeout_s=timeout_s)
     if to is not None and job.planner.partitions_of(to) is None:
         raise CliError(f"target topic {to!r} does not exist", 2)
+    if not (dry_run or yes or as_json) and sys.stdin.isatty():
+        plan = _plan(job, marker, batch_size)
+        if not plan.rows:  # nothing to send: the report says why
+            _exit_code(plan, None)
+            return
+        if not typer.confirm(f"Send these {len(plan.rows)} record(s) to the targets shown?", default=False):
+            raise CliError("nothing sent: not confirmed", 1)
+        # exactly those records to exactly those targets (one whose target changed meanwhile stays
+        # pending); those left pending in the plan are examined again, and left pending again
+        chosen = {(r["dlq_partition"], r["dlq_offset"]): (r["topic"], r["partition"]) for r in plan.rows}
+        pending = {(r["dlq_partition"], r["dlq_offset"]) for r in plan.refused}
+        job = dataclasses.replace(job, only=frozenset(chosen) | pending, expected=chosen)
     error = run_replay(job, marker, dry_run, batch_size)
     _replay_report(job, marker, dry_run, as_json, error)
+    if audit_topic is not None and not dry_run:
+        problem = _audit(conf, audit_topic, job, marker, error, timeout_s)
+        if problem is not None:
+            raise CliError(f"the replay is NOT in the audit trail: {problem}", 1)
+    _exit_code(job, error)
+
+
+def _exit_code(job: ReplayJob, error: str | None) -> None:
+    """Raise the replay's exit: 1 when it failed or left records behind."""
     if error is not None:
         raise CliError(error, 1)
     if job.full or job.counts["no_target"]:
         raise CliError("some records were left behind (see above)", 1)
+
+
+def _plan(job: ReplayJob, marker: str, batch_size: int) -> ReplayJob:
+    """A dry run of ``job``, reported: where each record would go.
+
+    Raises
+    ------
+    CliError
+        (exit code 1) The dry run failed.
+    """
+    plan = dataclasses.replace(job, rows=[], refused=[], counts=dict(job.counts), full=set())
+    error = run_replay(plan, marker, True, batch_size)
+    _replay_report(plan, marker, True, False, error)
+    if error is not None:
+        raise CliError(error, 1)
+    return plan
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment nor the password database
+        return "unknown"
+
+
+def _audit(
+    conf: dict[str, Any], topic: str, job: ReplayJob, marker: str, error: str | None, timeout_s: float
+) -> str | None:
+    """Write the replay's records to the audit topic; why not, or ``None``."""
+    fields, sent = replay_fields(job.dlq, None, job.result(marker, error))
+    c = job.counts
+    ok = error is None and not job.full and not c["no_target"]
+    message = f"{job.dlq}: replayed {c['sent']}; left pending {c['no_target']}" + (
+        f"; error: {error}" if error else ""
+    )
+    audit = ActionAudit(conf, topic, timeout_s=timeout_s, source="cli")
+    try:
+        return audit.write(
+            action_records(
+                "replay",
+                f"cli {getpass.getuser()}",
+                socket.gethostname(),
+                "done" if ok else "failed",
+                message,
+                fields,
+                sent,
+            )
+        )
+    finally:
+        audit.close(timeout_s)
 
 
 def _replay_report(

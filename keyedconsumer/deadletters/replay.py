@@ -13,6 +13,7 @@ Library code below both faces: ``keyedconsumer dead-letter replay`` and the dash
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -53,11 +54,12 @@ class ReplayJob:
         Replay only the records at these ``(partition, offset)`` (``None``: every record).
     expected:
         ``{(partition, offset): (topic, partition or None)}`` confirmed by a person: a record whose
-        target is not that any more is not sent.
+        target is not that any more, or was not confirmed, is not sent (``None``: no confirmation).
     timeout_s:
         Bound of each broker answer, and of starting and committing a transaction (seconds).
 
-    ``rows`` lists each record sent (or, in a dry run, to send), ``refused`` each record left pending
+    ``rows`` lists each record sent (or, in a dry run, to send: ``key`` as text, ``key_b64`` the key's
+    bytes when they are not UTF-8), ``refused`` each record left pending
     for want of a target (with ``reason``); ``counts``: ``sent``, ``already_replayed``,
     ``not_matching``, ``no_target``; ``full``: partitions whose marker could hold no more skipped
     records (the rest of them was not examined).
@@ -95,8 +97,12 @@ class ReplayJob:
     def target(self, record: admin.Record) -> Target:
         """The record's target, refused when a person confirmed another one."""
         target = self.planner.target(record)
-        confirmed = None if self.expected is None else self.expected.get((record.partition, record.offset))
-        if target.refused is None and confirmed is not None and confirmed != (target.topic, target.partition):
+        if self.expected is None or target.refused is not None:
+            return target
+        confirmed = self.expected.get((record.partition, record.offset))
+        if confirmed is None:
+            return dataclasses.replace(target, refused=f"its target {target.text()} was not confirmed")
+        if confirmed != (target.topic, target.partition):
             shown = Target(confirmed[0], confirmed[1]).text()
             return dataclasses.replace(
                 target, refused=f"its target is {target.text()} now, not {shown} as confirmed"
@@ -109,6 +115,7 @@ class ReplayJob:
             "dlq_partition": record.partition,
             "dlq_offset": record.offset,
             "key": show_key(record.key),
+            "key_b64": _b64_unless_text(record.key),
             "topic": target.topic,
             "partition": target.partition,
             "offset": None,
@@ -127,6 +134,17 @@ class ReplayJob:
             "refused": self.refused,
             "marker_group": group,
         }
+
+
+def _b64_unless_text(key: bytes | None) -> str | None:
+    """The key in base64 when it is not UTF-8 (``key`` shows its bad bytes as ``\\xNN``), else ``None``."""
+    if key is None:
+        return None
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(key).decode()
+    return None
 
 
 def run_replay(job: ReplayJob, group: str, dry_run: bool = False, batch_size: int = 500) -> str | None:
@@ -257,8 +275,9 @@ def replay_selected(
 ) -> dict[str, Any]:
     """Replay the dead letters at ``records`` (``(partition, offset)`` pairs of ``dlq``) as
     ``keyedconsumer dead-letter replay`` does (one transaction per batch, the same replay marker):
-    the others stay pending for a later replay; a record replayed before is not sent again; one whose
-    target is not ``expected[(partition, offset)]`` (what a person confirmed) is not sent.
+    the others stay pending for a later replay; a record replayed before is not sent again; with
+    ``expected`` (what a person confirmed), one whose target is not ``expected[(partition, offset)]``
+    is not sent.
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """The dashboard's actions: replay selected dead letters (after a person confirmed where each goes),
 un-park a key, cancel a scheduled message. Each needs a signed-in session with its CSRF token, or
 the token as a bearer credential (:mod:`.auth`); each is logged to ``keyedconsumer.web.actions`` and,
-with an audit topic, written to it (:mod:`.audit`).
+with an audit topic, written to it (:mod:`keyedconsumer.action_audit`).
 
 A replay is two requests: ``/actions/replay-plan`` says where each selected record would go (the
 topic its header names only if allowed, the key's partition now: :mod:`keyedconsumer.deadletters`),
@@ -20,11 +20,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..action_audit import ActionAudit, Sent, action_records, replay_fields
 from ..deadletters import ReplayTargets, allowed_topics, plan_selected, replay_selected
 from ..errors import KafkaClientError, PublishError
 from ..sequencing import cancel_scheduled, unpark_now
 from ..sequencing.keys import key_of
-from .audit import ActionAudit, action_record
 from .auth import COOKIE, Guard
 from .deadletters import DeadLetterReader
 from .sampler import Sampler
@@ -36,9 +36,7 @@ actions_log = logging.getLogger("keyedconsumer.web.actions")
 
 #: What an action's run returns: ``(ok, message for the page, the audit record's fields (``key``: the
 #: message key as bytes), [(key, fields)] of one more record each (the dead letters a replay sent))``.
-_Result = tuple[bool, str, dict[str, Any], list[tuple[bytes | None, dict[str, Any]]]]
-#: Targets listed in a replay's answer and in its audit record at most.
-MAX_LISTED = 1000
+_Result = tuple[bool, str, dict[str, Any], list[Sent]]
 
 
 class ReplayScope:
@@ -172,14 +170,7 @@ class Actions:
             result, status = "failed", 409
         actions_log.info("action %s by %s from %s: %s (%s)", name, who, client, message, result)
         if self.audit is not None:
-            key = fields.pop("key", None)
-            records = [action_record(name, who, client, result, message, key, **fields)]
-            records += [
-                action_record(
-                    name, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row
-                )
-                for k, row in sent
-            ]
+            records = action_records(name, who, client, result, message, fields, sent)
             problem = await run_in_threadpool(self.audit.write, records)
             if problem is not None:
                 message += f" (NOT in the audit trail: {problem})"
@@ -224,33 +215,7 @@ class Actions:
             + (f"; left pending {result['no_target']}: {not_sent}" if result["no_target"] else "")
             + (f"; error: {result['error']}" if result["error"] else "")
         )
-        fields = {
-            "dlq_topic": topic,
-            "selected": len(records),
-            "records": [list(r) for r in sorted(records)[:MAX_LISTED]],
-            "targets": [
-                [r["dlq_partition"], r["dlq_offset"], r["topic"], r["partition"]]
-                for r in result["records"][:MAX_LISTED]
-            ],
-            "refused": [
-                [r["dlq_partition"], r["dlq_offset"], r["topic"], r["reason"][:300]]
-                for r in result["refused"][:MAX_LISTED]
-            ],
-        }
-        sent = [
-            (
-                None if r["key"] is None else str(r["key"]).encode(),
-                {
-                    "dlq_topic": topic,
-                    "dlq_partition": r["dlq_partition"],
-                    "dlq_offset": r["dlq_offset"],
-                    "topic": r["topic"],
-                    "partition": r["partition"],
-                    "offset": r["offset"],
-                },
-            )
-            for r in result["records"]
-        ]
+        fields, sent = replay_fields(topic, records, result)
         return result["error"] is None and result["sent"] > 0, message, fields, sent
 
     def _redis_target(self, body: dict[str, Any]) -> tuple[str, str]:

@@ -30,12 +30,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..action_audit import ActionAudit
 from ..errors import KafkaClientError
 from ..formatting import TIME_FORMS, age, parse_time
 from ..kafka.partitioners import DEFAULT_PARTITIONER
 from ..sequencing import redact_url
 from .actions import Actions, ReplayScope, actions_log
-from .audit import ActionAudit
 from .auth import COOKIE, Guard
 from .chart import throughput_chart
 from .deadletters import MAX_SHOWN_BYTES, DeadLetterReader, Filters
@@ -61,7 +61,7 @@ class WebOptions:
     ``conf``: librdkafka properties; ``groups``, ``namespaces``, ``dead_letter_topics``: as
     :class:`~keyedconsumer.web.sampler.Sampler` takes them; ``actions``: enable the actions (needs
     ``token``); ``audit_topic``: write each action to this audit topic (the ``Audit`` middleware's,
-    on the same brokers, :mod:`keyedconsumer.web.audit`), ``None``: to the log only;
+    on the same brokers, :mod:`keyedconsumer.action_audit`), ``None``: to the log only;
     ``refresh_s``: seconds between a page's refreshes; ``interval_s``: between samples;
     ``timeout_s``: bound of one broker or Redis call, and of an audit record's write (seconds);
     ``allowed_hosts``: the host names (``Host`` header) the dashboard answers for, besides the
@@ -357,7 +357,7 @@ def create_app(
     sampler:
         A sampler to read from (tests); by default one is built from ``options``.
     audit:
-        Where the actions are written (tests); by default an :class:`~keyedconsumer.web.audit.ActionAudit`
+        Where the actions are written (tests); by default an :class:`~keyedconsumer.action_audit.ActionAudit`
         on ``options.audit_topic``, if given.
     start_sampler:
         Start the sampler's thread with the app (and stop it at shutdown).

@@ -12,6 +12,8 @@ partitioner puts it.
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from keyedconsumer.cli.audit import find
 from keyedconsumer.kafka.partitioners import partition_for
 
 from .kafkautil import end_offsets
@@ -203,3 +206,96 @@ def test_a_topic_that_gained_partitions_refuses_moved_keys_unless_repartitioned(
     for r in data["records"]:
         key = r["key"].encode()
         assert r["partition"] == java_partition(kafka_bootstrap, orders, key) != r["moved_from"]
+
+
+class Terminal:
+    """The command in a pseudo-terminal (stdin is a terminal: the replay asks), its output read."""
+
+    def __init__(self, args: list[str]) -> None:
+        import pty
+        import subprocess
+        import sys
+
+        self.master, slave = pty.openpty()
+        env = {**os.environ, "COLUMNS": "400", "TERM": "dumb"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "keyedconsumer", *args], stdin=slave, stdout=slave, stderr=slave, env=env
+        )
+        os.close(slave)
+        self.output = b""
+
+    def read_until(self, text: bytes, timeout_s: float = 60.0) -> str:
+        import select
+
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output and time.monotonic() < deadline:
+            if select.select([self.master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # the command ended
+                    break
+                self.output += chunk
+        return self.output.decode(errors="replace")
+
+    def answer(self, line: bytes) -> int:
+        os.write(self.master, line + b"\n")
+        self.read_until(b"\x00 never", 60.0 if self.proc.poll() is None else 0.5)
+        code = self.proc.wait(60)
+        os.close(self.master)
+        return code
+
+
+@pytest.mark.timeout(120)
+def test_on_a_terminal_it_shows_each_target_asks_and_writes_the_audit_trail(kafka_bootstrap: str) -> None:
+    # given two dead letters of orders and one naming another team's topic, and an audit topic
+    tag = uuid.uuid4().hex[:8]
+    orders = create_topic(kafka_bootstrap, f"orders-{tag}", 4)
+    payments = create_topic(kafka_bootstrap, f"payments-{tag}", 1)
+    audit = create_topic(kafka_bootstrap, f"audit-{tag}", 2)
+    dlq = create_topic(kafka_bootstrap, f"{orders}.dlq", 1)
+    group = f"orders-svc-{tag}"
+    consume_as(kafka_bootstrap, group, orders, 4)
+    produce_dead_letters(
+        kafka_bootstrap,
+        dlq,
+        [
+            failed_in(orders, b"order-1", 4),
+            failed_in(orders, b"order-2", 4),
+            {"topic": payments, "key": b"acct-9", "value": b"forged", "failed_at_ms": 2},
+        ],
+    )
+    args = base(dlq, kafka_bootstrap, "--group", group, "--audit-topic", audit)
+    where = {k: f"{orders}[{partition_for('murmur2_random', k, 4)}]" for k in (b"order-1", b"order-2")}
+    # when the replay runs on a terminal and the person says no
+    term = Terminal(args)
+    shown = term.read_until(b"[y/N]")
+    # then it showed where each would go, and why the third would not, and sent nothing
+    assert "would send 2 record(s)" in shown and all(w in shown for w in where.values()), shown
+    assert f"names topic {payments!r}" in shown
+    assert term.answer(b"n") == 1 and "nothing sent: not confirmed" in term.read_until(b"")
+    assert sum(end_offsets(kafka_bootstrap, orders, 4).values()) == 0
+    # when it runs again and the person says yes, then the two are sent where shown, the third is not
+    term = Terminal(args)
+    term.read_until(b"[y/N]")
+    assert term.answer(b"y") == 1  # one record left pending
+    out = term.read_until(b"")
+    assert "sent 2" in out and "without a target 1" in out, out
+    sent = read_committed_records(kafka_bootstrap, orders, 2)
+    assert sorted((m.key(), f"{orders}[{m.partition()}]") for m in sent) == sorted(where.items())
+    assert end_offsets(kafka_bootstrap, payments, 1) == {0: 0}
+    # and the audit trail holds the replay: who, each target, the one left pending, each record sent
+    records = list(find({"bootstrap.servers": kafka_bootstrap}, audit, outcome="ACTION", timeout_s=30))
+    summary = next(d for d in records if d["key"] is None)
+    assert (
+        summary["action"] == "replay"
+        and summary["session"].startswith("cli ")
+        and summary["result"] == "failed"
+    )
+    assert sorted(f"{t}[{p}]" for _, _, t, p in summary["targets"]) == sorted(where.values())
+    assert [r[:3] for r in summary["refused"]] == [[0, 2, payments]] and "not consumed" in summary["refused"][
+        0
+    ][3]
+    assert sorted((d["key"], f"{d['topic']}[{d['partition']}]") for d in records if d["key"]) == sorted(
+        (k.decode(), w) for k, w in where.items()
+    )
+    assert summary["instance"].startswith("cli@")

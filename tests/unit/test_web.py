@@ -264,7 +264,7 @@ def test_only_dead_letter_topics_are_read() -> None:
 
 
 def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
-    from keyedconsumer.web.audit import ActionAudit
+    from keyedconsumer.action_audit import ActionAudit
 
     audit = ActionAudit({}, "web.audit", publisher=broker.publisher)
     app = create_app(
