@@ -383,6 +383,7 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(
         "Replay 1 of the 1 selected dead letter(s)" in text
         and f"(key poison-1) -> {scene.topic}[{partition}]" in text
     ), text
+    _shot(browser, "replay-confirm")
     _confirm(browser)
     # then it is sent once, consumed again by the running consumer, and shown as replayed; the page
     # says so where it can be seen
