@@ -14,6 +14,7 @@ offsets. A listing is read at most once per ``cache_s`` seconds (a search: per :
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import unicodedata
@@ -34,8 +35,15 @@ MAX_SHOWN_CHARS = 4096
 MAX_READ = 5000
 #: Records a search (any filter given) examines in one topic at most: the newest of each partition.
 MAX_SCAN = 100_000
-#: Matching records a search keeps (the newest failures).
+#: Matching records a listing keeps (the newest failures).
 MAX_MATCHES = 5000
+#: Characters a listing keeps at most (what its records show, hex views included): with
+#: :data:`MAX_LISTINGS`, the bound of the dashboard's memory for dead letters, whatever they hold.
+MAX_LISTING_CHARS = 8_000_000
+#: Listings kept at once (the most recently read).
+MAX_LISTINGS = 4
+#: Headers of one record shown (the others are counted).
+MAX_SHOWN_HEADERS = 100
 #: Seconds a search's result is kept (a search reads up to :data:`MAX_SCAN` records).
 SEARCH_CACHE_S = 30.0
 #: Bytes per line of a hex view.
@@ -125,13 +133,22 @@ class DeadLetter:
     stacktrace: str | None
     repeated: tuple[str, ...]
     replayed: bool
+    more_headers: int = 0
 
     @property
     def failed_at(self) -> str:
         return utc_text(self.failed_at_ms)
 
+    @functools.cached_property
+    def size(self) -> int:
+        """Characters it shows (for the listing's memory bound)."""
+        shown = [self.key, self.value, *(s for h in self.headers for s in h)]
+        texts = [self.error, self.exception, self.cause, self.original_topic, self.stacktrace]
+        return sum(len(x.text) for x in shown if x is not None) + sum(len(t) for t in texts if t) + 200
+
     @classmethod
     def of(cls, record: admin.Record, failure: Failure, replayed: bool, stack_header: str) -> DeadLetter:
+        shown_headers = [(k, v) for k, v in record.headers if k != stack_header]
         return cls(
             partition=record.partition,
             offset=record.offset,
@@ -142,9 +159,9 @@ class DeadLetter:
             value=None if record.value is None else Shown.of(record.value),
             headers=[
                 (Shown.of(k.encode("utf-8", "surrogatepass")), None if v is None else Shown.of(v))
-                for k, v in record.headers
-                if k != stack_header
+                for k, v in shown_headers[:MAX_SHOWN_HEADERS]
             ],
+            more_headers=max(0, len(shown_headers) - MAX_SHOWN_HEADERS),
             error=_cut(failure.error),
             exception=_cut(failure.exception, 500),
             cause=_cut(failure.cause, 500),
@@ -252,7 +269,8 @@ class DeadLetterReader:
                 return hit[1]
             listing = self._read(topic, filters)
             now = time.monotonic()
-            self._cache = {k: v for k, v in self._cache.items() if now - v[0] < SEARCH_CACHE_S}
+            kept = sorted(self._cache.items(), key=lambda kv: kv[1][0])[-(MAX_LISTINGS - 1) :]
+            self._cache = {k: v for k, v in kept if now - v[0] < SEARCH_CACHE_S}
             self._cache[(topic, filters)] = (now, listing)
             return listing
 
@@ -270,21 +288,32 @@ class DeadLetterReader:
             total = sum(reader.end_offsets[p] - reader.start_offsets[p] for p in reader.partitions)
             examined = sum(reader.end_offsets[p] - start[p] for p in reader.partitions)
             rows: list[DeadLetter] = []
-            more = False
+            size, found = 0, 0
             for r in reader.read(start):
                 failure = Failure.of(r)
                 if not filters.match(r, failure):
                     continue
-                rows.append(DeadLetter.of(r, failure, markers[r.partition].is_replayed(r.offset), stack))
-                if len(rows) >= 2 * MAX_MATCHES:  # keep the newest, in bounded memory
+                found += 1
+                row = DeadLetter.of(r, failure, markers[r.partition].is_replayed(r.offset), stack)
+                rows.append(row)
+                size += row.size
+                if len(rows) >= 2 * MAX_MATCHES or size >= 2 * MAX_LISTING_CHARS:  # keep the newest
                     rows = _newest(rows)
-                    more = True
+                    size = sum(d.size for d in rows)
         finally:
             reader.close()
-        more = more or len(rows) > MAX_MATCHES
-        return Listing(_newest(rows), examined, total, more)
+        rows = _newest(rows)
+        return Listing(rows, examined, total, more=found > len(rows))
 
 
 def _newest(rows: list[DeadLetter]) -> list[DeadLetter]:
+    """The newest failures, at most :data:`MAX_MATCHES` and :data:`MAX_LISTING_CHARS`."""
     rows.sort(key=lambda d: (d.failed_at_ms or 0, d.partition, d.offset), reverse=True)
-    return rows[:MAX_MATCHES]
+    out: list[DeadLetter] = []
+    size = 0
+    for d in rows[:MAX_MATCHES]:
+        size += d.size
+        if size > MAX_LISTING_CHARS and out:
+            break
+        out.append(d)
+    return out

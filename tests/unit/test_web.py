@@ -553,3 +553,33 @@ def test_the_key_filter_is_the_exact_key() -> None:
     assert [
         k for k in (b"cust-7", b"cust-70", b"CUST-7", b"xcust-7", None) if f.match(rec(k), Failure.of(rec(k)))
     ] == [b"cust-7"]
+
+
+def test_the_dead_letters_kept_in_memory_are_bounded_whatever_they_hold() -> None:
+    from keyedconsumer.deadletters import Failure
+    from keyedconsumer.kafka.admin import Record
+    from keyedconsumer.web import deadletters as dl
+
+    # given 3,000 matching dead letters, each with a value and 200 headers of 4 KiB of binary
+    def letter(offset: int) -> dl.DeadLetter:
+        big = bytes(range(256)) * 16
+        rec = Record("t.dlq", 0, offset, b"k", big, [(f"h{i}", big) for i in range(200)], offset)
+        return dl.DeadLetter.of(rec, Failure.of(rec), False, "kafka_dlt-exception-stacktrace")
+
+    rows = [letter(o) for o in range(0, 3000, 100)]
+    # then each shows at most MAX_SHOWN_HEADERS headers and counts the others
+    assert len(rows[0].headers) == dl.MAX_SHOWN_HEADERS and rows[0].more_headers == 100
+    # and a listing keeps the newest failures within its character budget
+    kept = dl._newest(list(rows))
+    assert sum(d.size for d in kept) <= dl.MAX_LISTING_CHARS and 0 < len(kept) < len(rows)
+    assert [d.offset for d in kept] == sorted((d.offset for d in rows), reverse=True)[: len(kept)]
+
+    # and a reader keeps at most MAX_LISTINGS listings, whatever the searches asked
+    class Reader(dl.DeadLetterReader):
+        def _read(self, topic: str, filters: dl.Filters) -> dl.Listing:
+            return dl.Listing(kept, len(kept), len(kept))
+
+    reader = Reader({})
+    for i in range(20):
+        reader.records("t.dlq", dl.Filters(key=str(i).encode()))
+        assert len(reader._cache) <= dl.MAX_LISTINGS
