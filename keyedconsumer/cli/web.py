@@ -61,7 +61,8 @@ def web(
             "--group",
             "-g",
             metavar="GROUP",
-            help="Consumer group to show (repeatable); default: every group.",
+            help="Consumer group to show (repeatable); default: every group. A replay sends a dead "
+            "letter back only to a topic one of these groups consumes, or to an --allow-topic.",
         ),
     ] = None,
     redis: Annotated[
