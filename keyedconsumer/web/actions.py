@@ -188,6 +188,11 @@ class Actions:
 
     def _replay(self, body: dict[str, Any]) -> _Result:
         topic, records = self._selection(body)
+        if "targets" not in body:
+            raise ValueError(
+                "give the targets confirmed: [[partition, offset, topic, partition], ...] "
+                "as /actions/replay-plan answered them"
+            )
         expected = {
             (int(p), int(o)): (str(t), None if part is None else int(part))
             for p, o, t, part in body["targets"]
