@@ -60,7 +60,7 @@ ENV_PREFIX = "KEYEDCONSUMER_"
 #: Settings of the ``keyedconsumer`` command line that are not :class:`ConsumerConfig` fields, also
 #: read from ``KEYEDCONSUMER_<NAME>``: the fields of ``keyedconsumer.cli.RunOptions``,
 #: ``config_file`` (``KEYEDCONSUMER_CONFIG_FILE``, the ``--config`` flag), the dashboard's
-#: ``web_token`` and ``web_audit_topic``, and ``sequencer``: the
+#: ``web_token``, ``web_audit_topic`` and ``web_allowed_hosts``, and ``sequencer``: the
 #: Redis sequencer's options, one variable each, ``KEYEDCONSUMER_SEQUENCER__<OPTION>`` (a
 #: :class:`~keyedconsumer.sequencing.RedisSequencerConfig` field but ``url`` and ``namespace``), or
 #: all of them as one JSON object in ``KEYEDCONSUMER_SEQUENCER``.
@@ -76,6 +76,7 @@ CLI_SETTINGS = (
     "config_file",
     "web_token",
     "web_audit_topic",
+    "web_allowed_hosts",
     "sequencer",
 )
 #: The prefix of the Redis sequencer's option variables (see :data:`CLI_SETTINGS`).

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import typer
 
+from ..deadletters.marker import ReplayMarker
 from . import audit, docs, inspect, replay, run, web
 from .handler import load_handler
 from .help import Command, Group
 from .layers import RunOptions
-from .marker import ReplayMarker
 from .replay import parse_since
 
 __all__ = ["main", "app", "load_handler", "ReplayMarker", "parse_since", "RunOptions"]

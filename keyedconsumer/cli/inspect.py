@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config import ENV_PREFIX
-from ..offsets import FinishedOffsets
+from ..formatting import age as _age
 from ..sequencing import redact_url
 from .errors import CliError
-from .output import _age, _out_console, _print_json, _reports_errors, _setup_logging
+from .output import _out_console, _print_json, _reports_errors, _setup_logging
 from .settings import (
     BrokersOpt,
     ConfigOpt,
@@ -26,9 +26,6 @@ from .settings import (
     _Level,
     _secrets,
 )
-
-if TYPE_CHECKING:  # imported where used: `keyedconsumer run --processes` forks before Kafka is loaded
-    from ..kafka import admin
 
 
 def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
@@ -44,62 +41,6 @@ def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
     except Exception as exc:  # StoreUnavailable and friends
         raise CliError(f"Redis {redact_url(url)} did not answer: {exc}", 1) from None
     return result
-
-
-def group_rows(
-    conf: dict[str, Any], group: str, topics: list[str], timeout_s: float, max_ages: int | None = None
-) -> tuple[admin.GroupDescription, list[dict[str, Any]]]:
-    """A group's description and, per partition, its committed, start and end offsets, lag, the
-    offsets finished above the committed one (from the commit metadata) and the age of the record at
-    the committed offset (where lag > 0; only for the ``max_ages`` partitions with the most lag when
-    given: each age reads a record).
-
-    Raises
-    ------
-    KafkaClientError
-        The brokers did not answer, or a topic in ``topics`` does not exist.
-    """
-    from ..kafka import admin
-
-    desc = admin.describe_group(conf, group, timeout_s)
-    if topics:
-        counts = admin.topic_partitions(conf, topics, timeout_s)
-        tps = [(t, p) for t in topics for p in range(counts[t])]
-        committed = admin.committed_offsets(conf, group, tps, timeout_s)
-    else:
-        committed = admin.committed_offsets(conf, group, None, timeout_s)
-        tps = sorted(set(committed) | set(desc.assigned))
-    marks = admin.watermark_offsets(conf, tps, timeout_s)
-    rows: list[dict[str, Any]] = []
-    for tp in tps:
-        c = committed.get(tp)
-        offset = c.offset if c is not None else None
-        start, end = marks[tp]
-        lag = max(0, end - offset) if offset is not None else None
-        finished = (
-            FinishedOffsets.decode(offset, c.metadata) if c is not None and offset is not None else None
-        )
-        rows.append(
-            {
-                "topic": tp[0],
-                "partition": tp[1],
-                "committed_offset": offset,
-                "start_offset": start,
-                "end_offset": end,
-                "lag": lag,
-                "finished_above": finished.count if finished is not None else 0,
-                "oldest_unfinished_age_s": None,
-            }
-        )
-    lagging = sorted((r for r in rows if r["lag"]), key=lambda r: -r["lag"])
-    behind = {(r["topic"], r["partition"]): r["committed_offset"] for r in lagging[:max_ages]}
-    stamps = admin.record_timestamps(conf, behind, min(timeout_s, 5.0))
-    now_ms = time.time() * 1000
-    for r in rows:
-        ts = stamps.get((r["topic"], r["partition"]))
-        if ts is not None:
-            r["oldest_unfinished_age_s"] = round(max(0.0, now_ms - ts) / 1000, 3)
-    return desc, rows
 
 
 def _last_error_text(err: dict[str, Any] | None, now_s: float) -> Text:
@@ -196,6 +137,8 @@ def inspect_group(
         raise CliError("--timeout must be > 0", 2)
     _secrets.add_url(redis)
     topics = [t.strip() for flag in topic or [] for t in flag.split(",") if t.strip()]
+    from ..groups import group_rows  # loads librdkafka: a supervisor imports this module before it forks
+
     desc, rows = group_rows(conf, group, topics, timeout_s)
     info = _inspect_redis(redis, namespace or group) if redis else None
     total = sum(r["lag"] for r in rows if r["lag"] is not None)

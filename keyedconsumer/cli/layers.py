@@ -183,7 +183,9 @@ def _consumer_field(name: str) -> tuple[Any, Any]:
 
 
 #: Every setting of the command line: the command's own (:class:`RunOptions`), every
-#: :class:`~keyedconsumer.ConsumerConfig` field, and ``sequencer`` (the Redis sequencer's options).
+#: :class:`~keyedconsumer.ConsumerConfig` field, ``sequencer`` (the Redis sequencer's options), and
+#: ``web_allowed_hosts`` (``keyedconsumer web``'s ``--allowed-host``: a list, or a comma-separated
+#: string, kept as the layer gave it and checked by the web command).
 RunSettings: type[BaseSettings] = pydantic.create_model(  # type: ignore[call-overload]
     "RunSettings",
     __base__=_RunSettingsBase,
@@ -195,6 +197,7 @@ RunSettings: type[BaseSettings] = pydantic.create_model(  # type: ignore[call-ov
         if name not in RunOptions.model_fields
     },
     sequencer=(SequencerOptions | None, None),
+    web_allowed_hosts=(Any, None),
 )
 
 

@@ -1,4 +1,4 @@
-"""Output: logging and consoles that never show a secret, errors as one line, JSON, ages."""
+"""Output: logging and consoles that never show a secret, errors as one line, JSON."""
 
 from __future__ import annotations
 
@@ -99,19 +99,3 @@ def _reports_errors(fn: F) -> F:
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
-
-
-def _show_key(key: bytes | None) -> str | None:
-    return None if key is None else key.decode("utf-8", "backslashreplace")
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"

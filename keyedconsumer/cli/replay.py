@@ -1,161 +1,151 @@
-"""``keyedconsumer dead-letter replay``: re-publish dead-lettered records once, in transactions."""
+"""``keyedconsumer dead-letter replay``: re-publish dead-lettered records once, in transactions (the
+library's :mod:`keyedconsumer.deadletters.replay`)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib
+import dataclasses
+import getpass
 import logging
+import socket
+import sys
+from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pydantic
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from ..errors import KafkaClientError, PublishError
+from ..action_audit import ActionAudit, action_records, replay_fields
+from ..config import ENV_PREFIX
+from ..deadletters.marker import marker_group_of
+from ..formatting import TIME_FORMS, parse_time, utc_text
+from ..kafka.partitioners import DEFAULT_PARTITIONER, PARTITIONERS
 from .errors import CliError
-from .marker import ReplayMarker
-from .output import _out_console, _print_json, _reports_errors, _setup_logging, _show_key
-from .settings import BrokersOpt, ConfigOpt, PropsOpt, TimeoutOpt, ToolLogLevelOpt, _client_conf, _Level
+from .output import _out_console, _print_json, _reports_errors, _setup_logging
+from .settings import (
+    BrokersOpt,
+    ConfigOpt,
+    PropsOpt,
+    TimeoutOpt,
+    ToolLogLevelOpt,
+    _client_conf,
+    _env_or_toml,
+    _Level,
+)
 
-if TYPE_CHECKING:  # imported where used: `keyedconsumer run --processes` forks before Kafka is loaded
-    from ..kafka import admin
+if TYPE_CHECKING:  # they load librdkafka: imported where used (a supervisor forks before that)
+    from ..deadletters.replay import ReplayJob
+    from ..deadletters.targets import ReplayTargets
 
 log = logging.getLogger("keyedconsumer.cli")
 
+__all__ = ["replay", "parse_since", "marker_group_of", "Partitioner", "replay_targets"]
 
-def parse_since(text: str) -> int:
-    """``--since``: epoch milliseconds, or an ISO 8601 time (a time without an offset is UTC).
 
-    Returns
-    -------
-    Milliseconds since the epoch.
+class Partitioner(str, Enum):
+    """librdkafka's key partitioners (:data:`keyedconsumer.kafka.partitioners.PARTITIONERS`), as a
+    choice of the command line."""
+
+    murmur2_random = "murmur2_random"
+    murmur2 = "murmur2"
+    consistent_random = "consistent_random"
+    consistent = "consistent"
+    fnv1a_random = "fnv1a_random"
+    fnv1a = "fnv1a"
+
+
+def parse_since(text: str, flag: str = "--since") -> int:
+    """``--since`` / ``--until``: epoch milliseconds, or an ISO 8601 time (a time without an offset is
+    UTC), as milliseconds since the epoch.
 
     Raises
     ------
     CliError
         (exit code 2) Neither form.
     """
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    try:  # pydantic's ISO 8601 parser: "Z", offsets, dates, fractions of a second
-        when = _DATETIME.validate_python(text)
-    except pydantic.ValidationError:
-        raise CliError(
-            f"--since {text!r}: expected an ISO 8601 time (2026-11-30T12:00:00Z) or epoch milliseconds", 2
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return int(when.timestamp() * 1000)
-
-
-_DATETIME = pydantic.TypeAdapter(dt.datetime)
-
-
-def _header(record: admin.Record, name: str) -> str | None:
-    for k, v in reversed(record.headers):
-        if k == name and v is not None:
-            return v.decode("utf-8", "replace")
-    return None
-
-
-def _int_header(record: admin.Record, name: str) -> int | None:
-    value = _header(record, name)
     try:
-        return int(value) if value is not None else None
+        return parse_time(text)
     except ValueError:
-        return None
+        raise CliError(f"{flag} {text.strip()!r}: expected {TIME_FORMS}", 2) from None
 
 
-class _Replay:
-    """One replay run: which records to send where, the markers, the batches."""
+def replay_targets(
+    conf: dict[str, Any],
+    *,
+    to: str | None,
+    groups: list[str],
+    allow_topics: list[str],
+    partitioner: str | None,
+    repartitioned: bool,
+    timeout_s: float,
+) -> ReplayTargets:
+    """The targets the operator allows (``--to``, or the topics ``--group`` consumes and
+    ``--allow-topic``), with the producers' partitioner (``--partitioner``, else the librdkafka
+    ``partitioner`` property of the settings, else ``murmur2_random``).
 
-    def __init__(
-        self,
-        conf: dict[str, Any],
-        dlq: str,
-        to: str | None,
-        keys: set[bytes],
-        since_ms: int | None,
-        timeout_s: float,
-        only: set[tuple[int, int]] | None = None,
-    ) -> None:
-        dlt: Any = importlib.import_module("keyedconsumer.middleware.dead_letter")  # its header names
-        self.h_topic: str = dlt.H_TOPIC
-        self.h_partition: str = dlt.H_PARTITION
-        self.h_failed_at: str = dlt.H_FAILED_AT
-        self.h_fqcn: str = dlt.H_FQCN
-        self.prefix: str = dlt.PREFIX
-        self.conf, self.dlq, self.to, self.keys, self.since_ms, self.timeout_s = (
-            conf,
-            dlq,
-            to,
-            keys,
-            since_ms,
-            timeout_s,
+    Raises
+    ------
+    CliError
+        (exit code 2) Neither ``--to``, ``--group`` nor ``--allow-topic``; an unknown partitioner.
+    KafkaClientError
+        The brokers did not answer.
+    """
+    from ..deadletters.targets import ReplayTargets, allowed_topics
+
+    name = partitioner or str(conf.get("partitioner") or DEFAULT_PARTITIONER)
+    if name not in PARTITIONERS:
+        raise CliError(f"partitioner {name!r}: expected one of {', '.join(PARTITIONERS)}", 2)
+    if to is not None:
+        return ReplayTargets(to=to, partitioner=name, repartitioned=repartitioned)
+    if not groups and not allow_topics:
+        raise CliError(
+            "say where the dead letters may go back to: --group (the consumer group whose dead letters "
+            f"they are; also {ENV_PREFIX}GROUP or 'group' in the TOML file), --allow-topic, or --to",
+            2,
         )
-        self.only = only  # (partition, offset) of the records to replay; None: every record
-        self.partition_counts: dict[str, int | None] = {}
-        self.rows: list[dict[str, Any]] = []
-        self.counts = {"sent": 0, "already_replayed": 0, "not_matching": 0, "no_target": 0}
-        self.full: set[int] = set()
+    allowed, because = allowed_topics(conf, groups, allow_topics, timeout_s)
+    return ReplayTargets(allowed=allowed, because=because, partitioner=name, repartitioned=repartitioned)
 
-    def target(self, record: admin.Record) -> tuple[str | None, int | None, str | None]:
-        """``(topic, partition or None, reason it cannot be sent or None)``."""
-        original = _header(record, self.h_topic)
-        topic = self.to or original
-        if topic is None:
-            return None, None, f"no {self.h_topic} header (give --to)"
-        if topic == self.dlq:
-            return None, None, "its target is the dead-letter topic itself"
-        count = self.partitions_of(topic)
-        if count is None:
-            return None, None, f"target topic {topic!r} does not exist"
-        partition = _int_header(record, self.h_partition) if topic == original else None
-        return topic, (partition if partition is not None and 0 <= partition < count else None), None
 
-    def partitions_of(self, topic: str) -> int | None:
-        """The partition count of ``topic`` (``None``: it does not exist), asked once per topic."""
-        if topic not in self.partition_counts:
-            try:
-                from ..kafka import admin
-
-                self.partition_counts[topic] = admin.topic_partitions(self.conf, [topic], self.timeout_s)[
-                    topic
-                ]
-            except KafkaClientError as exc:
-                if exc.code != "UNKNOWN_TOPIC_OR_PART":
-                    raise
-                self.partition_counts[topic] = None
-        return self.partition_counts[topic]
-
-    def matches(self, record: admin.Record) -> bool:
-        if self.only is not None and (record.partition, record.offset) not in self.only:
-            return False
-        if self.keys and record.key not in self.keys:
-            return False
-        if self.since_ms is not None:
-            when = _int_header(record, self.h_failed_at)
-            when = when if when is not None else record.timestamp_ms
-            if when is None or when < self.since_ms:
-                return False
-        return True
-
-    def row(self, record: admin.Record, topic: str, partition: int | None) -> dict[str, Any]:
-        failed_at = _int_header(record, self.h_failed_at)
-        return {
-            "dlq_partition": record.partition,
-            "dlq_offset": record.offset,
-            "key": _show_key(record.key),
-            "topic": topic,
-            "partition": partition,
-            "offset": None,
-            "failed_at_ms": failed_at,
-            "exception": _header(record, self.h_fqcn),
-        }
-
-    def headers(self, record: admin.Record) -> list[tuple[str, bytes | None]]:
-        return [(k, v) for k, v in record.headers if not k.startswith(self.prefix)]
+GroupsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--group",
+        "-g",
+        metavar="GROUP",
+        help="The consumer group whose dead letters these are (repeatable): a record goes back to its "
+        f"original topic only if such a group consumes it. Default: {ENV_PREFIX}GROUP or the TOML file's "
+        "group.",
+        show_default=False,
+    ),
+]
+AllowTopicOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-topic",
+        metavar="TOPIC",
+        help="A topic a record may go back to besides those of --group (repeatable).",
+        show_default=False,
+    ),
+]
+PartitionerOpt = Annotated[
+    Partitioner | None,
+    typer.Option(
+        metavar="NAME",
+        help="The target's producers' partitioner (librdkafka's partitioner property): a record goes to "
+        "its key's partition under it. Default: -X partitioner, else murmur2_random (the Java "
+        "producer's default); librdkafka-based producers default to consistent_random.",
+        show_default=False,
+    ),
+]
+RepartitionedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--repartitioned",
+        help="The original topics gained partitions since the records failed: send a record whose "
+        "key's partition changed to the key's partition now (by default it is left pending).",
+    ),
+]
 
 
 @_reports_errors
@@ -167,10 +157,14 @@ def replay(
         str | None,
         typer.Option(
             metavar="TOPIC",
-            help="Target topic; default: each record's kafka_dlt-original-topic header.",
+            help="Send every record to this topic (default: each record's original topic, if allowed).",
             show_default=False,
         ),
     ] = None,
+    group: GroupsOpt = None,
+    allow_topic: AllowTopicOpt = None,
+    partitioner: PartitionerOpt = None,
+    repartitioned: RepartitionedOpt = False,
     key: Annotated[
         list[str] | None,
         typer.Option("--key", metavar="KEY", help="Replay only records with this key (UTF-8; repeatable)."),
@@ -185,7 +179,8 @@ def replay(
         ),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show what would be sent; send and mark nothing.")
+        bool,
+        typer.Option("--dry-run", help="Show where each record would go; send and mark nothing."),
     ] = False,
     marker_group: Annotated[
         str | None,
@@ -197,6 +192,25 @@ def replay(
         ),
     ] = None,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Records per transaction (1-10000).")] = 500,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Send without asking. On a terminal the replay first shows where each record would go "
+            "and asks; elsewhere (a script, --json) it does not ask.",
+        ),
+    ] = False,
+    audit_topic: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-topic",
+            metavar="TOPIC",
+            help="Write the replay to this audit topic (the Audit middleware's; who, each record's "
+            "target, each left pending; `keyedconsumer audit --outcome ACTION` reads it).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
     brokers: BrokersOpt = None,
     props: PropsOpt = None,
@@ -206,9 +220,13 @@ def replay(
 ) -> None:
     """Re-publish dead-lettered records to their original topic (or --to), once.
 
-    Each record keeps its key, value and headers, minus the failure headers (kafka_dlt-*); it goes to
-    its original partition when the target is its original topic, else the partitioner picks by key.
-    Records are read up to the end offsets seen at start.
+    A record's headers are written by whoever may write to the dead-letter topic, so a record goes
+    back to the topic its header names only if that topic is consumed by --group (the consumer group
+    whose dead letters these are) or listed with --allow-topic; --to sends every record to one topic.
+    Each record goes to the partition its key has in the target now, under --partitioner; a record
+    whose key's partition is not the one it came from is left pending (see --repartitioned). Each
+    keeps its key, value and headers, minus the failure headers (kafka_dlt-*). Records are read up to
+    the end offsets seen at start; --dry-run shows where each would go.
 
     Replaying twice sends nothing twice: a marker in the consumer group keyedconsumer-replay.<dlq>
     (committed offsets plus metadata) records which records were replayed, whatever the target.
@@ -218,11 +236,14 @@ def replay(
     uncommitted records may see the aborted batch's records too. A replay started while another
     runs on the same marker fences the older one off (its next commit fails).
 
-    Records not matching --key/--since stay pending and a later replay sends them. --dry-run reads
-    the marker but sends and marks nothing.
+    Records not matching --key/--since, and records left without a target (with the reason), stay
+    pending and a later replay sends them. --dry-run reads the marker but sends and marks nothing. On
+    a terminal the replay shows where each record would go and asks first (--yes does not ask); it
+    then sends exactly those records to exactly those targets. With --audit-topic the replay is
+    written to the audit trail, as the dashboard's replays are.
     """
     _setup_logging(log_level.value)
-    conf, _ = _client_conf(brokers, props or [], config_file)
+    conf, settings = _client_conf(brokers, props or [], config_file)
     if not 1 <= batch_size <= 10_000:
         raise CliError("--batch-size must be in 1..10000", 2)
     if timeout_s <= 0:
@@ -230,162 +251,109 @@ def replay(
     if to is not None and to == from_topic:
         raise CliError("--to is the dead-letter topic itself", 2)
     since_ms = parse_since(since) if since is not None else None
-    group = marker_group or marker_group_of(from_topic)
-    job = _Replay(conf, from_topic, to, {k.encode() for k in key or []}, since_ms, timeout_s)
-    if to is not None and job.partitions_of(to) is None:
+    groups = group or ([g] if (g := _env_or_toml("group", settings)) else [])
+    targets = replay_targets(
+        conf,
+        to=to,
+        groups=groups,
+        allow_topics=allow_topic or [],
+        partitioner=partitioner.value if partitioner is not None else None,
+        repartitioned=repartitioned,
+        timeout_s=timeout_s,
+    )
+    from ..deadletters.replay import ReplayJob, run_replay
+
+    marker = marker_group or marker_group_of(from_topic)
+    keys = frozenset(k.encode() for k in key or [])
+    job = ReplayJob(conf, from_topic, targets, keys, since_ms, timeout_s=timeout_s)
+    if to is not None and job.planner.partitions_of(to) is None:
         raise CliError(f"target topic {to!r} does not exist", 2)
-    error = _run(job, group, dry_run, batch_size)
-    _replay_report(job, group, dry_run, as_json, error)
+    if not (dry_run or yes or as_json) and sys.stdin.isatty():
+        plan = _plan(job, marker, batch_size)
+        if not plan.rows:  # nothing to send: the report says why
+            _exit_code(plan, None)
+            return
+        if not typer.confirm(f"Send these {len(plan.rows)} record(s) to the targets shown?", default=False):
+            raise CliError("nothing sent: not confirmed", 1)
+        # exactly those records to exactly those targets (one whose target changed meanwhile stays
+        # pending); those left pending in the plan are examined again, and left pending again
+        chosen = {(r["dlq_partition"], r["dlq_offset"]): (r["topic"], r["partition"]) for r in plan.rows}
+        pending = {(r["dlq_partition"], r["dlq_offset"]) for r in plan.refused}
+        job = dataclasses.replace(job, only=frozenset(chosen) | pending, expected=chosen)
+    error = run_replay(job, marker, dry_run, batch_size)
+    _replay_report(job, marker, dry_run, as_json, error)
+    if audit_topic is not None and not dry_run:
+        problem = _audit(conf, audit_topic, job, marker, error, timeout_s)
+        if problem is not None:
+            raise CliError(f"the replay is NOT in the audit trail: {problem}", 1)
+    _exit_code(job, error)
+
+
+def _exit_code(job: ReplayJob, error: str | None) -> None:
+    """Raise the replay's exit: 1 when it failed or left records behind."""
     if error is not None:
         raise CliError(error, 1)
     if job.full or job.counts["no_target"]:
         raise CliError("some records were left behind (see above)", 1)
 
 
-def marker_group_of(dlq: str) -> str:
-    """The default consumer group holding the replay marker of dead-letter topic ``dlq``."""
-    return f"keyedconsumer-replay.{dlq}"
-
-
-def _run(job: _Replay, group: str, dry_run: bool, batch_size: int) -> str | None:
-    """Run a replay job; the error that ended it early (``None``: it ran to the end)."""
-    from ..kafka import admin
-
-    reader = admin.TopicReader(job.conf, job.dlq, group, job.timeout_s)
-    publisher = None
-    error: str | None = None
-    try:
-        if not dry_run:  # first: it fences off an older replay, and aborts what a crashed one left open
-            publisher = admin.TransactionalPublisher(job.conf, group, job.timeout_s)
-        # a dry run does not wait for (nor abort) a transaction a crashed replay left open
-        markers = {
-            p: ReplayMarker.decode(c.offset, c.metadata)
-            for p, c in reader.committed(stable=not dry_run).items()
-        }
-        start = {p: max(m.committed_offset, reader.start_offsets[p]) for p, m in markers.items()}
-        try:
-            _replay_records(job, reader, publisher, markers, start, batch_size)
-        except (KafkaClientError, PublishError) as exc:
-            error = str(exc)
-    finally:
-        if publisher is not None:
-            publisher.close()
-        reader.close()
-    return error
-
-
-def replay_selected(
-    conf: dict[str, Any],
-    dlq: str,
-    records: set[tuple[int, int]],
-    *,
-    to: str | None = None,
-    marker_group: str | None = None,
-    timeout_s: float = 30.0,
-) -> dict[str, Any]:
-    """Replay the dead letters at ``records`` (``(partition, offset)`` pairs of ``dlq``) exactly as
-    ``keyedconsumer dead-letter replay`` does (one transaction per batch, the same replay marker):
-    the others stay pending for a later replay; a record replayed before is not sent again.
-
-    Returns
-    -------
-    ``{"sent", "already_replayed", "not_matching", "no_target", "marker_full_partitions", "error",
-    "records", "marker_group"}`` as in ``replay --json``.
+def _plan(job: ReplayJob, marker: str, batch_size: int) -> ReplayJob:
+    """A dry run of ``job``, reported: where each record would go.
 
     Raises
     ------
-    KafkaClientError
-        The topic does not exist, or the brokers did not answer.
+    CliError
+        (exit code 1) The dry run failed.
     """
-    group = marker_group or marker_group_of(dlq)
-    job = _Replay(conf, dlq, to, set(), None, timeout_s, only=set(records))
-    error = _run(job, group, False, 500)
-    return {
-        **job.counts,
-        "marker_full_partitions": sorted(job.full),
-        "error": error,
-        "records": job.rows,
-        "marker_group": group,
-    }
+    from ..deadletters.replay import run_replay
+
+    plan = dataclasses.replace(job, rows=[], refused=[], counts=dict(job.counts), full=set())
+    error = run_replay(plan, marker, True, batch_size)
+    _replay_report(plan, marker, True, False, error)
+    if error is not None:
+        raise CliError(error, 1)
+    return plan
 
 
-def _replay_records(
-    job: _Replay,
-    reader: admin.TopicReader,
-    publisher: admin.TransactionalPublisher | None,
-    markers: dict[int, ReplayMarker],
-    start: dict[int, int],
-    batch_size: int,
-) -> None:
-    batch: list[tuple[admin.Record, dict[str, Any]]] = []
-    changed: set[int] = set()
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment nor the password database
+        return "unknown"
 
-    def flush() -> None:
-        if not batch:
-            return
-        if publisher is not None:
-            publisher.begin()
-            for record, row in batch:
-                publisher.send(row["topic"], record.key, record.value, job.headers(record), row["partition"])
-            offsets = {(job.dlq, p): (markers[p].committed_offset, markers[p].encode()) for p in changed}
-            delivered = publisher.commit(offsets, reader)
-            for (_, row), (partition, offset) in zip(batch, delivered, strict=True):
-                row["partition"], row["offset"] = partition, offset
-        for _, row in batch:
-            job.rows.append(row)
-        job.counts["sent"] += len(batch)
-        batch.clear()
-        changed.clear()
 
-    for record in reader.read(start):
-        p = record.partition
-        marker = markers[p]
-        if p in job.full:
-            continue
-        if marker.is_replayed(record.offset):
-            job.counts["already_replayed"] += 1
-            continue
-        if not job.matches(record):
-            if not marker.mark(record.offset, replayed=False):
-                job.full.add(p)
-                continue
-            job.counts["not_matching"] += 1
-            changed.add(p)
-            continue
-        topic, partition, reason = job.target(record)
-        if topic is None:
-            if not marker.mark(record.offset, replayed=False):
-                job.full.add(p)
-                continue
-            job.counts["no_target"] += 1
-            log.warning("%s[%d]@%d left behind: %s", job.dlq, p, record.offset, reason)
-            changed.add(p)
-            continue
-        if not marker.mark(record.offset, replayed=True):
-            job.full.add(p)
-            continue
-        changed.add(p)
-        batch.append((record, job.row(record, topic, partition)))
-        if len(batch) >= batch_size:
-            flush()
-    flush()
+def _audit(
+    conf: dict[str, Any], topic: str, job: ReplayJob, marker: str, error: str | None, timeout_s: float
+) -> str | None:
+    """Write the replay's records to the audit topic; why not, or ``None``."""
+    fields, sent = replay_fields(job.dlq, None, job.result(marker, error))
+    c = job.counts
+    ok = error is None and not job.full and not c["no_target"]
+    message = f"{job.dlq}: replayed {c['sent']}; left pending {c['no_target']}" + (
+        f"; error: {error}" if error else ""
+    )
+    audit = ActionAudit(conf, topic, timeout_s=timeout_s, source="cli")
+    try:
+        return audit.write(
+            action_records(
+                "replay",
+                f"cli {getpass.getuser()}",
+                socket.gethostname(),
+                "done" if ok else "failed",
+                message,
+                fields,
+                sent,
+            )
+        )
+    finally:
+        audit.close(timeout_s)
 
 
 def _replay_report(
-    job: _Replay, group: str, dry_run: bool, as_json: bool, error: str | None, limit: int = 200
+    job: ReplayJob, group: str, dry_run: bool, as_json: bool, error: str | None, limit: int = 200
 ) -> None:
     if as_json:
-        _print_json(
-            {
-                "dead_letter_topic": job.dlq,
-                "marker_group": group,
-                "dry_run": dry_run,
-                **job.counts,
-                "marker_full_partitions": sorted(job.full),
-                "error": error,
-                "records": job.rows,
-            }
-        )
+        _print_json({"dead_letter_topic": job.dlq, "dry_run": dry_run, **job.result(group, error)})
         return
     console = _out_console()
     if job.rows:
@@ -394,22 +362,27 @@ def _replay_report(
         for col in ("from", "key", "to", "failed at", "exception"):
             table.add_column(col)
         for row in job.rows[:limit]:
-            where = row["topic"] + ("" if row["partition"] is None else f"[{row['partition']}]")
+            where = f"{row['topic']}[{'any' if row['partition'] is None else row['partition']}]"
             if row["offset"] is not None:
                 where += f"@{row['offset']}"
-            failed = row["failed_at_ms"]
-            failed_text = (
-                "-"
-                if failed is None
-                else dt.datetime.fromtimestamp(failed / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-            )
+            if row["moved_from"] is not None:
+                where += f" (came from [{row['moved_from']}])"
             exc = (row["exception"] or "-").rsplit(".", 1)[-1]
             table.add_row(
-                f"{row['dlq_partition']}@{row['dlq_offset']}", row["key"] or "(null)", where, failed_text, exc
+                f"{row['dlq_partition']}@{row['dlq_offset']}",
+                Text(row["key"] or "(null)"),
+                Text(where),
+                utc_text(row["failed_at_ms"]),
+                Text(exc),
             )
         console.print(table)
         if len(job.rows) > limit:
             console.print(f"... and {len(job.rows) - limit} more (--json lists all)")
+    for r in job.refused[:limit]:
+        console.print(
+            Text(f"left pending {r['dlq_partition']}@{r['dlq_offset']} (key {r['key']}): {r['reason']}"),
+            style="yellow",
+        )
     c = job.counts
     head = f"dry run: would send {c['sent']}, nothing sent or marked" if dry_run else f"sent {c['sent']}"
     console.print(

@@ -11,9 +11,12 @@ from typing import Annotated, Any
 import typer
 
 from ..config import ENV_PREFIX
+from ..kafka.partitioners import DEFAULT_PARTITIONER
 from ..sequencing import redact_url
 from .errors import CliError
+from .layers import Layered
 from .output import _reports_errors, _setup_logging
+from .replay import AllowTopicOpt, Partitioner, PartitionerOpt, RepartitionedOpt
 from .settings import (
     BrokersOpt,
     ConfigOpt,
@@ -35,6 +38,22 @@ def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for flag in values or [] for v in flag.split(",") if v.strip()]
 
 
+def _hosts(flags: list[str] | None, settings: Layered) -> tuple[list[str], str]:
+    """``--allowed-host`` (each flag may hold several, comma-separated), else the environment's or the
+    TOML file's ``web_allowed_hosts`` (a list, or a comma-separated string); and where they came from."""
+    if flags:
+        return _split(flags), "flag --allowed-host"
+    given = settings.values.get("web_allowed_hosts")
+    if given is None:
+        return [], "default"
+    where = settings.where(("web_allowed_hosts",))
+    if isinstance(given, str):
+        return _split([given]), where
+    if isinstance(given, list) and all(isinstance(h, str) for h in given):
+        return _split(given), where
+    raise CliError(f"invalid setting web_allowed_hosts (from {where}): expected a list of host names", 2)
+
+
 @_reports_errors
 def web(
     group: Annotated[
@@ -43,7 +62,8 @@ def web(
             "--group",
             "-g",
             metavar="GROUP",
-            help="Consumer group to show (repeatable); default: every group.",
+            help="Consumer group to show (repeatable); default: every group. A replay sends a dead "
+            "letter back only to a topic one of these groups consumes, or to an --allow-topic.",
         ),
     ] = None,
     redis: Annotated[
@@ -66,6 +86,18 @@ def web(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            metavar="HOST",
+            help="A host name the dashboard answers for besides localhost, 127.0.0.1 and [::1] "
+            "(repeatable; *.example.com for every name below; * for any): the name people reach it by, "
+            f"e.g. its proxy's. Other Host headers get 400 (DNS rebinding). Env {ENV_PREFIX}WEB_ALLOWED_HOSTS "
+            "(comma-separated) or web_allowed_hosts in the TOML file.",
+            show_default=False,
+        ),
+    ] = None,
     enable_actions: Annotated[
         bool,
         typer.Option(
@@ -96,6 +128,9 @@ def web(
         float,
         typer.Option("--refresh", metavar="SECONDS", help="Seconds between page refreshes and samples."),
     ] = 5.0,
+    allow_topic: AllowTopicOpt = None,
+    partitioner: PartitionerOpt = None,
+    repartitioned: RepartitionedOpt = False,
     stall_after_s: Annotated[
         float,
         typer.Option(
@@ -113,11 +148,13 @@ def web(
     """Serve the operations dashboard: consumer groups, Redis keys, dead letters, refreshed live.
 
     Read-only unless --enable-actions is given with an access token: then a person who signs in with
-    the token may replay selected dead letters (as `dead-letter replay`, in transactions), un-park a
-    key now and cancel a scheduled message; each action asks for confirmation and is logged to
+    the token may replay selected dead letters (as `dead-letter replay`, in transactions: only to
+    topics --group consumes or --allow-topic lists, each to its key's partition now under
+    --partitioner), un-park a key now and cancel a scheduled message; each action asks for
+    confirmation (a replay shows each record's target topic and partition) and is logged to
     keyedconsumer.web.actions, and with --audit-topic written to that audit topic (who, what, which
     key and offsets, the result). Brokers and Redis are asked once per --refresh seconds, whatever the
-    number of open pages.
+    number of open pages. It answers only requests whose Host is a loopback name or --allowed-host.
     """
     _setup_logging(log_level.value)
     logging.getLogger("keyedconsumer.web.actions").setLevel(logging.INFO)
@@ -125,11 +162,22 @@ def web(
         import uvicorn
 
         from ..web import WebOptions, create_app
+        from ..web.hosts import allowed_hosts
     except ImportError as exc:
         raise CliError(
             f"the dashboard needs the web extra: pip install 'keyedconsumer[web]' ({exc.name} is missing)", 2
         ) from None
     conf, toml = _client_conf(brokers, props or [], config_file)
+    hosts, hosts_from = _hosts(allowed_host, toml)
+    try:
+        allowed = allowed_hosts(hosts)
+    except ValueError as exc:
+        raise CliError(f"invalid setting web_allowed_hosts (from {hosts_from}): {exc}", 2) from None
+    partitioner_name = partitioner.value if partitioner is not None else str(conf.get("partitioner") or "")
+    if partitioner_name and partitioner_name not in Partitioner.__members__:
+        raise CliError(
+            f"partitioner {partitioner_name!r}: expected one of {', '.join(Partitioner.__members__)}", 2
+        )
     groups = _split(group) or _split([g] if (g := _env_or_toml("group", toml)) else None)
     redis = redis or _env_or_toml("redis", toml)
     audit_topic = audit_topic or os.environ.get(AUDIT_TOPIC_ENV) or None
@@ -157,13 +205,18 @@ def web(
         interval_s=refresh_s,
         stall_after_s=stall_after_s,
         timeout_s=timeout_s,
+        allowed_hosts=hosts,
+        allow_topics=_split(allow_topic),
+        partitioner=partitioner_name or DEFAULT_PARTITIONER,
+        repartitioned=repartitioned,
     )
     app = create_app(options)
     log = logging.getLogger("keyedconsumer.web")
     log.warning(
-        "dashboard on http://%s:%d (%s; brokers %s%s)",
+        "dashboard on http://%s:%d for hosts %s (%s; brokers %s%s)",
         host,
         port,
+        ", ".join(allowed),
         (
             "actions enabled"
             + (f", written to the audit topic {audit_topic}" if audit_topic else ", logged only")

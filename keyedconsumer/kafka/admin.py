@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, NoReturn
 
 from confluent_kafka import (
@@ -506,7 +506,7 @@ class TopicReader:
             for tp in tps
         }
 
-    def read(self, start: dict[int, int]) -> Iterator[Record]:
+    def read(self, start: dict[int, int]) -> Generator[Record, None, None]:
         """Yield the records from ``start[partition]`` up to the end offsets seen at start, in offset
         order per partition (partitions interleave). A partition missing from ``start`` is not read;
         an offset below the log start reads from the log start.
@@ -524,7 +524,9 @@ class TopicReader:
         last_progress = time.monotonic()
         try:
             while todo:
-                batch = self._consumer.consume(500, 0.5)
+                # consume() waits for a full batch or its timeout: short, so that the last records of a
+                # small topic come without waiting (the loop ends when each partition reached its end)
+                batch = self._consumer.consume(500, 0.05)
                 if not batch and time.monotonic() - last_progress > self.timeout_s:
                     where = ", ".join(f"{self.topic}[{p}] at {o}" for p, o in sorted(todo.items()))
                     raise KafkaClientError(

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,28 +24,27 @@ from urllib.parse import parse_qs, urlencode
 import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli.errors import CliError
-from ..cli.output import _age
-from ..cli.replay import parse_since, replay_selected
-from ..errors import KafkaClientError, PublishError
-from ..sequencing import cancel_scheduled, redact_url, unpark_now
-from ..sequencing.keys import key_of
-from .audit import ActionAudit, action_record
+from ..action_audit import ActionAudit
+from ..errors import KafkaClientError
+from ..formatting import TIME_FORMS, age, parse_time
+from ..kafka.partitioners import DEFAULT_PARTITIONER
+from ..sequencing import redact_url
+from .actions import Actions, ReplayScope, actions_log
 from .auth import COOKIE, Guard
 from .chart import throughput_chart
-from .deadletters import DeadLetterReader, Filters
+from .deadletters import MAX_SHOWN_BYTES, DeadLetterReader, Filters
+from .hosts import allowed_hosts
 from .sampler import Sampler
 
 __all__ = ["WebOptions", "create_app"]
 
 log = logging.getLogger("keyedconsumer.web")
-#: One record per action (who, what, the outcome): the audit log.
-actions_log = logging.getLogger("keyedconsumer.web.actions")
 
 _HERE = Path(__file__).parent
 PAGE_ROWS = 100
@@ -63,9 +61,14 @@ class WebOptions:
     ``conf``: librdkafka properties; ``groups``, ``namespaces``, ``dead_letter_topics``: as
     :class:`~keyedconsumer.web.sampler.Sampler` takes them; ``actions``: enable the actions (needs
     ``token``); ``audit_topic``: write each action to this audit topic (the ``Audit`` middleware's,
-    on the same brokers, :mod:`keyedconsumer.web.audit`), ``None``: to the log only;
+    on the same brokers, :mod:`keyedconsumer.action_audit`), ``None``: to the log only;
     ``refresh_s``: seconds between a page's refreshes; ``interval_s``: between samples;
-    ``timeout_s``: bound of one broker or Redis call, and of an audit record's write (seconds).
+    ``timeout_s``: bound of one broker or Redis call, and of an audit record's write (seconds);
+    ``allowed_hosts``: the host names (``Host`` header) the dashboard answers for, besides the
+    loopback names :data:`~keyedconsumer.web.hosts.LOOPBACK_HOSTS` (:mod:`.hosts`; ``*.example.com``
+    for subdomains); ``allow_topics``: the topics a replay may send a dead letter to besides those
+    ``groups`` consume; ``partitioner``: the target topics' producers' partitioner (librdkafka's
+    name); ``repartitioned``: send a record whose key's partition changed to its partition now.
     """
 
     conf: dict[str, Any]
@@ -81,12 +84,16 @@ class WebOptions:
     stall_after_s: float = 60.0
     timeout_s: float = 10.0
     dead_letters_per_partition: int = 200
+    allowed_hosts: list[str] = dataclasses.field(default_factory=list)
+    allow_topics: list[str] = dataclasses.field(default_factory=list)
+    partitioner: str = DEFAULT_PARTITIONER
+    repartitioned: bool = False
 
 
 def _when(epoch_s: float | None, now_s: float) -> str:
     if epoch_s is None:
         return "-"
-    return f"in {_age(epoch_s - now_s)}" if epoch_s >= now_s else f"{_age(now_s - epoch_s)} ago"
+    return f"in {age(epoch_s - now_s)}" if epoch_s >= now_s else f"{age(now_s - epoch_s)} ago"
 
 
 def _page(items: list[Any], page: int, size: int = PAGE_ROWS) -> tuple[list[Any], int, int]:
@@ -131,13 +138,34 @@ class _Dashboard:
             timeout_s=options.timeout_s,
         )
         self.guard = Guard(options.token if options.actions else None)
+        scope = ReplayScope(
+            options.conf,
+            options.groups,
+            options.allow_topics,
+            options.partitioner,
+            options.repartitioned,
+            options.timeout_s,
+        )
+        self.actions = Actions(
+            options.conf,
+            self.guard,
+            self.sampler,
+            self.dead_letters,
+            scope,
+            self.audit,
+            options.redis_url,
+            options.timeout_s,
+        )
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,  # every value is escaped, whatever the template's name
             undefined=jinja2.StrictUndefined,
         )
         self.env.globals.update(
-            age=_age, when=_when, qs=lambda **kw: urlencode({k: v for k, v in kw.items() if v})
+            age=age,
+            when=_when,
+            max_shown=MAX_SHOWN_BYTES,
+            qs=lambda **kw: urlencode({k: v for k, v in kw.items() if v}),
         )
 
     # -- rendering --------------------------------------------------------------------------------
@@ -236,31 +264,31 @@ class _Dashboard:
             if not text:
                 return None
             try:
-                return parse_since(text)
-            except CliError:
-                problems.append(
-                    f"{name}: expected an ISO 8601 time (2026-11-30T12:00:00Z) or epoch milliseconds"
-                )
+                return parse_time(text)
+            except ValueError:
+                problems.append(f"{name}: expected {TIME_FORMS}")
                 return None
 
         filters = Filters(
-            args.get("key", "").strip(), args.get("error", "").strip(), when("since"), when("until")
+            _key_filter(args.get("key", ""), args.get("key_hex", ""), problems),
+            args.get("error", "").strip(),
+            when("since"),
+            when("until"),
         )
         error = None
-        records = []
+        listing = None
         if topic not in self.sampler.snapshot().dead_letter_topics:  # only dead letters are read here
             error = f"{topic} is not a dead-letter topic shown here (deleted?)"
         else:
             try:
-                records = await run_in_threadpool(self.dead_letters.records, topic)
+                listing = await run_in_threadpool(self.dead_letters.records, topic, filters)
             except KafkaClientError as exc:
                 error = (
                     f"topic {topic} does not exist (deleted?)"
                     if exc.code == "UNKNOWN_TOPIC_OR_PART"
                     else str(exc)
                 )
-        matching = [d for d in records if filters.match(d)]
-        rows, page, pages = _page(matching, _int_arg(request, "page"))
+        rows, page, pages = _page(listing.rows if listing else [], _int_arg(request, "page"))
         return self.render(
             request,
             "dead_letter_records.html",
@@ -269,11 +297,11 @@ class _Dashboard:
             rows=rows,
             page=page,
             pages=pages,
-            total=len(records),
-            matching=len(matching),
+            listing=listing,
+            searched=filters.given,
             error=error,
             problems=problems,
-            f={k: args.get(k, "") for k in ("key", "error", "since", "until")},
+            f={k: args.get(k, "") for k in ("key", "key_hex", "error", "since", "until")},
         )
 
     # -- sign-in ------------------------------------------------------------------------------------
@@ -301,158 +329,16 @@ class _Dashboard:
         response.delete_cookie(COOKIE, path="/")
         return response
 
-    # -- actions ------------------------------------------------------------------------------------
 
-    async def _action(
-        self, request: Request, name: str, run: Callable[[dict[str, Any]], _Result]
-    ) -> Response:
-        client = request.client.host if request.client else "?"
-        if not self.guard.enabled:
-            return JSONResponse(
-                {"ok": False, "message": "actions are off (start with --enable-actions)"}, 403
-            )
-        sid, authorization = request.cookies.get(COOKIE), request.headers.get("authorization")
-        if not self.guard.allowed(sid, request.headers.get("x-csrf-token"), authorization):
-            actions_log.warning("action %s refused from %s: not signed in or no CSRF token", name, client)
-            return JSONResponse({"ok": False, "message": "sign in with the access token first"}, 403)
-        who = self.guard.who(sid, authorization)
-        body: dict[str, Any] = {}
+def _key_filter(text: str, hex_text: str, problems: list[str]) -> bytes | None:
+    """The exact key to search for: ``key`` (its UTF-8 bytes) or ``key_hex`` (a binary key)."""
+    if hex_text.strip():
         try:
-            body = json.loads((await request.body())[: 1 << 20] or b"{}")
-            if not isinstance(body, dict):
-                body = {}
-                raise ValueError("expected a JSON object")
-            ok, message, fields, sent = await run_in_threadpool(run, body)
-            result, status = ("done", 200) if ok else ("failed", 409)
-        except (KeyError, TypeError, ValueError) as exc:
-            ok, message, fields, sent = False, f"bad request: {exc}", _asked(body), []
-            result, status = "bad request", 400
-        except (KafkaClientError, PublishError) as exc:
-            ok, message, fields, sent = False, str(exc), _asked(body), []
-            result, status = "failed", 409
-        except Exception as exc:  # StoreUnavailable: Redis did not answer
-            ok, message, fields, sent = False, f"{type(exc).__name__}: {exc}", _asked(body), []
-            result, status = "failed", 409
-        actions_log.info("action %s by %s from %s: %s (%s)", name, who, client, message, result)
-        if self.audit is not None:
-            key = fields.pop("key", None)
-            records = [action_record(name, who, client, result, message, key, **fields)]
-            records += [
-                action_record(
-                    name, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row
-                )
-                for k, row in sent
-            ]
-            problem = await run_in_threadpool(self.audit.write, records)
-            if problem is not None:
-                message += f" (NOT in the audit trail: {problem})"
-        if status != 400:
-            self.sampler.refresh_soon()
-        return JSONResponse({"ok": ok, "message": message}, status)
-
-    def _replay(self, body: dict[str, Any]) -> _Result:
-        topic = str(body["topic"])
-        if topic not in self.sampler.snapshot().dead_letter_topics:
-            raise ValueError(f"{topic!r} is not a dead-letter topic shown here")
-        records = {(int(p), int(o)) for p, o in body["records"]}
-        if not records or len(records) > 10_000:
-            raise ValueError("select 1 to 10000 records")
-        result = replay_selected(self.o.conf, topic, records, timeout_s=max(30.0, self.o.timeout_s))
-        self.dead_letters.forget(topic)
-        where = ", ".join(
-            f"{r['dlq_partition']}@{r['dlq_offset']} -> {r['topic']}[{r['partition']}]@{r['offset']}"
-            for r in result["records"][:20]
-        )
-        message = (
-            f"{topic}: replayed {result['sent']} of {len(records)} selected"
-            + (f" ({where})" if where else "")
-            + (f"; already replayed {result['already_replayed']}" if result["already_replayed"] else "")
-            + (f"; without a target {result['no_target']}" if result["no_target"] else "")
-            + (f"; error: {result['error']}" if result["error"] else "")
-        )
-        fields = {
-            "dlq_topic": topic,
-            "selected": len(records),
-            "records": [list(r) for r in sorted(records)[:1000]],
-        }
-        sent = [
-            (
-                None if r["key"] is None else str(r["key"]).encode(),
-                {
-                    "dlq_topic": topic,
-                    "dlq_partition": r["dlq_partition"],
-                    "dlq_offset": r["dlq_offset"],
-                    "topic": r["topic"],
-                    "partition": r["partition"],
-                    "offset": r["offset"],
-                },
-            )
-            for r in result["records"]
-        ]
-        return result["error"] is None and result["sent"] > 0, message, fields, sent
-
-    def _redis_target(self, body: dict[str, Any]) -> tuple[str, str]:
-        if not self.o.redis_url:
-            raise ValueError("no Redis sequencer (start with --redis)")
-        ns = str(body["namespace"])
-        if ns not in self.sampler.snapshot().redis:
-            raise ValueError(f"namespace {ns!r} is not shown here")
-        return self.o.redis_url, ns
-
-    def _unpark(self, body: dict[str, Any]) -> _Result:
-        url, ns = self._redis_target(body)
-        lid = str(body["lid"])
-        ok = unpark_now(url, ns, lid)
-        fields: dict[str, Any] = {"namespace": ns, "lid": lid, "key": key_of(lid)}
-        if lid.startswith("p."):  # a partition's lease: its topic and partition
-            _, topic_hex, part = lid.split(".", 2)
-            fields.update(topic=bytes.fromhex(topic_hex).decode(errors="replace"), partition=int(part))
-        return ok, f"{ns}: key {lid} due now" if ok else f"{ns}: key {lid} has no parked messages", fields, []
-
-    def _cancel(self, body: dict[str, Any]) -> _Result:
-        url, ns = self._redis_target(body)
-        sid = str(body["id"])
-        ok = cancel_scheduled(url, ns, sid)
-        shown: dict[str, Any] = next(
-            (
-                m
-                for m in self.sampler.snapshot().redis[ns].get("scheduled_messages", [])
-                if m.get("id") == sid
-            ),
-            {},
-        )
-        fields = {
-            "namespace": ns,
-            "scheduled_id": sid,
-            "topic": shown.get("topic"),
-            "key": None if shown.get("key") is None else str(shown["key"]).encode(),
-        }
-        return (
-            ok,
-            f"{ns}: scheduled message {sid} cancelled" if ok else f"{ns}: {sid} is not scheduled (any more)",
-            fields,
-            [],
-        )
-
-    async def replay(self, request: Request) -> Response:
-        return await self._action(request, "replay", self._replay)
-
-    async def unpark(self, request: Request) -> Response:
-        return await self._action(request, "unpark", self._unpark)
-
-    async def cancel(self, request: Request) -> Response:
-        return await self._action(request, "cancel-scheduled", self._cancel)
-
-
-#: What an action's run returns: ``(ok, message for the page, the audit record's fields (``key``: the
-#: message key as bytes), [(key, fields)] of one more record each (the dead letters a replay sent))``.
-_Result = tuple[bool, str, dict[str, Any], list[tuple[bytes | None, dict[str, Any]]]]
-
-
-def _asked(body: dict[str, Any]) -> dict[str, Any]:
-    """What a request that could not run asked for, for its audit record (each value cut to 200 characters)."""
-    names = {"namespace": "namespace", "lid": "lid", "id": "scheduled_id", "topic": "dlq_topic"}
-    return {field: str(body[k])[:200] for k, field in names.items() if k in body}
+            return bytes.fromhex(hex_text.strip())
+        except ValueError:
+            problems.append("key_hex: expected the key's bytes in hex (0-9, a-f)")
+            return None
+    return text.encode("utf-8", "surrogatepass") if text else None
 
 
 def create_app(
@@ -471,7 +357,7 @@ def create_app(
     sampler:
         A sampler to read from (tests); by default one is built from ``options``.
     audit:
-        Where the actions are written (tests); by default an :class:`~keyedconsumer.web.audit.ActionAudit`
+        Where the actions are written (tests); by default an :class:`~keyedconsumer.action_audit.ActionAudit`
         on ``options.audit_topic``, if given.
     start_sampler:
         Start the sampler's thread with the app (and stop it at shutdown).
@@ -479,10 +365,12 @@ def create_app(
     Raises
     ------
     ValueError
-        Actions enabled without a token.
+        Actions enabled without a token; an allowed host that is not a host name, pattern or
+        address; an unknown partitioner.
     """
     if options.actions and not options.token:
         raise ValueError("actions need an access token")
+    hosts = allowed_hosts(options.allowed_hosts)
     d = _Dashboard(options, sampler, audit)
 
     @asynccontextmanager
@@ -510,12 +398,15 @@ def create_app(
         Route("/login", d.login_form, methods=["GET"]),
         Route("/login", d.login, methods=["POST"]),
         Route("/logout", d.logout, methods=["POST"]),
-        Route("/actions/replay", d.replay, methods=["POST"]),
-        Route("/actions/unpark", d.unpark, methods=["POST"]),
-        Route("/actions/cancel-scheduled", d.cancel, methods=["POST"]),
+        Route("/actions/replay-plan", d.actions.replay_plan, methods=["POST"]),
+        Route("/actions/replay", d.actions.replay, methods=["POST"]),
+        Route("/actions/unpark", d.actions.unpark, methods=["POST"]),
+        Route("/actions/cancel-scheduled", d.actions.cancel, methods=["POST"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
+    # the Host check (a DNS-rebinding page gets 400), inside the security headers (so its answer has them)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)
     app.add_middleware(_SecurityHeaders)
     app.state.dashboard = d
     return app

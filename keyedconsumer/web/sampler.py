@@ -1,7 +1,7 @@
 """What the dashboard shows of Kafka and Redis, gathered by one background thread.
 
 Every ``interval_s`` seconds the sampler asks the brokers (through :mod:`keyedconsumer.kafka.admin`
-and :func:`keyedconsumer.cli.inspect.group_rows`, the code of ``keyedconsumer inspect``) and Redis
+and :func:`keyedconsumer.groups.group_rows`, as ``keyedconsumer inspect`` does) and Redis
 (:func:`keyedconsumer.sequencing.inspect_redis`) once, whatever the number of open pages: a page
 only reads the latest snapshot. It keeps each group's committed and end offsets over the last
 ``history_s`` seconds for the throughput chart, and when each partition's committed offset last
@@ -18,8 +18,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..cli.inspect import group_rows
 from ..errors import KafkaClientError
+from ..groups import group_rows
 from ..kafka import TP, admin
 from ..sequencing import inspect_redis, redact_url
 

@@ -19,6 +19,9 @@ import pytest
 CHROMIUM = os.environ.get("KC_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("KC_CHROMEDRIVER", "/usr/bin/chromedriver")
 APT_HINT = "install Debian's browser and driver: apt-get install -y chromium chromium-driver"
+#: Names the browser resolves to the loopback address, as a DNS-rebinding attacker's name would be
+#: after the rebind (``rebind.test``), and as a proxy's name would be (``dash.test``, ``toml.test``).
+REBOUND_NAMES = ("rebind.test", "dash.test", "toml.test")
 
 
 def _unavailable(what: str) -> None:
@@ -49,6 +52,7 @@ def browser() -> Iterator[Any]:
         "--disable-extensions",
         "--no-first-run",
         "--password-store=basic",
+        "--host-resolver-rules=" + ", ".join(f"MAP {name} 127.0.0.1" for name in REBOUND_NAMES),
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

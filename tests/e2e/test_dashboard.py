@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from keyedconsumer.middleware import DeadLetter, Retry
 
 from keyedconsumer import KeyedConsumer, Message, PermanentError, RedisSequencer
+from keyedconsumer.kafka.partitioners import partition_for
 from keyedconsumer.sequencing import inspect_redis
 
 from ..integration.conftest import Running
@@ -137,6 +138,8 @@ def dashboard(scene: Scene, redis_url: str, tmp_path_factory: pytest.TempPathFac
             "30",
             "--audit-topic",
             scene.audit_topic,
+            "--partitioner",  # the scene's producers are librdkafka's (its default partitioner)
+            "consistent_random",
         ],
         {"KEYEDCONSUMER_WEB_TOKEN": TOKEN},
         tmp_path_factory.mktemp("web") / "dashboard.log",
@@ -370,15 +373,33 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(
     browser.get(f"{dashboard.url}/dead-letters/{scene.dlq}?key=poison-1")
     _click(browser, "input.select", "a checkbox")
     browser.find_element("id", "replay-selected").click()
-    assert "Replay 1 dead letter(s)" in browser.find_element("id", "confirm-text").text
+    # then the confirmation names the record's target: its original topic, its key's partition now
+    partition = partition_for("consistent_random", b"poison-1", 2)
+    _wait(
+        browser, lambda d: d.find_element("id", "confirm").get_attribute("open") is not None, what="confirm"
+    )
+    text = browser.find_element("id", "confirm-text").text
+    assert (
+        "Replay 1 of the 1 selected dead letter(s)" in text
+        and f"(key poison-1) -> {scene.topic}[{partition}]" in text
+    ), text
+    _shot(browser, "replay-confirm")
     _confirm(browser)
-    # then it is sent once, consumed again by the running consumer, and shown as replayed
+    # then it is sent once, consumed again by the running consumer, and shown as replayed; the page
+    # says so where it can be seen
     _wait(
         browser,
         lambda d: "replayed 1 of 1 selected" in d.find_element("id", "flash").text,
         40,
         "the replay's answer",
     )
+    flash = browser.find_element("id", "flash")
+    assert flash.is_displayed() and flash.get_attribute("class") == "ok"
+    assert browser.execute_script(
+        "const r = arguments[0].getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight;",
+        flash,
+    ), "the success message is in view"
+    assert f"-> {scene.topic}[{partition}]@" in flash.text
     assert wait_until(lambda: scene.values_seen(b"not json 1") == 2, 30), scene.seen
     _wait(
         browser,
@@ -436,6 +457,9 @@ def test_a_signed_in_person_replays_a_dead_letter_and_unparks_a_key(
         and summary["records"] == [[0, sent["dlq_offset"]]]
     )
     assert sent["topic"] == scene.topic and sent["offset"] is not None
+    assert sent["partition"] == partition and summary["targets"] == [
+        [0, sent["dlq_offset"], scene.topic, partition]
+    ]
 
 
 @pytest.mark.timeout(60)

@@ -866,12 +866,17 @@ def test_poison_to_dead_letter_then_replay_once(kafka_bootstrap: str, tmp_path: 
         values = [m.value() for m in sorted(out, key=lambda m: (m.partition(), m.offset())) if m.key() == k]
         assert values == sorted(values, key=lambda v: int(v.split(b"-")[1]))
 
-    # when replaying to the original topic under another marker, each record goes to its original partition
+    # when replaying to the original topic (the group consumes it) under another marker, with the
+    # partitioner the topic's producer used, each record goes to its key's partition: its original one
     data = cli_json(
         "dead-letter",
         "replay",
         "--from",
         dlq,
+        "--group",
+        group,
+        "--partitioner",
+        "consistent_random",
         "--marker-group",
         f"other-{group}",
         "--brokers",
@@ -904,7 +909,7 @@ def test_replay_since_and_bad_input(kafka_bootstrap: str) -> None:
             {"topic": topic, "key": b"new", "value": b"2", "failed_at_ms": now_ms},
         ],
     )
-    base = ["dead-letter", "replay", "--from", dlq, "--brokers", kafka_bootstrap]
+    base = ["dead-letter", "replay", "--from", dlq, "--allow-topic", topic, "--brokers", kafka_bootstrap]
     # when replaying --since 10 minutes ago (ISO, and epoch ms), then only the new record is taken
     since_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_ms / 1000 - 600))
     for since in (since_iso, str(now_ms - 600_000)):
@@ -927,7 +932,14 @@ def test_replay_since_and_bad_input(kafka_bootstrap: str) -> None:
         assert result.exit_code == 2, (args, result.output)
         assert expected in result.output
     result = cli(
-        "dead-letter", "replay", "--from", f"missing-{uuid.uuid4().hex}", "--brokers", kafka_bootstrap
+        "dead-letter",
+        "replay",
+        "--from",
+        f"missing-{uuid.uuid4().hex}",
+        "--allow-topic",
+        topic,
+        "--brokers",
+        kafka_bootstrap,
     )
     assert result.exit_code == 1 and "does not exist" in result.output
 

@@ -111,7 +111,7 @@ def test_the_last_error_is_stored_shown_escaped_and_each_action_reaches_the_audi
         )
         app = create_app(options, start_sampler=False)
         app.state.dashboard.sampler.sample()
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             page = client.get(f"/keys?ns={ns}").text
             # then the parked key's last error is there, escaped
             assert (

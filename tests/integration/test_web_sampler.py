@@ -59,7 +59,7 @@ def test_a_deleted_dead_letter_topic_reads_as_missing(kafka_bootstrap, new_topic
     dlq = new_topic(1)
     produce(kafka_bootstrap, dlq, [(b"k", b"v", 0)])
     reader = DeadLetterReader({"bootstrap.servers": kafka_bootstrap}, cache_s=0.0)
-    assert [d.key for d in reader.records(dlq)] == ["k"]
+    assert [d.key.text for d in reader.records(dlq).rows if d.key is not None] == ["k"]
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.delete_topics([dlq])[dlq].result(30)
 

@@ -330,3 +330,89 @@ def test_no_import_inside_a_function_only_dodges_a_circle() -> None:
     planted = "def f() -> None:\n    from .config import ConsumerConfig\n"
     assert lazy_imports(planted, "keyedconsumer.app", heavy)
     assert not lazy_imports("def f() -> None:\n    import uvloop\n", "keyedconsumer.app", heavy)
+
+
+# -- layers: the faces (cli/, web/) are built on library modules, never the library on them, nor web/
+# on cli/ --------------------------------------------------------------------------------------------
+
+#: The faces: the command line and the dashboard.
+FACES = ("keyedconsumer.cli", "keyedconsumer.web")
+
+
+def _module_name(path: Path) -> str:
+    parts = ["keyedconsumer", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(name: str, is_package: bool, source: str) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import statement of a module, anywhere in it (functions too),
+    relative imports resolved; ``from m import x`` names ``m.x`` (``x`` may be a submodule)."""
+    package = name if is_package else name.rpartition(".")[0]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out += [(node.lineno, f"{base}.{alias.name}" if base else alias.name) for alias in node.names]
+    return out
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer_violations(sources: dict[str, tuple[bool, str]]) -> list[str]:
+    """Each import that breaks the layers, in ``{module name: (is a package, source)}``: a module of
+    ``web/`` importing ``cli/``, or a library module (neither face, nor ``__main__``) importing a face."""
+    found = []
+    for name, (is_package, source) in sorted(sources.items()):
+        if name == "keyedconsumer.__main__":  # the console script: the command line's entry point
+            continue
+        face = next((f for f in FACES if _within(name, f)), None)
+        for line, imported in _imports(name, is_package, source):
+            if face == "keyedconsumer.web" and _within(imported, "keyedconsumer.cli"):
+                found.append(f"{name}:{line}: the dashboard imports the command line: {imported}")
+            if face is None and any(_within(imported, f) for f in FACES):
+                found.append(f"{name}:{line}: library code imports a face: {imported}")
+    return found
+
+
+def _package_sources() -> dict[str, tuple[bool, str]]:
+    return {_module_name(p): (p.name == "__init__.py", p.read_text()) for p in PACKAGE.rglob("*.py")}
+
+
+def test_the_dashboard_never_imports_the_command_line_nor_the_library_a_face() -> None:
+    # given every module of the package
+    sources = _package_sources()
+    assert "keyedconsumer.web.app" in sources and "keyedconsumer.deadletters.replay" in sources
+    # then no import crosses the layers (web/ on cli/, the library on cli/ or web/)
+    assert layer_violations(sources) == []
+
+
+def test_a_planted_layer_violation_is_caught() -> None:
+    # given the package with planted imports that cross the layers, each form of import once
+    sources = _package_sources()
+    planted = {
+        "keyedconsumer.web.planted_a": "from ..cli.replay import parse_since\n",
+        "keyedconsumer.web.planted_b": "def f():\n    import keyedconsumer.cli.output\n",
+        "keyedconsumer.web.planted_c": "from keyedconsumer.cli import app\n",
+        "keyedconsumer.web.planted_d": "from .. import cli\n",
+        "keyedconsumer.deadletters.planted_e": "from ..web.hosts import allowed_hosts\n",
+        "keyedconsumer.planted_f": "from .cli.errors import CliError\n",
+    }
+    sources.update({name: (False, text) for name, text in planted.items()})
+    # when the layers are checked, then each planted import is named, and nothing else
+    found = layer_violations(sources)
+    assert sorted(f.split(":")[0] for f in found) == sorted(planted), found
+    # and the command line may build on the library and launch the dashboard
+    ok = {
+        "keyedconsumer.cli.planted": (
+            False,
+            "from ..deadletters import replay_selected\nfrom ..web import create_app\n",
+        )
+    }
+    assert layer_violations(ok) == []

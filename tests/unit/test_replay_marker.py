@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from keyedconsumer.cli.marker import MAX_MARKER_CHARS, ReplayMarker
+from keyedconsumer.deadletters.marker import MAX_MARKER_CHARS, ReplayMarker
 
 
 @pytest.mark.timeout(60)

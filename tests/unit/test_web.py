@@ -55,7 +55,7 @@ def _client(snap: Snapshot, **options: Any) -> TestClient:
         sampler=FixedSampler(snap),
         start_sampler=False,
     )
-    return TestClient(app)
+    return TestClient(app, base_url="http://127.0.0.1")
 
 
 def _snap(**kw: Any) -> Snapshot:
@@ -264,7 +264,7 @@ def test_only_dead_letter_topics_are_read() -> None:
 
 
 def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
-    from keyedconsumer.web.audit import ActionAudit
+    from keyedconsumer.action_audit import ActionAudit
 
     audit = ActionAudit({}, "web.audit", publisher=broker.publisher)
     app = create_app(
@@ -273,7 +273,7 @@ def _audited(snap: Snapshot, broker: Any, **options: Any) -> TestClient:
         start_sampler=False,
         audit=audit,
     )
-    return TestClient(app)
+    return TestClient(app, base_url="http://localhost")
 
 
 @pytest.mark.timeout(30)
@@ -283,13 +283,13 @@ def test_each_action_is_written_to_the_audit_topic_with_its_session_and_result(
     import json
 
     from keyedconsumer.testing import InMemoryBroker
-    from keyedconsumer.web import app as web_app
+    from keyedconsumer.web import actions as web_actions
 
     # given a dashboard whose actions go to an audit topic (Redis stubbed here: tests/e2e use the real one)
     broker = InMemoryBroker()
     broker.create_topic("web.audit", partitions=3)
-    monkeypatch.setattr(web_app, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
-    monkeypatch.setattr(web_app, "cancel_scheduled", lambda url, ns, sid: True)
+    monkeypatch.setattr(web_actions, "unpark_now", lambda url, ns, lid: lid == "k.6b6579")
+    monkeypatch.setattr(web_actions, "cancel_scheduled", lambda url, ns, sid: True)
     snap = _snap(
         redis={
             "ns": {"scheduled_messages": [{"id": "a" * 32, "key": "later", "topic": "orders", "due_s": 5.0}]}
@@ -408,3 +408,178 @@ def test_the_audit_topic_comes_from_the_option_or_the_environment(monkeypatch: p
     assert runner.invoke(cli_app, base, env=env).exit_code == 0
     audits = [app.state.dashboard.audit for app in served]
     assert [a.topic if a else None for a in audits] == ["ops.audit", "env.audit", None]
+
+
+# -- the hosts the dashboard answers (DNS rebinding), its replay scope ---------------------------------
+
+
+def test_an_allowed_host_is_a_name_a_pattern_or_an_address() -> None:
+    from keyedconsumer.web.hosts import LOOPBACK_HOSTS, allowed_hosts, host_pattern
+
+    assert host_pattern(" Dash.Example.COM. ") == "dash.example.com"
+    assert host_pattern("*.proxy.example") == "*.proxy.example"
+    assert host_pattern("::1") == host_pattern("[::1]") == "[::1]"
+    assert host_pattern("10.0.0.5") == "10.0.0.5" and host_pattern("*") == "*"
+    for bad in ("http://dash.example", "dash.example:8080", "a.*.example", "dash example", "-x.example", ""):
+        with pytest.raises(ValueError, match="expected a host name"):
+            host_pattern(bad)
+    assert allowed_hosts(["localhost", "dash.example"]) == [*LOOPBACK_HOSTS, "dash.example"]
+
+
+@pytest.mark.timeout(30)
+def test_the_dashboard_answers_only_its_hosts() -> None:
+    client = _client(_snap(dead_letter_topics=["t.dlq"]), allowed_hosts=["dash.example", "*.proxy.example"])
+    for host in ("localhost", "127.0.0.1", "[::1]:8080", "dash.example:8080", "a.proxy.example"):
+        assert client.get("/groups", headers={"host": host}).status_code == 200, host
+    for host in (
+        "rebind.attacker.example",
+        "dash.example.attacker.example",
+        "proxy.example",
+        "127.0.0.1.nip.io",
+    ):
+        r = client.get("/dead-letters/t.dlq", headers={"host": host})
+        assert r.status_code == 400 and r.text == "Invalid host header", host
+        assert "default-src 'none'" in r.headers["content-security-policy"]  # the answer has the headers too
+    with pytest.raises(ValueError, match="allowed host"):
+        _client(_snap(), allowed_hosts=["http://dash.example"])
+
+
+@pytest.mark.timeout(30)
+def test_the_web_command_takes_allowed_hosts_from_the_flag_the_environment_or_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from keyedconsumer.cli import app as cli_app
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    runner = CliRunner()
+    toml = tmp_path / "kc.toml"
+    toml.write_text('web_allowed_hosts = ["toml.example"]\n')
+    base = ["web", "--brokers", "127.0.0.1:1", "--config", str(toml)]
+    env = {"KEYEDCONSUMER_WEB_ALLOWED_HOSTS": "env.example, *.env.example"}
+    assert runner.invoke(cli_app, base).exit_code == 0
+    assert runner.invoke(cli_app, base, env=env).exit_code == 0
+    assert runner.invoke(cli_app, [*base, "--allowed-host", "flag.example"], env=env).exit_code == 0
+
+    def answered(app: Any, host: str) -> bool:
+        return bool(TestClient(app).get("/nothing", headers={"host": host}).status_code != 400)
+
+    toml_app, env_app, flag_app = served
+    assert answered(toml_app, "toml.example") and not answered(toml_app, "env.example")
+    assert answered(env_app, "a.env.example") and not answered(env_app, "toml.example")
+    assert answered(flag_app, "flag.example") and not answered(flag_app, "env.example")
+    # a bad value is refused at start, naming where it came from
+    bad = runner.invoke(cli_app, base, env={"KEYEDCONSUMER_WEB_ALLOWED_HOSTS": "https://x.example"})
+    assert bad.exit_code == 2 and "environment KEYEDCONSUMER_WEB_ALLOWED_HOSTS" in bad.output
+    toml.write_text("web_allowed_hosts = [1]\n")
+    bad = runner.invoke(cli_app, base)
+    assert bad.exit_code == 2 and f"file {toml}" in bad.output and "web_allowed_hosts" in bad.output
+    bad = runner.invoke(cli_app, ["web", "--brokers", "127.0.0.1:1", "--partitioner", "random"])
+    assert bad.exit_code == 2 and "random" in bad.output
+
+
+@pytest.mark.timeout(30)
+def test_a_replay_needs_the_dead_letters_groups_or_an_allowed_topic() -> None:
+    client = _client(_snap(dead_letter_topics=["t.dlq"]), actions=True, token=TOKEN)
+    r = client.post(
+        "/actions/replay-plan",
+        json={"topic": "t.dlq", "records": [[0, 1]]},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert r.status_code == 400 and "start the dashboard with --group" in r.json()["message"]
+    r = client.post(
+        "/actions/replay-plan", json={"topic": "t.dlq", "records": [[0, 1]]}, headers={"X-CSRF-Token": "x"}
+    )
+    assert r.status_code == 403
+
+
+# -- bytes as shown: text or a hex view, cut and saying so ----------------------------------------------
+
+
+def test_bytes_are_shown_as_text_or_as_a_hex_view() -> None:
+    from keyedconsumer.web.deadletters import MAX_SHOWN_BYTES, Shown
+
+    assert Shown.of("café <b>".encode()) == Shown("café <b>", False, 9, False)
+    binary = Shown.of(b"\xff\x00abc")
+    assert binary.hex and binary.text == "00000000  ff 00 61 62 63" + " " * 33 + "  |..abc|"
+    assert binary.one_line == "0xff00616263"
+    # control characters and bidirectional overrides (a key that would look like another) are hex too
+    assert Shown.of(b"\x1b[31mred").hex and Shown.of("\u202ecust-7".encode()).hex
+    assert not Shown.of(b"line 1\nline 2\ttab").hex
+    # a long value is cut to its first bytes; a cut inside a character is still text
+    long = ("é" * MAX_SHOWN_BYTES).encode()
+    shown = Shown.of(long)
+    assert (
+        not shown.hex and shown.cut and shown.size == len(long) and shown.text == "é" * (MAX_SHOWN_BYTES // 2)
+    )
+    assert Shown.of(b"\xff" * (3 * MAX_SHOWN_BYTES)).text.count("\n") == MAX_SHOWN_BYTES // 16 - 1
+
+
+def test_any_bytes_are_shown_without_an_error() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from keyedconsumer.web.deadletters import MAX_SHOWN_BYTES, Shown
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.one_of(
+            st.binary(max_size=64), st.text(max_size=64).map(str.encode), st.binary(min_size=MAX_SHOWN_BYTES)
+        )
+    )
+    def check(raw: bytes) -> None:
+        shown = Shown.of(raw)
+        assert shown.size == len(raw) and shown.cut == (len(raw) > MAX_SHOWN_BYTES)
+        if not shown.hex:
+            assert raw.startswith(shown.text.encode())
+        else:
+            assert all(set(line[10:57]) <= set("0123456789abcdef ") for line in shown.text.splitlines())
+
+    check()
+
+
+def test_the_key_filter_is_the_exact_key() -> None:
+    from keyedconsumer.deadletters import Failure
+    from keyedconsumer.kafka.admin import Record
+    from keyedconsumer.web.deadletters import Filters
+
+    def rec(key: bytes | None) -> Record:
+        return Record("t.dlq", 0, 0, key, b"v", [], 1)
+
+    f = Filters(key=b"cust-7")
+    assert [
+        k for k in (b"cust-7", b"cust-70", b"CUST-7", b"xcust-7", None) if f.match(rec(k), Failure.of(rec(k)))
+    ] == [b"cust-7"]
+
+
+def test_the_dead_letters_kept_in_memory_are_bounded_whatever_they_hold() -> None:
+    from keyedconsumer.deadletters import Failure
+    from keyedconsumer.kafka.admin import Record
+    from keyedconsumer.web import deadletters as dl
+
+    # given 3,000 matching dead letters, each with a value and 200 headers of 4 KiB of binary
+    def letter(offset: int) -> dl.DeadLetter:
+        big = bytes(range(256)) * 16
+        rec = Record("t.dlq", 0, offset, b"k", big, [(f"h{i}", big) for i in range(200)], offset)
+        return dl.DeadLetter.of(rec, Failure.of(rec), False, "kafka_dlt-exception-stacktrace")
+
+    rows = [letter(o) for o in range(0, 3000, 100)]
+    # then each shows at most MAX_SHOWN_HEADERS headers and counts the others
+    assert len(rows[0].headers) == dl.MAX_SHOWN_HEADERS and rows[0].more_headers == 100
+    # and a listing keeps the newest failures within its character budget
+    kept = dl._newest(list(rows))
+    assert sum(d.size for d in kept) <= dl.MAX_LISTING_CHARS and 0 < len(kept) < len(rows)
+    assert [d.offset for d in kept] == sorted((d.offset for d in rows), reverse=True)[: len(kept)]
+
+    # and a reader keeps at most MAX_LISTINGS listings, whatever the searches asked
+    class Reader(dl.DeadLetterReader):
+        def _read(self, topic: str, filters: dl.Filters) -> dl.Listing:
+            return dl.Listing(kept, len(kept), len(kept))
+
+    reader = Reader({})
+    for i in range(20):
+        reader.records("t.dlq", dl.Filters(key=str(i).encode()))
+        assert len(reader._cache) <= dl.MAX_LISTINGS

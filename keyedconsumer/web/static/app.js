@@ -31,6 +31,7 @@
     flash.hidden = false;
     flash.className = ok ? "ok" : "error";
     flash.textContent = text;
+    flash.scrollIntoView({ block: "nearest" });
   }
 
   function confirmed(text) {
@@ -42,33 +43,59 @@
     });
   }
 
+  async function post(kind, body) {
+    const r = await fetch("/actions/" + kind, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf ? csrf.content : "" },
+      body: JSON.stringify(body),
+    });
+    return r.json();
+  }
+
+  // A replay: ask where each selected record would go, show it for confirmation, send to exactly that.
+  async function replayBody(button) {
+    const picked = Array.from(document.querySelectorAll("input.select:checked")).map((c) => c.value.split(":").map(Number));
+    if (picked.length === 0) { say(false, "Select the dead letters to replay first."); return null; }
+    const topic = button.dataset.topic;
+    const answer = await post("replay-plan", { topic: topic, records: picked });
+    if (!answer.ok) { say(false, answer.message); return null; }
+    const go = answer.plan.filter((r) => !r.refused && !r.replayed);
+    const lines = answer.plan.map((r) => r.dlq_partition + "@" + r.dlq_offset + " (key " + (r.key === null ? "(null)" : r.key) + ") -> "
+      + (r.replayed ? "already replayed" : r.target));
+    const head = go.length === 0
+      ? "None of the " + picked.length + " selected dead letter(s) of " + topic + " can be replayed:"
+      : "Replay " + go.length + " of the " + picked.length + " selected dead letter(s) of " + topic + " to:";
+    return {
+      text: head + "\n" + lines.join("\n"),
+      body: { topic: topic, records: go.map((r) => [r.dlq_partition, r.dlq_offset]),
+              targets: go.map((r) => [r.dlq_partition, r.dlq_offset, r.topic, r.partition]) },
+      empty: go.length === 0,
+    };
+  }
+
   async function act(button) {
     const kind = button.dataset.action;
     let body, text;
-    if (kind === "replay") {
-      const picked = Array.from(document.querySelectorAll("input.select:checked")).map((c) => c.value.split(":").map(Number));
-      if (picked.length === 0) { say(false, "Select the dead letters to replay first."); return; }
-      body = { topic: button.dataset.topic, records: picked };
-      text = "Replay " + picked.length + " dead letter(s) of " + button.dataset.topic + " to their original topic?";
-    } else if (kind === "unpark") {
-      body = { namespace: button.dataset.namespace, lid: button.dataset.lid };
-      text = button.dataset.confirm;
-    } else {
-      body = { namespace: button.dataset.namespace, id: button.dataset.id };
-      text = button.dataset.confirm;
-    }
-    if (!(await confirmed(text))) return;
     button.disabled = true;
     try {
-      const r = await fetch("/actions/" + kind, {
-        method: "POST",
-        credentials: "same-origin",
-        headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf ? csrf.content : "" },
-        body: JSON.stringify(body),
-      });
-      const answer = await r.json();
+      if (kind === "replay") {
+        const plan = await replayBody(button);
+        if (plan === null) return;
+        if (plan.empty) { await confirmed(plan.text); return; }
+        body = plan.body;
+        text = plan.text;
+      } else if (kind === "unpark") {
+        body = { namespace: button.dataset.namespace, lid: button.dataset.lid };
+        text = button.dataset.confirm;
+      } else {
+        body = { namespace: button.dataset.namespace, id: button.dataset.id };
+        text = button.dataset.confirm;
+      }
+      if (!(await confirmed(text))) return;
+      const answer = await post(kind, body);
       say(answer.ok, answer.message);
-      document.querySelectorAll("input.select:checked").forEach((c) => { c.checked = false; });
+      document.querySelectorAll("input.select:checked, #select-all:checked").forEach((c) => { c.checked = false; });
     } catch (e) {
       say(false, "The dashboard did not answer: " + e);
     } finally {
@@ -76,6 +103,12 @@
       refresh();
     }
   }
+
+  document.addEventListener("change", (ev) => {
+    if (ev.target.id === "select-all") {
+      document.querySelectorAll("input.select").forEach((c) => { c.checked = ev.target.checked; });
+    }
+  });
 
   document.addEventListener("click", (ev) => {
     const button = ev.target.closest("button.action");

@@ -1,6 +1,7 @@
-"""The dashboard's actions in the audit trail: one record per action (and one per replayed dead
-letter) written to the audit topic of the ``Audit`` middleware, where ``keyedconsumer audit`` finds
-them (``--outcome ACTION``, ``--key``).
+"""Operators' actions in the audit trail: one record per action of the dashboard or of
+``keyedconsumer dead-letter replay --audit-topic`` (and one per replayed dead letter) written to the
+audit topic of the ``Audit`` middleware, where ``keyedconsumer audit`` finds them (``--outcome
+ACTION``, ``--key``). Library code below both faces.
 
 A record's value is JSON with the audit record's fields where they apply (``v``, ``time_ms``,
 ``key`` / ``key_b64``, ``topic``, ``partition``, ``offset``, ``outcome`` = ``"ACTION"``,
@@ -8,7 +9,7 @@ A record's value is JSON with the audit record's fields where they apply (``v``,
 action concerns (so a key's records, the handler's and the dashboard's, are on one partition of the
 audit topic, in order), or none.
 
-Each record is written after its action ran, and the dashboard waits for the broker's
+Each record is written after its action ran, and the writer waits for the broker's
 acknowledgement (``acks=all``, idempotent: :class:`~keyedconsumer.Publisher`); a record Kafka
 refused is logged and named in the action's answer, the action itself is not undone.
 """
@@ -25,23 +26,34 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import PublishError
-from ..kafka import BatchPublisher
+from .errors import PublishError
+from .kafka import BatchPublisher
 
-__all__ = ["ActionAudit", "ACTION_FIELDS", "OUTCOME", "action_record"]
+__all__ = [
+    "ActionAudit",
+    "ACTION_FIELDS",
+    "OUTCOME",
+    "MAX_LISTED",
+    "action_record",
+    "action_records",
+    "replay_fields",
+]
 
-log = logging.getLogger("keyedconsumer.web.actions")
+log = logging.getLogger("keyedconsumer.actions")
 
-#: The ``outcome`` of a dashboard action's record.
+#: The ``outcome`` of an action's record.
 OUTCOME = "ACTION"
-#: A dashboard action's fields, beside the audit record's: ``action`` (``replay``, ``unpark``,
+#: An action's fields, beside the audit record's: ``action`` (``replay``, ``unpark``,
 #: ``cancel-scheduled``), ``result`` (``done``, ``failed``, ``bad request``), ``message`` (what the
-#: dashboard answered, at most 1,000 characters), ``session`` (who: the signed-in session's label,
-#: never its cookie, or ``bearer token``), ``client`` (the request's address), and what it acted on:
-#: ``namespace`` and ``lid`` (un-park), ``scheduled_id`` (cancel), ``dlq_topic``, ``selected`` and
-#: ``records`` (replay: the selected ``[partition, offset]`` of the dead-letter topic, at most
-#: 1,000 listed), ``dlq_partition`` and ``dlq_offset`` (one replayed dead letter, whose
-#: ``topic`` / ``partition`` / ``offset`` are where it was replayed to).
+#: dashboard or the command answered, at most 1,000 characters), ``session`` (who: the signed-in
+#: session's label, never its cookie, ``bearer token``, or ``cli <user>`` for the command line),
+#: ``client`` (the request's address, or the command's host), and what it acted on: ``namespace``
+#: and ``lid`` (un-park), ``scheduled_id`` (cancel), ``dlq_topic``, ``selected`` and ``records``
+#: (replay: the selected ``[partition, offset]`` of the dead-letter topic), ``targets`` (``[dlq
+#: partition, dlq offset, topic, partition]`` of each record sent), ``refused`` (``[dlq partition,
+#: dlq offset, topic, reason]`` of each record left pending) (each list at most 1,000 long),
+#: ``dlq_partition`` and ``dlq_offset`` (one replayed dead letter, whose ``topic`` / ``partition`` /
+#: ``offset`` are where it was replayed to).
 ACTION_FIELDS = (
     "action",
     "result",
@@ -54,6 +66,8 @@ ACTION_FIELDS = (
     "dlq_topic",
     "selected",
     "records",
+    "targets",
+    "refused",
     "dlq_partition",
     "dlq_offset",
 )
@@ -88,8 +102,77 @@ def action_record(
     return rec
 
 
+#: Records, targets and refusals one replay's record lists at most.
+MAX_LISTED = 1000
+
+#: A sent dead letter's key (``None``: a null key) and its record's fields.
+Sent = tuple[bytes | None, dict[str, Any]]
+
+
+def action_records(
+    action: str, who: str, client: str, result: str, message: str, fields: dict[str, Any], sent: list[Sent]
+) -> list[dict[str, Any]]:
+    """The records of one action: the action's own (``fields``; ``fields["key"]``: the message key
+    it concerns, as bytes), then one per dead letter a replay sent (``sent``)."""
+    fields = dict(fields)
+    key = fields.pop("key", None)
+    out = [action_record(action, who, client, result, message, key, **fields)]
+    out += [
+        action_record(action, who, client, "done", f"replayed {fields.get('dlq_topic')} record", k, **row)
+        for k, row in sent
+    ]
+    return out
+
+
+def replay_fields(
+    dlq: str, selected: set[tuple[int, int]] | None, result: dict[str, Any]
+) -> tuple[dict[str, Any], list[Sent]]:
+    """A replay's record fields and its sent dead letters, from ``result``
+    (:meth:`keyedconsumer.deadletters.ReplayJob.result`): ``dlq_topic``, ``selected`` and ``records``
+    (how many and which ``[partition, offset]`` were selected; ``selected=None``: those sent or left
+    pending), ``targets``, ``refused`` (each list at most :data:`MAX_LISTED` long)."""
+    sent_rows, refused = result["records"], result["refused"]
+    chosen = (
+        selected
+        if selected is not None
+        else {(r["dlq_partition"], r["dlq_offset"]) for r in sent_rows + refused}
+    )
+    fields = {
+        "dlq_topic": dlq,
+        "selected": len(chosen),
+        "records": [list(r) for r in sorted(chosen)[:MAX_LISTED]],
+        "targets": [[r["dlq_partition"], r["dlq_offset"], r["topic"], r["partition"]] for r in sent_rows][
+            :MAX_LISTED
+        ],
+        "refused": [[r["dlq_partition"], r["dlq_offset"], r["topic"], r["reason"][:300]] for r in refused][
+            :MAX_LISTED
+        ],
+    }
+    sent = [
+        (
+            _key(r),
+            {
+                "dlq_topic": dlq,
+                "dlq_partition": r["dlq_partition"],
+                "dlq_offset": r["dlq_offset"],
+                "topic": r["topic"],
+                "partition": r["partition"],
+                "offset": r["offset"],
+            },
+        )
+        for r in sent_rows
+    ]
+    return fields, sent
+
+
+def _key(row: dict[str, Any]) -> bytes | None:
+    if row.get("key_b64") is not None:
+        return base64.b64decode(row["key_b64"])
+    return None if row["key"] is None else str(row["key"]).encode()
+
+
 class ActionAudit:
-    """Writes the dashboard's action records to an audit topic.
+    """Writes action records to an audit topic.
 
     Parameters
     ----------
@@ -103,6 +186,8 @@ class ActionAudit:
     publisher:
         ``publisher()`` makes the :class:`~keyedconsumer.kafka.BatchPublisher` to write with (tests);
         by default a :class:`~keyedconsumer.Publisher` on ``conf``.
+    source:
+        Who writes, for each record's ``instance`` (``<source>@<host>:<pid>``): ``web``, ``cli``.
     """
 
     def __init__(
@@ -112,6 +197,7 @@ class ActionAudit:
         *,
         timeout_s: float = 10.0,
         publisher: Callable[[], BatchPublisher] | None = None,
+        source: str = "web",
     ) -> None:
         self.topic = topic
         self._conf = dict(conf)
@@ -119,7 +205,7 @@ class ActionAudit:
         self._make = publisher
         self._publisher: BatchPublisher | None = None
         self._lock = threading.Lock()
-        self.instance = f"web@{socket.gethostname()}:{os.getpid()}"
+        self.instance = f"{source}@{socket.gethostname()}:{os.getpid()}"
         #: Records acknowledged, and refused (each logged), so far.
         self.written = 0
         self.failed = 0
@@ -173,7 +259,7 @@ class ActionAudit:
 
 
 def _publisher(conf: dict[str, Any], timeout_s: float) -> BatchPublisher:
-    from ..kafka.publisher import Publisher
+    from .kafka.publisher import Publisher
 
     servers = str(conf.get("bootstrap.servers", ""))
     props = {k: v for k, v in conf.items() if k != "bootstrap.servers"}

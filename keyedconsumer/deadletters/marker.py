@@ -1,16 +1,22 @@
 """The replay marker: which records of a dead-letter partition were replayed, kept as ranges in the
-marker group's committed-offset metadata."""
+marker group's committed-offset metadata (the committed offset plus ``offset.metadata.max.bytes``
+of metadata, written in the replay's own Kafka transactions)."""
 
 from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("keyedconsumer.cli")
+log = logging.getLogger("keyedconsumer.deadletters")
 
 #: Marker format tag in the committed offset's metadata.
 MARKER_TAG = "kcr1:"
 #: Bound of the marker metadata in characters (Kafka's ``offset.metadata.max.bytes`` defaults to 4096).
 MAX_MARKER_CHARS = 3000
+
+
+def marker_group_of(dlq: str) -> str:
+    """The default consumer group holding the replay marker of dead-letter topic ``dlq``."""
+    return f"keyedconsumer-replay.{dlq}"
 
 
 class ReplayMarker:
