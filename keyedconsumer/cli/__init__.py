@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import typer
 
+from .. import __version__
 from ..deadletters.marker import ReplayMarker
 from . import audit, docs, inspect, replay, run, web
 from .handler import load_handler
@@ -57,8 +58,6 @@ app.add_typer(dead_letter_app, name="dead-letter")
 
 def _version(value: bool) -> None:
     if value:
-        from .. import __version__
-
         typer.echo(f"keyedconsumer {__version__}")
         raise typer.Exit()
 

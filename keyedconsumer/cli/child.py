@@ -31,6 +31,8 @@ from typing import Any
 
 import typer
 
+from ..health import Health
+
 __all__ = ["ChildLink", "run_child", "REPORT_INTERVAL_S"]
 
 log = logging.getLogger("keyedconsumer.cli.supervisor")
@@ -105,8 +107,6 @@ class ChildLink:
             if not self._health or source is None:
                 continue
             if health is None:
-                from ..health import Health
-
                 health = Health(source)
             self._send(health.check().to_dict())
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..app import KeyedApp
 from .errors import CliError
 
 log = logging.getLogger("keyedconsumer.cli")
@@ -68,8 +69,6 @@ def load_handler(spec: str, app_dir: str | None = ".") -> Callable[..., Any]:
             obj = getattr(obj, part)
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}", 2) from None
-    from ..app import KeyedApp
-
     if isinstance(obj, KeyedApp):  # keyedconsumer run module:app
         return obj  # type: ignore[return-value]
     if pyinspect.isclass(obj):

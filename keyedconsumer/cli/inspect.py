@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..config import ENV_PREFIX
 from ..formatting import age as _age
-from ..sequencing import redact_url
+from ..sequencing import inspect_redis, redact_url
 from .errors import CliError
 from .output import _out_console, _print_json, _reports_errors, _setup_logging
 from .settings import (
@@ -30,8 +30,6 @@ from .settings import (
 
 def _inspect_redis(url: str, namespace: str) -> dict[str, Any]:
     """Leases, parked keys, scheduled messages and live instances of a namespace."""
-    from ..sequencing import inspect_redis
-
     try:
         result = inspect_redis(url, namespace)
     except ImportError:

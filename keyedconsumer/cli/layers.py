@@ -34,7 +34,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from ..config import ENV_PREFIX, ConsumerConfig
+from ..config import ENV_PREFIX, ConsumerConfig, _refuse_unknown_environment_variables
 from ..sequencing.config import RedisSequencerConfig
 from .errors import CliError, _validation_message
 
@@ -305,8 +305,6 @@ def layered(flags: dict[str, Any], config_file: Path | None) -> Layered:
         TOML key, a ``KEYEDCONSUMER_*`` typo); a bad value of the command's own settings or of the
         sequencer's options, naming the field and its layer.
     """
-    from ..config import _refuse_unknown_environment_variables
-
     try:
         _refuse_unknown_environment_variables("environment")
     except pydantic.ValidationError as exc:

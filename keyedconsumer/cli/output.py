@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import typer
+from pythonjsonlogger.json import JsonFormatter
 from rich.console import Console
 
 from ..errors import KafkaClientError, PublishError
@@ -48,8 +49,6 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
     _error_log.clear()
     if fmt == "json":
         _error_log.append(logging.getLogger("keyedconsumer.cli"))
-        from pythonjsonlogger.json import JsonFormatter
-
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

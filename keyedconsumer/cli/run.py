@@ -15,8 +15,10 @@ import typer
 from .. import signals
 from ..app import KeyedApp
 from ..config import ENV_PREFIX, ConsumerConfig, redact
+from ..consumer import KeyedConsumer
 from ..errors import KeyedConsumerError, PublishError
-from ..sequencing import redact_url
+from ..health import Health
+from ..sequencing import RedisSequencer, redact_url
 from ..sequencing.config import CLUSTER_SCHEMES, RedisSequencerConfig
 from .errors import CliError
 from .flags import with_every_setting
@@ -25,6 +27,7 @@ from .help import FAILURES, HANDLER, KAFKA, OUTPUT, PROCESSING, REDIS
 from .layers import RUN_KEYS, Layered, RunOptions, layered
 from .output import _Format, _print_json, _reports_errors, _setup_logging
 from .settings import BrokersOpt, ConfigOpt, PropsOpt, _Level, _parse_properties, _resolve_run, _secrets
+from .supervisor import supervise
 
 if TYPE_CHECKING:
     from .child import ChildLink
@@ -297,8 +300,6 @@ def run(
     }
     layers = layered(flags, config_file)
     if layers.values.get("processes") is not None and not print_settings:
-        from .supervisor import supervise
-
         # in each child: the path below, its errors reported as one line and an exit code
         work = functools.partial(
             _reports_errors(_consume), layers, app_dir, False, None, metrics_port, http_addr
@@ -341,9 +342,6 @@ def _consume(
     if print_settings:
         _print_json(_effective(settings, options, sequencer_options))
         return
-    from ..consumer import KeyedConsumer
-    from ..sequencing import RedisSequencer
-
     sequencer = None
     if options.redis:
         if urlsplit(options.redis).scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
@@ -401,8 +399,6 @@ def _run_serving_health(
         link.attach(source)
     health: Any = None
     if health_port is not None:
-        from ..health import Health
-
         health = Health(source)
         bound = health.serve(health_port, addr=http_addr)
         log.info("health on http://%s:%d/livez, /readyz, /healthz", http_addr, bound)
