@@ -373,6 +373,7 @@ class _ConfluentClient:
             self._producer_conf,
             transactional_id,
             self._consumer.consumer_group_metadata,
+            self.committed,
             timeout_s,
             transaction_timeout_s,
         )
