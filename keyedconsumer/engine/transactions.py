@@ -300,6 +300,15 @@ class TransactionalCommitter(Committer):
                 self._next_s = now + self._pause_s
                 self._pause_s = min(TRANSACTION_RETRY_S[1], self._pause_s * 2)
                 return False
+            if exc.retriable:
+                exc = TransactionError(
+                    f"transactions failed for {limit:g} s (max.poll.interval.ms) without an answer from the "
+                    f"brokers: stopping; a restart runs what the last committed transaction did not cover: {exc}",
+                    code=exc.code,
+                    abortable=exc.abortable,
+                    retriable=True,
+                    in_doubt=exc.in_doubt,
+                )
         self._broken = True
         self._fail(exc)
         return False
