@@ -180,6 +180,46 @@ def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(
     assert producer.fail_next is None
 
 
+@pytest.mark.parametrize("had_committed", [True, False], ids=["committed", "aborted"])
+def test_a_commit_in_doubt_is_resolved_before_anything_is_written_again(
+    kc_broker: InMemoryBroker, had_committed: bool
+) -> None:
+    # given a transactional consumer whose next commit goes unanswered (in doubt) after it did, or
+    # did not, commit on the broker
+    kc_broker.create_topic("in", partitions=1)
+    for i in range(5):
+        kc_broker.produce("in", str(i), key="k")
+    started = threading.Event()
+
+    def handle(msg: Message) -> None:
+        started.wait(5)
+        msg.produce("out", msg.key, msg.value)
+
+    consumer = kc_broker.consumer(
+        name="doubt",
+        handler=handle,
+        topics=["in"],
+        transactional=True,
+        transactional_id="doubt-1",
+        transaction_interval_s=0.005,
+    )
+    with kc_broker.run(consumer) as run:
+        run.wait_for(
+            lambda: FakeTransactionalProducer.of(kc_broker, "doubt-1") is not None, what="the producer"
+        )
+        producer = FakeTransactionalProducer.of(kc_broker, "doubt-1")
+        assert producer is not None
+        producer.in_doubt_committed = had_committed
+        producer.fail_next = TransactionError("no answer", code="_TIMED_OUT", retriable=True, in_doubt=True)
+        started.set()
+        # when it runs until idle
+        run.until_idle()
+    # then the consumer asked how the commit ended before the next transaction: each record once
+    assert _ledger(kc_broker, "out") == [b"0", b"1", b"2", b"3", b"4"]
+    assert kc_broker.committed("doubt") == {("in", 0): 5}
+    assert producer.fail_next is None
+
+
 def test_a_fenced_producer_stops_the_consumer_and_commits_nothing_more(kc_broker: InMemoryBroker) -> None:
     # given a transactional consumer that committed its first message
     kc_broker.create_topic("in", partitions=1)
