@@ -1,7 +1,8 @@
 """A TCP proxy in front of a test's own broker that stalls the clients' traffic at an exact point.
 
 The broker advertises the proxy's port (``advertised.listeners``), so every client connection goes
-through it; the broker's own connections (client ids ``broker-*``) are passed through untouched.
+through it; the broker's own connections (client ids ``broker-*``) and the test's probes
+(:data:`PROBE_CLIENT_ID`) are passed through untouched.
 :meth:`KafkaProxy.freeze_at` arms a trigger on a request type (its Kafka API key, e.g. ``EndTxn``
 = 26, the request of ``commit_transaction``): when a client sends one, all client traffic stops in
 both directions (held, not dropped) until :meth:`KafkaProxy.release`, as if the broker stalled at
@@ -19,6 +20,8 @@ from contextlib import suppress
 
 #: Kafka API keys (``org.apache.kafka.common.protocol.ApiKeys``).
 END_TXN = 26
+#: A client id the proxy never freezes (a test's probe of the broker), besides the broker's own.
+PROBE_CLIENT_ID = "probe-of-the-test"
 
 
 class KafkaProxy:
@@ -96,7 +99,7 @@ class KafkaProxy:
                 if body is None:
                     break
                 if not exempt:  # the first request names the client
-                    exempt.append(_client_id(body).startswith("broker-"))
+                    exempt.append(_client_id(body).startswith(("broker-", PROBE_CLIENT_ID)))
                     threading.Thread(
                         target=self._responses, args=(upstream, client, exempt[0]), daemon=True
                     ).start()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.faults.services import REPO, pick_ports, run_services, services_env, stable_free_port
 
-from .kafka_proxy import KafkaProxy
+from .kafka_proxy import PROBE_CLIENT_ID, KafkaProxy
 
 
 class OwnKafka:
@@ -77,8 +77,19 @@ class OwnKafka:
             os.kill(self.pid(), signal.SIGCONT)
 
     def transactional_ids(self) -> set[str]:
-        """The transactional ids the transaction coordinator knows now (Kafka's
-        ``kafka-transactions.sh list``: no confluent-kafka API lists them)."""
+        """The transactional ids the transaction coordinator knows now."""
+        return {line.split()[0] for line in self._transactions("list").splitlines()[1:] if line.strip()}
+
+    def transaction_state(self, transactional_id: str) -> str:
+        """The coordinator's state of ``transactional_id``'s transaction (``Ongoing``,
+        ``CompleteAbort``, ...)."""
+        lines = self._transactions("describe", "--transactional-id", transactional_id).splitlines()
+        header, row = lines[0].split(), lines[1].split()
+        return row[header.index("TransactionState")]
+
+    def _transactions(self, *command: str) -> str:
+        """Kafka's ``kafka-transactions.sh`` (no confluent-kafka API lists transactions), over the
+        broker's own port, with a client id the proxy lets through while it freezes clients."""
         libs = subprocess.run(
             [str(REPO / "scripts" / "install-deps"), "--print-libs"],
             env=self.env,
@@ -86,7 +97,9 @@ class OwnKafka:
             text=True,
             check=True,
         ).stdout.strip()
-        out = subprocess.run(
+        config = self.run_dir / "tools.properties"
+        config.write_text(f"client.id={PROBE_CLIENT_ID}\n")
+        return subprocess.run(
             [
                 "java",
                 "-Xmx128m",
@@ -96,14 +109,15 @@ class OwnKafka:
                 "org.apache.kafka.tools.TransactionsCommand",
                 "--bootstrap-server",
                 self.bootstrap,
-                "list",
+                "--command-config",
+                str(config),
+                *command,
             ],
             capture_output=True,
             text=True,
             check=True,
             timeout=60,
         ).stdout
-        return {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -21,6 +20,7 @@ from keyedconsumer.errors import TransactionError
 
 from .conftest import Running
 from .kafkautil import CommittedReader, committed, produce, wait_until
+from .procs.eos_consumer import spawn
 
 pytestmark = [pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,23 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _spawn(
     bootstrap: str, group: str, src: str, out: str, mode: str, txn_id: str, marker: str, folder: Path
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.procs.eos_consumer",
-            bootstrap,
-            group,
-            src,
-            out,
-            mode,
-            txn_id,
-            marker,
-            str(folder),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
+    return spawn(bootstrap, group, src, out, mode, txn_id, marker, str(folder))
 
 
 def _kill_at_the_marker_and_finish(

@@ -15,7 +15,6 @@ import random
 import signal
 import struct
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -28,6 +27,7 @@ from keyedconsumer.errors import TransactionError
 from keyedconsumer.kafka.transactional import KafkaTransactionalProducer
 
 from .kafkautil import committed, end_offsets, once_in_key_order, produce, read_committed_all, wait_until
+from .procs.eos_consumer import spawn
 
 pytestmark = [pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,31 +121,9 @@ def test_transactional_offset_commits_a_kip848_group_refuses_abort_and_are_never
 def _spawn(
     bootstrap: str, group: str, src: str, out: str, name: str, folder: Path
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.procs.eos_consumer",
-            bootstrap,
-            group,
-            src,
-            out,
-            "tx",
-            f"{group}-{name}",
-            "",
-            str(folder),
-            "--protocol",
-            "consumer",
-            "--sleep",
-            "0.02",
-            "--shutdown-s",
-            "10",
-            "--log-file",
-            str(folder / f"{name}.log"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
+    log = str(folder / f"{name}.log")
+    options = ("--protocol", "consumer", "--sleep", "0.02", "--shutdown-s", "10", "--log-file", log)
+    return spawn(bootstrap, group, src, out, "tx", f"{group}-{name}", "", str(folder), *options)
 
 
 def _term(proc: subprocess.Popen[bytes], folder: Path) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -29,6 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from keyedconsumer import KeyedConsumer, Message
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    """Start this consumer as a process (the arguments as on its command line; stdout discarded)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.procs.eos_consumer", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def main() -> int:
