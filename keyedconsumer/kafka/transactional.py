@@ -24,7 +24,7 @@ Each error is classified by librdkafka's own flags, in this order:
   the epoch in the abort).
 - **retriable** (``is_retriable``): the same call again. ``commit_transaction``,
   ``abort_transaction`` and ``init_transactions`` are *resumable* ("on timeout the application may
-  call the function again"): they are called in slices of :data:`SLICE_S`, so a stop that comes
+  call the function again"): they are called in slices of :data:`~.bounded.SLICE_S`, so a stop that comes
   meanwhile is noticed. A commit still unanswered when its time is up is **in doubt**: it may have
   committed; it is never aborted (librdkafka refuses an abort once the commit began) nor redone, but
   resumed by :meth:`KafkaTransactionalProducer.resolve` until the broker answers.
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,17 +52,15 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from ..errors import KafkaClientError, TransactionError
 from ..message import Record
+from .bounded import Deadline, Pending
 
 if TYPE_CHECKING:
     from . import TP, TransactionalProducer
 
-__all__ = ["KafkaTransactionalProducer", "SLICE_S", "CLOSE_ABORT_S", "TRANSIENT"]
+__all__ = ["KafkaTransactionalProducer", "CLOSE_ABORT_S", "TRANSIENT"]
 
 log = logging.getLogger("keyedconsumer")
 
-#: Longest single wait of a resumable call (seconds): between slices the deadline is read again,
-#: so a stop requested meanwhile cuts the call within about this much.
-SLICE_S = 0.5
 #: Bound of the best-effort abort of an open transaction at :meth:`KafkaTransactionalProducer.close`
 #: (seconds). A transaction left open is aborted by the broker at ``transaction.timeout.ms``, or at
 #: once when a producer with the same ``transactional.id`` starts.
@@ -140,51 +137,6 @@ def _aborted(err: KafkaError, what: str, transient: bool | None = None) -> Trans
     )
 
 
-class _Deadline:
-    """When a step must be over (monotonic seconds): ``timeout_s`` from its start, cut further
-    whenever ``budget`` (``budget(cap_s) -> seconds``, the engine's stop deadline) allows less."""
-
-    def __init__(self, timeout_s: float, budget: Callable[[float], float] | None) -> None:
-        self._end = time.monotonic() + max(0.0, timeout_s)
-        self._budget = budget
-
-    def left(self) -> float:
-        """Seconds left (<= 0: over)."""
-        now = time.monotonic()
-        if self._budget is not None:
-            self._end = min(self._end, now + self._budget(max(0.0, self._end - now)))
-        return self._end - now
-
-    def slice(self) -> float:
-        """The timeout of the next slice of a resumable call."""
-        return max(0.01, min(SLICE_S, self.left()))
-
-
-class _Pending:
-    """A librdkafka call made from a helper thread, waited for in bounded steps."""
-
-    def __init__(self, call: Callable[[], None], name: str) -> None:
-        self.error: KafkaError | None = None
-        self._done = threading.Event()
-
-        def run() -> None:
-            try:
-                call()
-            except KafkaException as exc:
-                self.error = exc.args[0]
-            finally:
-                self._done.set()
-
-        threading.Thread(target=run, name=f"keyedconsumer-{name}", daemon=True).start()
-
-    def wait(self, deadline: _Deadline) -> bool:
-        """Whether the call returned before ``deadline``."""
-        while not self._done.wait(max(0.0, min(SLICE_S, deadline.left()))):
-            if deadline.left() <= 0:
-                return False
-        return True
-
-
 class KafkaTransactionalProducer:
     """One transactional producer of one consumer (see the module docstring).
 
@@ -244,13 +196,13 @@ class KafkaTransactionalProducer:
         self._state = _RESTART
         self._producer: Any = None
         self._init_pending = False  # a new producer whose init_transactions is not done yet
-        self._pending: _Pending | None = None  # send_offsets_to_transaction still waiting for its answer
+        self._pending: Pending | None = None  # send_offsets_to_transaction still waiting for its answer
         self._began = 0.0  # when the transaction began (monotonic seconds)
         self._undelivered: list[KafkaError] = []  # delivery failures of the transaction's records
         self._doubt: tuple[list[tuple[str, int, int]], dict[TP, str]] | None = (
             None  # offsets of a commit in doubt
         )
-        self._restart(_Deadline(timeout_s, None), f"cannot start transactions as {transactional_id!r}")
+        self._restart(Deadline(timeout_s, None), f"cannot start transactions as {transactional_id!r}")
 
     # -- the protocol ------------------------------------------------------------------------------
 
@@ -286,7 +238,7 @@ class KafkaTransactionalProducer:
                 retriable=True,
                 in_doubt=True,
             )
-        deadline = _Deadline(timeout_s, budget)
+        deadline = Deadline(timeout_s, budget)
         self._ready(deadline)
         p = self._producer
         try:
@@ -324,7 +276,7 @@ class KafkaTransactionalProducer:
         """
         if self._doubt is None:
             return True
-        return self._finish_commit(_Deadline(timeout_s, budget)) is None
+        return self._finish_commit(Deadline(timeout_s, budget)) is None
 
     def close(self, timeout_s: float = CLOSE_ABORT_S) -> None:
         """Abort an open transaction (best effort, within ``timeout_s`` seconds; not a commit in
@@ -333,14 +285,14 @@ class KafkaTransactionalProducer:
         can raise ``SystemError``)."""
         if self._state in (_OPEN, _ABORTING) and self._pending is None:
             try:
-                self._abort(_Deadline(timeout_s, None))
+                self._abort(Deadline(timeout_s, None))
             except KafkaException as exc:
                 log.warning("abort_transaction at close failed: %s", exc.args[0].str())
         self._state, self._producer, self._pending = _FAILED, None, None
 
     # -- the steps ---------------------------------------------------------------------------------
 
-    def _ready(self, deadline: _Deadline) -> None:
+    def _ready(self, deadline: Deadline) -> None:
         """Finish what an earlier transaction left (a call still waiting, an abort, a restart)."""
         if self._pending is not None:
             if not self._pending.wait(deadline):
@@ -365,7 +317,7 @@ class KafkaTransactionalProducer:
                 "the transactional producer failed or was closed", code="_FATAL", fatal=True
             )
 
-    def _produce(self, records: Sequence[Record], deadline: _Deadline) -> None:
+    def _produce(self, records: Sequence[Record], deadline: Deadline) -> None:
         p = self._producer
         for topic, key, value, headers in records:
             while True:
@@ -386,12 +338,12 @@ class KafkaTransactionalProducer:
         if err is not None:
             self._undelivered.append(err)
 
-    def _send_offsets(self, tps: list[TopicPartition], group: Any, deadline: _Deadline) -> None:
+    def _send_offsets(self, tps: list[TopicPartition], group: Any, deadline: Deadline) -> None:
         """``send_offsets_to_transaction`` again while retriable, with identical arguments, in a
         helper thread: it may wait for its request's answer past its timeout."""
         p = self._producer
         while True:
-            pending = self._pending = _Pending(
+            pending = self._pending = Pending(
                 functools.partial(p.send_offsets_to_transaction, tps, group, max(0.1, deadline.left())),
                 "send-offsets",
             )
@@ -402,14 +354,17 @@ class KafkaTransactionalProducer:
                     )
                 )
             self._pending = None
-            err = pending.error
-            if err is None:
+            failed = pending.error
+            if failed is None:
                 return
+            if not isinstance(failed, KafkaException):
+                raise failed
+            err = failed.args[0]
             if not err.retriable() or err.txn_requires_abort() or err.fatal() or deadline.left() <= 0:
-                raise KafkaException(err)
+                raise failed
             time.sleep(min(0.1, max(0.0, deadline.left())))
 
-    def _resumable(self, call: Callable[[float], None], deadline: _Deadline) -> None:
+    def _resumable(self, call: Callable[[float], None], deadline: Deadline) -> None:
         """``call(timeout_s)`` in slices while librdkafka says retriable, until ``deadline``;
         raises the last error."""
         while True:
@@ -424,7 +379,7 @@ class KafkaTransactionalProducer:
                 if time.monotonic() - started < 0.05:  # refused at once (no coordinator yet): not a busy loop
                     time.sleep(min(0.05, max(0.0, deadline.left())))
 
-    def _finish_commit(self, deadline: _Deadline) -> TransactionError | None:
+    def _finish_commit(self, deadline: Deadline) -> TransactionError | None:
         """Commit (or resume the commit of) the transaction in doubt. Returns ``None`` when it
         committed, the abortable error when it was aborted.
 
@@ -484,7 +439,7 @@ class KafkaTransactionalProducer:
             retriable=True,
         )
 
-    def _failure(self, err: KafkaError, what: str, deadline: _Deadline) -> TransactionError:
+    def _failure(self, err: KafkaError, what: str, deadline: Deadline) -> TransactionError:
         """The transaction failed before its commit was sent, or its commit was refused: leave the
         producer ready for the next one (aborted, or started again) and return the error to raise."""
         if err.fatal():
@@ -523,7 +478,7 @@ class KafkaTransactionalProducer:
             return TransactionError(f"{why}: {cause.name()}: {cause.str()}", code=cause.name())
         return _aborted(cause, why)
 
-    def _abort(self, deadline: _Deadline) -> None:
+    def _abort(self, deadline: Deadline) -> None:
         self._resumable(lambda left: self._producer.abort_transaction(left), deadline)
         self._state = _READY
 
@@ -543,7 +498,7 @@ class KafkaTransactionalProducer:
             return True
         return False
 
-    def _restart(self, deadline: _Deadline, what: str) -> None:
+    def _restart(self, deadline: Deadline, what: str) -> None:
         """Create the producer (again) and ``init_transactions``, resumed until ``deadline`` (a
         later call resumes it).
 
