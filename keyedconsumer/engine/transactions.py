@@ -302,8 +302,9 @@ class TransactionalCommitter(Committer):
                 return False
             if exc.retriable:
                 exc = TransactionError(
-                    f"transactions failed for {limit:g} s (max.poll.interval.ms) without an answer from the "
-                    f"brokers: stopping; a restart runs what the last committed transaction did not cover: {exc}",
+                    f"transactions failed for {limit:g} s (max.poll.interval.ms) without getting through (no "
+                    "answer from the brokers, or the group kept rebalancing): stopping; a restart runs what the "
+                    f"last committed transaction did not cover: {exc}",
                     code=exc.code,
                     abortable=exc.abortable,
                     retriable=True,

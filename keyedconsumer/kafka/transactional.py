@@ -18,8 +18,8 @@ Each error is classified by librdkafka's own flags, in this order:
   is created again (``init_transactions`` with the same id) and the transaction's outcome read back
   (below). Any other fatal error is final.
 - **abortable** (``txn_requires_abort``): ``abort_transaction``; nothing of the transaction is
-  visible; another may run (e.g. the group rebalanced: ``ILLEGAL_GENERATION``,
-  ``STALE_MEMBER_EPOCH``, ``UNKNOWN_MEMBER_ID``; a record not delivered; an idle producer whose
+  visible; another may run (e.g. the group rebalanced: ``ILLEGAL_GENERATION``, also for a stale
+  KIP-848 member epoch, ``FENCED_MEMBER_EPOCH``, ``UNKNOWN_MEMBER_ID``; a record not delivered; an idle producer whose
   id the broker forgot, ``INVALID_PRODUCER_ID_MAPPING``, which librdkafka recovers from by bumping
   the epoch in the abort).
 - **retriable** (``is_retriable``): the same call again. ``commit_transaction``,
@@ -100,7 +100,6 @@ TRANSIENT = frozenset(
         "FENCED_MEMBER_EPOCH",
         "INVALID_PRODUCER_ID_MAPPING",
         "UNKNOWN_PRODUCER_ID",
-        "_FENCED",  # only ever raised as transient after a broker-side timeout abort
     }
 )
 
@@ -205,11 +204,6 @@ class KafkaTransactionalProducer:
         self._restart(Deadline(timeout_s, None), f"cannot start transactions as {transactional_id!r}")
 
     # -- the protocol ------------------------------------------------------------------------------
-
-    @property
-    def in_doubt(self) -> bool:
-        """Whether a commit's outcome is unknown (:meth:`resolve` tells it)."""
-        return self._doubt is not None
 
     def run(
         self,
