@@ -120,9 +120,7 @@ class KafkaProxy:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                with suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _shut(client, upstream)
 
     def _responses(self, upstream: socket.socket, client: socket.socket, exempt: bool) -> None:
         """Broker to client, as it comes."""
@@ -136,9 +134,14 @@ class KafkaProxy:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                with suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _shut(client, upstream)
+
+
+def _shut(*sockets: socket.socket) -> None:
+    """End both directions of a proxied connection (the other pump then sees its end)."""
+    for sock in sockets:
+        with suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _read(sock: socket.socket, n: int) -> bytes | None:

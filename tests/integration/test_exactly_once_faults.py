@@ -29,7 +29,7 @@ from keyedconsumer.consumer import BLOCKING_CALL_S, SHUTDOWN_MARGIN_S
 from keyedconsumer.errors import TransactionError
 
 from .conftest import Running
-from .kafka_proxy import END_TXN
+from .kafka_proxy import END_TXN, KafkaProxy
 from .kafkautil import committed, end_offsets, once_in_key_order, produce, read_committed_all, wait_until
 from .ownkafka import OwnKafka, own_kafka
 from .procs.eos_consumer import spawn
@@ -255,21 +255,26 @@ def test_sigterm_during_a_broker_stall_stops_within_the_bound_and_a_restart_fini
 
 
 def _run_until_frozen(
-    kafka: OwnKafka, start: Callable[[KeyedConsumer], Running], forward: bool, **options: object
-) -> tuple[Running, str, str, str, list[bytes]]:
-    """A transactional consumer through the proxy working through a backlog; returns once a commit
-    (``EndTxn``) froze the clients' traffic (``forward``: after the broker got it)."""
-    bootstrap = kafka.bootstrap
-    assert kafka.proxy is not None
+    kafka_faults: Callable[..., OwnKafka],
+    start: Callable[[KeyedConsumer], Running],
+    forward: bool,
+    **options: object,
+) -> tuple[OwnKafka, KafkaProxy, Running, str, str, str, list[bytes]]:
+    """A transactional consumer working through a backlog on a broker of its own behind the proxy;
+    returns once a commit (``EndTxn``) froze the clients' traffic (``forward``: after the broker got
+    it)."""
+    kafka = kafka_faults(FAST_ABORT, proxied=True)
+    bootstrap, proxy = kafka.bootstrap, kafka.proxy
+    assert proxy is not None
     src, out = _topics(bootstrap)
     tid = f"frozen-{uuid.uuid4().hex[:8]}"
     inputs = _inputs(20, 0, 300)
     _produce(bootstrap, src, inputs)
     running = start(_consumer(bootstrap, src, out, tid, **options))
     assert wait_until(lambda: _committed_at_least(bootstrap, tid, src, 200), 90)
-    kafka.proxy.freeze_at(END_TXN, forward=forward)
-    assert kafka.proxy.triggered.wait(60)
-    return running, src, out, tid, inputs
+    proxy.freeze_at(END_TXN, forward=forward)
+    assert proxy.triggered.wait(60)
+    return kafka, proxy, running, src, out, tid, inputs
 
 
 @pytest.mark.timeout(240)
@@ -279,17 +284,17 @@ def test_a_commit_whose_answer_comes_after_its_bound_is_resumed_not_redone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given a transactional consumer (transaction_timeout_s=4) whose commit reached the broker and
-    # whose answer is held back (the clients' traffic frozen right after EndTxn) for 7 s
-    kafka = kafka_faults(FAST_ABORT, proxied=True)
+    # whose answer is held back (the clients' traffic frozen right after EndTxn)
     caplog.set_level(logging.WARNING, logger="keyedconsumer")
-    running, src, out, tid, inputs = _run_until_frozen(kafka, start, True, transaction_timeout_s=4.0)
-    assert kafka.proxy is not None
+    kafka, proxy, running, src, out, tid, inputs = _run_until_frozen(
+        kafka_faults, start, True, transaction_timeout_s=4.0
+    )
     try:
-        # when the commit's bound passes without an answer
+        # when the commit's bound passes without an answer, and 3 s more
         assert wait_until(lambda: "transaction in doubt (" in caplog.text, 30, 0.1)
         time.sleep(3.0)
     finally:
-        kafka.proxy.release()
+        proxy.release()
     # then the consumer neither stopped nor redid the transaction: it finished the backlog
     _finishes(kafka.bootstrap, running, tid, src)
     # and every result is there exactly once, in key order
@@ -304,16 +309,16 @@ def test_a_commit_the_broker_aborted_on_its_timeout_is_redone_not_taken_for_fenc
 ) -> None:
     # given a transactional consumer (transaction_timeout_s=3) whose commit (EndTxn) is held back
     # before the broker sees it
-    kafka = kafka_faults(FAST_ABORT, proxied=True)
     caplog.set_level(logging.WARNING, logger="keyedconsumer")
-    running, src, out, tid, inputs = _run_until_frozen(kafka, start, False, transaction_timeout_s=3.0)
-    assert kafka.proxy is not None
+    kafka, proxy, running, src, out, tid, inputs = _run_until_frozen(
+        kafka_faults, start, False, transaction_timeout_s=3.0
+    )
     try:
         # until the broker aborted the transaction on its timeout (and bumped the producer epoch,
         # which librdkafka reports as _FENCED once the commit arrives)
         assert wait_until(lambda: kafka.transaction_state(tid) == "CompleteAbort", 60, 0.5)
     finally:
-        kafka.proxy.release()
+        proxy.release()
     # then the consumer took it for the broker's timeout abort, not for a newer producer: it started
     # its producer again and finished the backlog
     _finishes(kafka.bootstrap, running, tid, src)
@@ -328,16 +333,14 @@ def test_a_commit_in_doubt_while_the_broker_stays_away_stops_the_consumer_and_a_
     start: Callable[[KeyedConsumer], Running],
 ) -> None:
     # given a transactional consumer allowed 8 s of failures without an answer (max.poll.interval.ms)
-    kafka = kafka_faults(FAST_ABORT, proxied=True)
     config = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 8000}
     options = {"transaction_timeout_s": 3.0, "shutdown_timeout_s": 5.0, "config": config}
     # when its commit reached the broker and then the broker stays away (the clients' traffic frozen)
-    running, src, out, tid, inputs = _run_until_frozen(kafka, start, True, **options)
-    assert kafka.proxy is not None
+    kafka, proxy, running, src, out, tid, inputs = _run_until_frozen(kafka_faults, start, True, **options)
     try:
         stopped = running.join(90)
     finally:
-        kafka.proxy.release()
+        proxy.release()
     # then the consumer stopped with a TransactionError that says the broker did not answer
     assert stopped
     assert isinstance(running.error, TransactionError) and running.error.retriable, repr(running.error)
