@@ -342,8 +342,11 @@ class ConsumerConfig(BaseSettings):
         trips to the transaction coordinator) per interval.
     transaction_timeout_s:
         librdkafka ``transaction.timeout.ms`` in seconds (1 to 900): a transaction its producer left
-        open (a crash) is aborted by the broker after it. Also the longest time transactions may keep
-        failing with abortable errors before the consumer stops.
+        open (a crash, a stall) is aborted by the broker after it. Also the longest time transactions
+        may keep being refused (abortable errors that do not pass by themselves, e.g. a record the
+        topic refuses) before the consumer stops; failures that pass by themselves (no answer, a
+        commit in doubt, the group rebalancing) may last librdkafka's ``max.poll.interval.ms``
+        (docs/exactly-once.md, "Failures").
     produce_timeout_s:
         Without ``transactional``: seconds a produced record is tried (librdkafka
         ``message.timeout.ms``) before its attempt fails with ``PublishError``.

@@ -99,15 +99,30 @@ class TransactionError(KafkaClientError):
 
     ``abortable``: the transaction was aborted and nothing of it became visible, and the producer
     can run another one (librdkafka ``txn_requires_abort``: e.g. the group rebalanced and refused
-    the offsets, KIP-447's generation check); the engine tries the same records and offsets again in
-    a new transaction. Otherwise it is ``fatal`` (e.g. ``_FENCED``: a newer producer with the same
+    the offsets, KIP-447's generation check, KIP-848's ``STALE_MEMBER_EPOCH``); the engine tries the
+    same records and offsets again in a new transaction. ``in_doubt``: the commit was sent but not
+    answered within its bound, so its outcome is unknown; it is neither redone nor given up, but
+    resumed (``TransactionalProducer.resolve``) until the broker says whether it committed.
+    ``retriable``: the broker did not answer in time (a stall, an outage, the transaction
+    coordinator moving), as opposed to refusing; the same work may go through once it answers.
+    Otherwise it is ``fatal`` (e.g. ``_FENCED``: a newer producer with the same
     ``transactional.id`` started) or the broker refused a record for good (too large, no such topic,
     not authorised), and the consumer stops with this error.
     """
 
-    def __init__(self, message: str, code: str = "", fatal: bool = False, abortable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "",
+        fatal: bool = False,
+        abortable: bool = False,
+        retriable: bool = False,
+        in_doubt: bool = False,
+    ) -> None:
         super().__init__(message, code=code, fatal=fatal)
         self.abortable = abortable
+        self.retriable = retriable
+        self.in_doubt = in_doubt
 
 
 class PublishError(KeyedConsumerError):

@@ -28,10 +28,15 @@ one.
 
 An *abortable* failure (e.g. ``REBALANCE_IN_PROGRESS`` / ``ILLEGAL_GENERATION`` while the group
 rebalances) aborts; the same records stay in hand and go out in the next transaction, with the
-offsets as they are then. Abortable failures lasting longer than ``transaction_timeout_s``, a
-record refused for good, or a fatal error (``_FENCED``: another producer with the same
-``transactional_id``) stop the consumer with a :class:`~keyedconsumer.TransactionError`; nothing
-more is committed, and a restart runs everything after the last committed transaction again.
+offsets as they are then. A commit left *in doubt* (not answered in time: a broker stall) is neither
+redone nor given up: the next transaction first asks the producer how it ended
+(:meth:`~keyedconsumer.kafka.TransactionalProducer.resolve`), then counts its records written, or
+sends them again. Failures that pass by themselves (``retriable``: no answer, the group moving) may
+last up to librdkafka's ``max.poll.interval.ms``; other abortable ones up to
+``transaction_timeout_s``; past that, or on a record refused for good or a fatal error
+(``_FENCED``: another producer with the same ``transactional_id``), the consumer stops with a
+:class:`~keyedconsumer.TransactionError`; nothing more is committed, and a restart runs everything
+after the last committed transaction again. While stopping, a failure is logged, not raised.
 """
 
 from __future__ import annotations
@@ -98,7 +103,14 @@ class TransactionalCommit:
         self._committed: dict[TP, tuple[int, str]] = {}  # what the last transaction committed
         self._next_s = 0.0  # when the next periodic transaction is due (monotonic seconds)
         self._pause_s = TRANSACTION_RETRY_S[0]
-        self._failing_since: float | None = None
+        self._failing_since: float | None = None  # abortable refusals since (monotonic seconds)
+        self._retrying_since: float | None = None  # retriable failures (no answer, the group moving) since
+        self._outage_s = float(config.librdkafka().get("max.poll.interval.ms", 300_000)) / 1000.0
+        #: the transaction whose commit is in doubt: (records not in it, offsets, metadata, partitions, records)
+        self._doubt: (
+            tuple[list[Finished], list[tuple[str, int, int]], dict[TP, str], dict[TP, Partition], int] | None
+        ) = None
+        self._stopping = False
         self._broken = False
         self._warned = False
         #: Transactions committed, and the records they wrote.
@@ -145,11 +157,20 @@ class TransactionalCommit:
 
     def commit_final(self, deadline: float) -> None:
         """The stop's transaction, tried again after abortable failures until ``deadline``."""
+        self._stopping = True
         while not self._broken:
             if self.commit(self._engine.partitions.active(), max(0.5, deadline - time.monotonic())):
                 return
             if time.monotonic() + self._pause_s >= deadline:
-                log.warning("final transaction not committed: what finished after the last one runs again")
+                if self._doubt is not None:
+                    log.warning(
+                        "final transaction in doubt (no answer from the broker): the broker completes or "
+                        "aborts it; the next owner reads the committed offsets once it did (require_stable)"
+                    )
+                else:
+                    log.warning(
+                        "final transaction not committed: what finished after the last one runs again"
+                    )
                 return
             time.sleep(self._pause_s)
 
@@ -182,6 +203,9 @@ class TransactionalCommit:
         committed or nothing needed one, ``False`` when it failed (an abortable failure: its records
         stay in hand; or the consumer is stopping with the error)."""
         if self._broken or self._producer is None:
+            return False
+        end = time.monotonic() + timeout_s
+        if self._doubt is not None and not self._resolve(timeout_s):
             return False
         offsets, meta = self._engine.partitions.commit_offsets(parts)  # first: what counts done now
         kept = self._kept
@@ -222,31 +246,83 @@ class TransactionalCommit:
             self._kept = later
             return True
         try:
-            self._producer.run(records, offsets, meta, timeout_s)
+            self._producer.run(records, offsets, meta, max(0.5, end - time.monotonic()), self._budget)
         except TransactionError as exc:
+            if exc.in_doubt:  # asked first next time; nothing is sent again meanwhile
+                self._doubt = (later, offsets, meta, by_tp, len(records))
             return self._failed(exc)
-        self._kept = later
-        self._failing_since = None
-        self._pause_s = TRANSACTION_RETRY_S[0]
-        self.transactions += 1
-        self.records += len(records)
-        for t, n, o in offsets:
-            self._committed[(t, n)] = (o, meta.get((t, n), ""))
-            part = by_tp.get((t, n))
-            if part is not None:
-                part.mark_stored(o)
+        self._succeeded(later, offsets, meta, by_tp, len(records))
         return True
 
+    def _resolve(self, timeout_s: float) -> bool:
+        """The last transaction's commit was not answered: its outcome decides what is in hand
+        (nothing was taken since). ``False`` while it is still unknown."""
+        assert self._producer is not None and self._doubt is not None
+        try:
+            committed = self._producer.resolve(timeout_s, self._budget)
+        except TransactionError as exc:
+            return self._failed(exc)
+        later, offsets, meta, tps, count = self._doubt
+        self._doubt = None
+        if committed:
+            self._succeeded(later, offsets, meta, tps, count)
+        else:
+            log.warning("the transaction in doubt was aborted: its records and offsets go in the next one")
+        return True
+
+    def _succeeded(
+        self,
+        later: list[Finished],
+        offsets: list[tuple[str, int, int]],
+        meta: dict[TP, str],
+        tps: dict[TP, Partition],
+        count: int,
+    ) -> None:
+        self._kept = later
+        self._failing_since = self._retrying_since = None
+        self._pause_s = TRANSACTION_RETRY_S[0]
+        self.transactions += 1
+        self.records += count
+        for t, n, o in offsets:
+            self._committed[(t, n)] = (o, meta.get((t, n), ""))
+            part = tps.get((t, n))
+            if part is not None:
+                part.mark_stored(o)
+
     def _failed(self, exc: TransactionError) -> bool:
+        """Try again later (back-off), unless the failure is final or has lasted too long: then stop
+        the consumer. While stopping, only a final failure stops it with an error."""
         now = time.monotonic()
-        if exc.abortable:
-            if self._failing_since is None:
-                self._failing_since = now
-            if now - self._failing_since < self._config.transaction_timeout_s:
-                log.warning("transaction aborted (%s): its records and offsets go in the next one", exc)
+        if not exc.fatal and (exc.abortable or exc.in_doubt):
+            if self._stopping:
+                log.warning("transaction not committed while stopping: %s", exc)
+                return False
+            if exc.retriable:  # no answer, the group moving: up to max.poll.interval.ms
+                if self._retrying_since is None:
+                    self._retrying_since = now
+                since, limit = self._retrying_since, self._outage_s
+            else:
+                if self._failing_since is None:
+                    self._failing_since = now
+                since, limit = self._failing_since, self._config.transaction_timeout_s
+            if now - since < limit:
+                if exc.in_doubt:
+                    log.warning("transaction in doubt (%s): its outcome is asked again first", exc)
+                else:
+                    log.warning("transaction aborted (%s): its records and offsets go in the next one", exc)
                 self._next_s = now + self._pause_s
                 self._pause_s = min(TRANSACTION_RETRY_S[1], self._pause_s * 2)
                 return False
+            if exc.retriable:
+                exc = TransactionError(
+                    f"transactions failed for {limit:g} s (max.poll.interval.ms) without getting through (no "
+                    "answer from the brokers, or the group kept rebalancing): stopping; a restart runs what the "
+                    f"last committed transaction did not cover: {exc}",
+                    code=exc.code,
+                    abortable=exc.abortable,
+                    retriable=True,
+                    in_doubt=exc.in_doubt,
+                )
         self._broken = True
         self._fail(exc)
         return False

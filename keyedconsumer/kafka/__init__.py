@@ -232,7 +232,8 @@ class TransactionalProducer(Protocol):
     Used from one thread (the consumer's poll thread).
 
     :meth:`run` is one transaction: begin, produce, send the offsets, commit. Nothing of it becomes
-    visible to ``read_committed`` readers unless all of it does.
+    visible to ``read_committed`` readers unless all of it does. A commit not answered in time is
+    *in doubt*: :meth:`resolve` tells how it ended before another transaction may run.
     """
 
     def run(
@@ -241,19 +242,34 @@ class TransactionalProducer(Protocol):
         offsets: Sequence[tuple[str, int, int]],
         metadata: Mapping[TP, str],
         timeout_s: float,
+        budget: Callable[[float], float] | None = None,
     ) -> None:
         """Write ``records`` (``(topic, key, value, headers)``, in order) and commit ``offsets``
         (``(topic, partition, next offset)`` with ``metadata[(topic, partition)]``) for the
-        consumer's group, in one transaction, within about ``timeout_s`` seconds.
+        consumer's group, in one transaction, within about ``timeout_s`` seconds, cut further when
+        ``budget(cap_s) -> seconds`` allows less (a stop under way).
 
         Raises
         ------
         TransactionError
-            ``abortable``: it was aborted (nothing of it is visible) and another may be tried.
+            ``abortable``: it was aborted (nothing of it is visible) and another may be tried
+            (``retriable``: the failure passes by itself, e.g. the broker did not answer, the group
+            rebalances). ``in_doubt``: its commit was not answered in time; call :meth:`resolve`.
             Otherwise the producer failed for good (``fatal``, e.g. fenced) or a record was refused.
         """
         ...
 
+    def resolve(self, timeout_s: float, budget: Callable[[float], float] | None = None) -> bool:
+        """How the transaction that :meth:`run` left in doubt ended: ``True`` committed, ``False``
+        aborted (nothing of it visible). Waits up to ``timeout_s`` seconds (cut by ``budget``).
+
+        Raises
+        ------
+        TransactionError
+            ``in_doubt``: still no answer; ``fatal``: the producer failed for good.
+        """
+        ...
+
     def close(self) -> None:
-        """Abort an open transaction (best effort) and release the producer."""
+        """Abort an open transaction (best effort, briefly) and release the producer."""
         ...

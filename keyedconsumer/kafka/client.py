@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from ..config import is_connection_property
 from ..errors import CommitError, KafkaClientError
 from ..message import Message
 from . import MISSING_TOPIC, TP, BatchPublisher, KafkaClient, RebalanceListener, TransactionalProducer, logs
+from .bounded import Deadline, Pending
 from .oauth import with_token_source
 
 __all__ = ["connect", "check_cluster", "missing_topic_text"]
@@ -40,30 +40,12 @@ class _NotDone(Exception):
 
 def _bounded(fn: Callable[[], Any], timeout_s: float, name: str) -> Any:
     """Call ``fn()`` in a daemon thread and return its result, or raise :class:`_NotDone` if it has
-    not returned within ``timeout_s`` seconds (it is then left to finish, or not, on its own).
-
-    librdkafka's synchronous commit and ``close()`` take no timeout and wait on the broker (a stopped
-    broker holds them up to ``socket.timeout.ms``, 60 s by default; confluent-kafka-python #1667,
-    librdkafka #1002); the handle may be used from several threads, so a caller can stop waiting.
-    """
-    box: list[tuple[bool, Any]] = []
-    done = threading.Event()
-
-    def call() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:
-            box.append((False, exc))
-        finally:
-            done.set()
-
-    threading.Thread(target=call, name=f"keyedconsumer-{name}", daemon=True).start()
-    if not done.wait(max(0.0, timeout_s)):
+    not returned within ``timeout_s`` seconds (it is then left to finish, or not, on its own; see
+    :mod:`.bounded`)."""
+    pending = Pending(fn, name)
+    if not pending.wait(Deadline(timeout_s)):
         raise _NotDone()
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
+    return pending.result()
 
 
 def _tp(topic: str, partition: int, offset: int, metadata: str) -> TopicPartition:
@@ -399,6 +381,7 @@ class _ConfluentClient:
             self._producer_conf,
             transactional_id,
             self._consumer.consumer_group_metadata,
+            self.committed,
             timeout_s,
             transaction_timeout_s,
         )

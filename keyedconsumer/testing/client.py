@@ -297,7 +297,11 @@ class FakeTransactionalProducer:
     Attributes
     ----------
     fail_next:
-        When set, the next transaction raises it (and is not applied); then it is cleared.
+        When set, the next transaction raises it (and is not applied); then it is cleared. An
+        ``in_doubt`` error models a commit whose answer was lost: the transaction is applied first
+        when ``in_doubt_committed`` is true, and :meth:`resolve` then says which.
+    in_doubt_committed:
+        Whether a transaction failed with an ``in_doubt`` error had committed (default ``True``).
     transactions:
         Transactions applied so far.
     """
@@ -312,6 +316,8 @@ class FakeTransactionalProducer:
         self._client = client
         self.transactional_id = transactional_id
         self.fail_next: TransactionError | None = None
+        self.in_doubt_committed = True
+        self._doubt: bool | None = None  # the outcome resolve() tells
         self.transactions = 0
         with self._live_lock:
             self._live.setdefault(broker, {})[transactional_id] = self
@@ -328,6 +334,7 @@ class FakeTransactionalProducer:
         offsets: Sequence[tuple[str, int, int]],
         metadata: Mapping[TP, str],
         timeout_s: float,
+        budget: Callable[[float], float] | None = None,
     ) -> None:
         """Apply one transaction (see the class docstring).
 
@@ -338,9 +345,26 @@ class FakeTransactionalProducer:
             ``ILLEGAL_GENERATION`` when the member does not own a partition of ``offsets``; not
             abortable when a record's topic does not exist and the broker creates none.
         """
+        if self._doubt is not None:
+            raise TransactionError("resolve() first", code="_IN_DOUBT", retriable=True, in_doubt=True)
         error, self.fail_next = self.fail_next, None
+        if error is not None and error.in_doubt:
+            if self.in_doubt_committed:
+                self._apply(records, offsets, metadata)
+            self._doubt = self.in_doubt_committed
+            raise error
         if error is not None:
             raise error
+        self._apply(records, offsets, metadata)
+
+    def resolve(self, timeout_s: float, budget: Callable[[float], float] | None = None) -> bool:
+        """Whether the transaction failed ``in_doubt`` had committed (``in_doubt_committed``)."""
+        outcome, self._doubt = self._doubt, None
+        return True if outcome is None else outcome
+
+    def _apply(
+        self, records: Sequence[Record], offsets: Sequence[tuple[str, int, int]], metadata: Mapping[TP, str]
+    ) -> None:
         if self.of(self._broker, self.transactional_id) is not self:
             raise TransactionError(
                 f"transactional id {self.transactional_id!r}: _FENCED: a newer producer started",
@@ -354,6 +378,7 @@ class FakeTransactionalProducer:
                 f"transaction aborted: ILLEGAL_GENERATION: {stale} not assigned to this member",
                 code="ILLEGAL_GENERATION",
                 abortable=True,
+                retriable=True,
             )
         topics = self._broker.topics()
         missing = sorted({r[0] for r in records if r[0] not in topics})
@@ -365,7 +390,9 @@ class FakeTransactionalProducer:
             try:
                 self._client.commit(offsets, metadata)
             except KafkaClientError as exc:  # a revoke between the check and the commit
-                raise TransactionError(f"transaction aborted: {exc}", code=exc.code, abortable=True) from None
+                raise TransactionError(
+                    f"transaction aborted: {exc}", code=exc.code, abortable=True, retriable=True
+                ) from None
         for topic, key, value, headers in records:
             self._broker.produce(topic, value, key=key, headers=headers)
         self.transactions += 1

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -14,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from keyedconsumer.middleware import Retry
 
@@ -22,68 +19,17 @@ from keyedconsumer import KeyedConsumer, Message
 from keyedconsumer.errors import TransactionError
 
 from .conftest import Running
-from .kafkautil import committed, produce, wait_until
+from .kafkautil import CommittedReader, committed, produce, wait_until
+from .procs.eos_consumer import spawn
 
 pytestmark = [pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class CommittedReader:
-    """A ``read_committed`` reader of a topic from its beginning, read in a thread of its own."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.values: list[tuple[bytes, bytes]] = []  # (key, value) in each partition's order
-        self._c = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
-        )
-        self._c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            got = [(m.key(), m.value()) for m in self._c.consume(200, 0.2) if m.error() is None]
-            with self._lock:
-                self.values.extend(got)
-
-    def snapshot(self) -> list[tuple[bytes, bytes]]:
-        with self._lock:
-            return list(self.values)
-
-    def close(self) -> list[tuple[bytes, bytes]]:
-        self._stop.set()
-        self._t.join(10)
-        self._c.close()
-        return self.snapshot()
-
-
 def _spawn(
     bootstrap: str, group: str, src: str, out: str, mode: str, txn_id: str, marker: str, folder: Path
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.integration.procs.eos_consumer",
-            bootstrap,
-            group,
-            src,
-            out,
-            mode,
-            txn_id,
-            marker,
-            str(folder),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
+    return spawn(bootstrap, group, src, out, mode, txn_id, marker, str(folder))
 
 
 def _kill_at_the_marker_and_finish(

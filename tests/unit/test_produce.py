@@ -144,10 +144,11 @@ def test_transactional_writes_each_result_once_through_a_rebalance(kc_broker: In
         ]
 
 
-def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(
-    kc_broker: InMemoryBroker,
-) -> None:
-    # given a transactional consumer whose next transaction will be aborted
+def _five_results_through_a_failed_transaction(
+    kc_broker: InMemoryBroker, name: str, failure: TransactionError, in_doubt_committed: bool = True
+) -> FakeTransactionalProducer:
+    """A transactional consumer of 5 messages of one key, whose first transaction raises
+    ``failure`` (``in_doubt_committed``: as the fake's attribute), run until idle; returns its producer."""
     kc_broker.create_topic("in", partitions=1)
     for i in range(5):
         kc_broker.produce("in", str(i), key="k")
@@ -158,25 +159,50 @@ def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(
         msg.produce("out", msg.key, msg.value)
 
     consumer = kc_broker.consumer(
-        name="abort",
+        name=name,
         handler=handle,
         topics=["in"],
         transactional=True,
-        transactional_id="abort-1",
+        transactional_id=f"{name}-1",
         transaction_interval_s=0.005,
     )
     with kc_broker.run(consumer) as run:
         run.wait_for(
-            lambda: FakeTransactionalProducer.of(kc_broker, "abort-1") is not None, what="the producer"
+            lambda: FakeTransactionalProducer.of(kc_broker, f"{name}-1") is not None, what="the producer"
         )
-        producer = FakeTransactionalProducer.of(kc_broker, "abort-1")
+        producer = FakeTransactionalProducer.of(kc_broker, f"{name}-1")
         assert producer is not None
-        producer.fail_next = TransactionError("aborted", code="REBALANCE_IN_PROGRESS", abortable=True)
+        producer.in_doubt_committed = in_doubt_committed
+        producer.fail_next = failure
         started.set()
-        # when it runs until idle
         run.until_idle()
+    return producer
+
+
+def test_an_abortable_failure_sends_the_same_records_in_the_next_transaction(
+    kc_broker: InMemoryBroker,
+) -> None:
+    # given a transactional consumer whose next transaction will be aborted
+    # when it runs until idle
+    failure = TransactionError("aborted", code="REBALANCE_IN_PROGRESS", abortable=True)
+    producer = _five_results_through_a_failed_transaction(kc_broker, "abort", failure)
     # then the aborted transaction left nothing, and the next one wrote every record once
     assert _ledger(kc_broker, "out") == [b"0", b"1", b"2", b"3", b"4"]
+    assert producer.fail_next is None
+
+
+@pytest.mark.parametrize("had_committed", [True, False], ids=["committed", "aborted"])
+def test_a_commit_in_doubt_is_resolved_before_anything_is_written_again(
+    kc_broker: InMemoryBroker, had_committed: bool
+) -> None:
+    # given a transactional consumer whose next commit goes unanswered (in doubt) after it did, or
+    # did not, commit on the broker
+    # when it runs until idle
+    failure = TransactionError("no answer", code="_TIMED_OUT", retriable=True, in_doubt=True)
+    producer = _five_results_through_a_failed_transaction(kc_broker, "doubt", failure, had_committed)
+    # then the consumer asked how the commit ended before the next transaction: each record once
+    assert _ledger(kc_broker, "out") == [b"0", b"1", b"2", b"3", b"4"]
+    assert kc_broker.committed("doubt") == {("in", 0): 5}
     assert producer.fail_next is None
 
 
