@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..errors import HandlerContractViolation
+from ..errors import HandlerContractViolation, HandlerTimeoutError
 from ..message import Message, Status
 from ..outcomes import BatchFailed
 from .delivery import Delivery
@@ -138,7 +138,8 @@ class BatchRun:
             return
         tb = exc.__traceback__
         for msg in msgs:
-            if msg.status not in _ACKED or isinstance(exc, HandlerContractViolation):
+            # past the time limit, or a broken contract: every message, acknowledged or not
+            if msg.status not in _ACKED or isinstance(exc, (HandlerContractViolation, HandlerTimeoutError)):
                 self._ends[msg] = (exc, tb)
 
     def settle_sync(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
