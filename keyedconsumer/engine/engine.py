@@ -120,9 +120,8 @@ class Engine:
         return out
 
     def take_batch(self, size: int) -> list[Delivery]:
-        """Up to ``size`` ready heads for one batch handler call, oldest admitted first. A lane has
-        one head at a time, so a batch holds at most one message per lane."""
-        batch = self.queue.take(size, lambda d: None)
+        """Up to ``size`` ready heads for one batch handler call (:meth:`.ready.ReadyQueue.take_batch`)."""
+        batch = self.queue.take_batch(size)
         self.partitions.started(batch)
         self.flow.started(len(batch))
         return batch
@@ -288,7 +287,7 @@ class Engine:
                 self.flow.ended()
                 d.msg.attempt += 1
                 self._retries += 1
-                self.queue.delay(d, delay_s)
+                self.queue.delay(d, delay_s, type(outcome) is Retry and outcome.alone)
                 return True
         return False
 
