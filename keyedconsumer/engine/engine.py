@@ -266,12 +266,12 @@ class Engine:
             case NotStarted() if lane is not None and live:
                 # it stays its lane's head (its key's later messages must not run first): held while
                 # stopping or catching up (until it is below the highest finished offset), else
-                # ready again at once (its lease was briefly unconfirmed)
+                # ready again at once, or kept by the sequencer (until its lease was renewed)
                 part.ended()
                 self.flow.ended()
                 if self.stopping or part.catching_up:
                     self.queue.hold(d)
-                else:
+                elif self._plain or self.seq.not_started(d):
                     self.queue.push(d)
                 return True
             case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
