@@ -75,7 +75,9 @@ class KeyedConsumer:
         ``handler``. Each message ends on its own: raise :class:`~keyedconsumer.BatchFailed`
         ``({msg: exc})`` to fail some (the others are done); call ``msg.ack_skip()`` /
         ``msg.ack_fail(err)`` per message; any other exception fails every message not acknowledged
-        (``ack_success``) before it. ``handler_timeout_s`` is the limit of one batch call. Only
+        (``ack_success``) before it, and each one's retry then comes in a batch of its own (so a
+        poison message does not take its batch-mates to the dead-letter topic with it).
+        ``handler_timeout_s`` is the limit of one batch call. Only
         outcome middlewares (``Retry``, ``DeadLetter``, ``Recover``) are taken, applied to each
         message's end; see :mod:`keyedconsumer.engine.batch`.
     middlewares:

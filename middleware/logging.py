@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -14,7 +15,9 @@ __all__ = ["Logging", "outcome_of"]
 
 
 def outcome_of(msg: Message, exc: BaseException | None) -> str:
-    """``SUCCESS``, ``SKIP``, ``FAIL``, ``RETRY`` or ``DEAD_LETTERED`` for a handler that ended."""
+    """``SUCCESS``, ``SKIP``, ``FAIL``, ``RETRY``, ``DEAD_LETTERED`` or ``CANCELLED`` (the engine
+    cancelled the run: its event loop is going away; the message runs again) for a handler that
+    ended."""
     if exc is None:
         if msg.state.get("dead_lettered"):
             return "DEAD_LETTERED"
@@ -23,6 +26,8 @@ def outcome_of(msg: Message, exc: BaseException | None) -> str:
         return "RETRY"
     if isinstance(exc, SkipMessage):
         return "SKIP"
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELLED"
     return "FAIL"
 
 

@@ -25,18 +25,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..errors import HandlerContractViolation
+from ..errors import HandlerContractViolation, HandlerTimeoutError
 from ..message import Message, Status
 from ..outcomes import BatchFailed
 from .delivery import Delivery
 from .handler import Middleware, compose, is_async
-from .outcome import Outcome
+from .outcome import Outcome, Retry
 from .results import Results
 
 #: ``settle(msg, exception_or_None) -> Outcome`` (:class:`~.settle.Settler`).
 Settle = Callable[[Message, "BaseException | None"], Outcome]
 
-__all__ = ["BatchHandler", "BatchRun", "OUTCOME_ONLY", "check_batch_middlewares"]
+__all__ = ["BatchHandler", "BatchRun", "OUTCOME_ONLY", "check_batch_middlewares", "alone"]
 
 log = logging.getLogger("keyedconsumer")
 
@@ -124,10 +124,13 @@ class BatchRun:
 
             self.chain = compose(results.wrap(end, drop_at_start=False) if results else end, middlewares)
 
-    def ends(self, msgs: list[Message], exc: BaseException | None) -> None:
-        """Record what each of ``msgs`` ended with, from the batch call's exception ``exc``."""
+    def ends(self, msgs: list[Message], exc: BaseException | None) -> set[Message]:
+        """Record what each of ``msgs`` ended with, from the batch call's exception ``exc``.
+        Returns the messages that failed together with the batch (an exception that said nothing of
+        each message): their retries run alone (:func:`alone`), so one poison message cannot fail its
+        batch-mates again and again into the dead-letter topic."""
         if exc is None:
-            return
+            return set()
         if isinstance(exc, BatchFailed):
             batch = set(msgs)
             for msg, error in exc.errors.items():
@@ -135,11 +138,15 @@ class BatchRun:
                     self._ends[msg] = (error, error.__traceback__)
                 else:
                     log.warning("BatchFailed names %r, which is not in the batch: ignored", msg)
-            return
+            return set()
         tb = exc.__traceback__
+        together = set()
         for msg in msgs:
-            if msg.status not in _ACKED or isinstance(exc, HandlerContractViolation):
+            # past the time limit, or a broken contract: every message, acknowledged or not
+            if msg.status not in _ACKED or isinstance(exc, (HandlerContractViolation, HandlerTimeoutError)):
                 self._ends[msg] = (exc, tb)
+                together.add(msg)
+        return together if len(msgs) > 1 else set()
 
     def settle_sync(self, started: list[Delivery], settle: Settle) -> list[tuple[Delivery, Outcome]]:
         """Each message's end through the chain, settled."""
@@ -171,3 +178,14 @@ class BatchRun:
             finally:
                 self._ends.pop(msg, None)  # a middleware that did not call the handler left it
         return out
+
+
+def alone(results: list[tuple[Delivery, Outcome]], together: set[Message]) -> list[tuple[Delivery, Outcome]]:
+    """``results`` with the retries of the messages that failed ``together`` with their batch made
+    to run alone (``Retry(alone=True)``): the next call tells which of them fails."""
+    if not together:
+        return results
+    return [
+        (d, Retry(o.delay_s, alone=True)) if type(o) is Retry and d.msg in together else (d, o)
+        for d, o in results
+    ]

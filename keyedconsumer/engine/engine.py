@@ -120,9 +120,8 @@ class Engine:
         return out
 
     def take_batch(self, size: int) -> list[Delivery]:
-        """Up to ``size`` ready heads for one batch handler call, oldest admitted first. A lane has
-        one head at a time, so a batch holds at most one message per lane."""
-        batch = self.queue.take(size, lambda d: None)
+        """Up to ``size`` ready heads for one batch handler call (:meth:`.ready.ReadyQueue.take_batch`)."""
+        batch = self.queue.take_batch(size)
         self.partitions.started(batch)
         self.flow.started(len(batch))
         return batch
@@ -267,12 +266,12 @@ class Engine:
             case NotStarted() if lane is not None and live:
                 # it stays its lane's head (its key's later messages must not run first): held while
                 # stopping or catching up (until it is below the highest finished offset), else
-                # ready again at once (its lease was briefly unconfirmed)
+                # ready again at once, or kept by the sequencer (until its lease was renewed)
                 part.ended()
                 self.flow.ended()
                 if self.stopping or part.catching_up:
                     self.queue.hold(d)
-                else:
+                elif self._plain or self.seq.not_started(d):
                     self.queue.push(d)
                 return True
             case Park(delay_s) if lane is not None and live and self.seq.park(d, delay_s):
@@ -288,7 +287,7 @@ class Engine:
                 self.flow.ended()
                 d.msg.attempt += 1
                 self._retries += 1
-                self.queue.delay(d, delay_s)
+                self.queue.delay(d, delay_s, type(outcome) is Retry and outcome.alone)
                 return True
         return False
 

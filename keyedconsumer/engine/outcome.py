@@ -10,7 +10,8 @@ outcome             what the engine does
                     it ended in a dead-letter topic (a parked key may then be quarantined).
 ``NotStarted``      it did not run (the consumer is stopping, its partition is being revoked, its
                     key's lease is unconfirmed): it stays its lane's head.
-``Retry``           run it again after ``delay_s`` seconds, in memory: only its key waits.
+``Retry``           run it again after ``delay_s`` seconds, in memory: only its key waits
+                    (``alone``: a batch handler gets it in a batch of its own).
 ``Park``            park its key (with a sequencer that parks) due again after ``delay_s``; else
                     as ``Retry``.
 ``Halt``            a failure nothing handled (the consumer stops), or the run is over: not done.
@@ -51,9 +52,11 @@ class NotStarted:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Retry:
-    """Run the message again after ``delay_s`` seconds (it stays its lane's head)."""
+    """Run the message again after ``delay_s`` seconds (it stays its lane's head); ``alone``: in a
+    batch of its own (it failed with its whole batch, which said nothing of each message)."""
 
     delay_s: float
+    alone: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -34,7 +35,7 @@ class ReadyQueue:
         Monotonic clock in seconds for due times (a fake one in :mod:`keyedconsumer.testing`).
     """
 
-    __slots__ = ("clock", "_fifo", "_late", "_delayed", "_held", "_seq")
+    __slots__ = ("clock", "_fifo", "_late", "_delayed", "_held", "_seq", "_alone")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -47,6 +48,8 @@ class ReadyQueue:
         self._delayed: list[tuple[float, int, Delivery]] = []  # heap of (due monotonic s, seq, head)
         self._held: list[Delivery] = []
         self._seq = itertools.count()
+        # retries that failed with their whole batch: a batch handler gets each in a batch of its own
+        self._alone: weakref.WeakSet[Delivery] = weakref.WeakSet()
 
     def __len__(self) -> int:
         """How many heads are ready."""
@@ -95,11 +98,31 @@ class ReadyQueue:
                 limit = b
         return out
 
+    def take_batch(self, size: int) -> list[Delivery]:
+        """Up to ``size`` ready heads for one batch call, oldest admitted first. A head marked
+        ``alone`` (:meth:`delay`) goes in a batch of its own: when it is the oldest, alone; else it
+        waits for a later call."""
+        batch = self.take(size, lambda d: None)
+        alone = self._alone
+        if not alone or not batch:
+            return batch
+        if batch[0] in alone:
+            alone.discard(batch[0])
+            for d in batch[1:]:
+                self.push(d)
+            return batch[:1]
+        for d in batch:
+            if d in alone:
+                self.push(d)
+        return [d for d in batch if d not in alone]
+
     # -- delayed ------------------------------------------------------------------------------------
 
-    def delay(self, d: Delivery, delay_s: float) -> None:
-        """``d`` runs again after ``delay_s`` seconds."""
+    def delay(self, d: Delivery, delay_s: float, alone: bool = False) -> None:
+        """``d`` runs again after ``delay_s`` seconds; ``alone``: in a batch of its own."""
         heapq.heappush(self._delayed, (self.clock() + delay_s, next(self._seq), d))
+        if alone:
+            self._alone.add(d)
 
     def next_due_s(self) -> float | None:
         """When the next delayed head is due (clock seconds), or ``None``."""

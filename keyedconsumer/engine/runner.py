@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..message import Message
-from .batch import BatchRun, Settle
+from .batch import BatchRun, Settle, alone
 from .delivery import Delivery
 from .handler import not_awaited
 from .outcome import NOT_STARTED, Outcome
@@ -120,8 +120,8 @@ class Runner:
                 error = exc
             else:
                 error = _returned(msgs[0], result)
-            run.ends(msgs, error)
-            results.extend(run.settle_sync(started, self._settle))
+            together = run.ends(msgs, error)
+            results.extend(alone(run.settle_sync(started, self._settle), together))
         return results, 0.0
 
 
@@ -187,6 +187,6 @@ class AsyncRunner:
                 error = exc  # the handler raised it itself: a failure of its messages
             except BaseException as exc:  # the batch's exception: its messages' ends
                 error = exc
-            run.ends(msgs, error)
-            results.extend(await run.settle_async(started, self._settle))
+            together = run.ends(msgs, error)
+            results.extend(alone(await run.settle_async(started, self._settle), together))
         return results, 0.0

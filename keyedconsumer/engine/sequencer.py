@@ -116,6 +116,11 @@ class Sequencer(Protocol):
         """Just before ``d`` runs (a worker thread; read only): may it (e.g. its key's lease is
         still this instance's, with a safety margin left)?"""
 
+    def not_started(self, d: Delivery) -> bool:
+        """``d`` did not start (:meth:`may_start` said no) and stays its lane's head. ``True``: it
+        may be made ready again now; ``False``: the sequencer keeps it and makes it ready later
+        (e.g. once its key's lease was renewed)."""
+
     def accepts(self, d: Delivery) -> bool:
         """``d``'s run ended: does its result count? ``False``: the sequencer took it back (it ran
         under a lease this instance lost); it stays its lane's head and runs again when it may."""
@@ -187,6 +192,9 @@ class InMemorySequencer:
         return True
 
     def may_start(self, d: Delivery) -> bool:
+        return True
+
+    def not_started(self, d: Delivery) -> bool:
         return True
 
     def accepts(self, d: Delivery) -> bool:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from .delivery import Delivery
 from .outcome import NOT_STARTED, Outcome
+from .timelimit import install_tracking_executor
 
 __all__ = [
     "Mailbox",
@@ -271,6 +272,8 @@ class AsyncWorkers(Workers):
             self._loop.close()
 
     async def _main(self) -> None:
+        # threads a timed-out attempt started (asyncio.to_thread) are waited for: see timelimit.py
+        install_tracking_executor(self._loop)
         await asyncio.gather(*(self._work(slot) for slot in self.slots))
 
     def submit(self, units: list[Unit]) -> None:

@@ -33,7 +33,18 @@ RETRY_MAX_S = 0.25
 
 
 class Lease:
-    __slots__ = ("lid", "owner", "fence", "held", "renewed_s", "active", "waiting", "retry_s", "parked")
+    __slots__ = (
+        "lid",
+        "owner",
+        "fence",
+        "held",
+        "renewed_s",
+        "active",
+        "waiting",
+        "retry_s",
+        "parked",
+        "renewing",
+    )
 
     def __init__(self, lid: str) -> None:
         self.lid = lid
@@ -45,6 +56,7 @@ class Lease:
         self.waiting: deque[Holder] = deque()  # lane heads waiting for it
         self.retry_s = 0.0  # not asked again before this time
         self.parked = False  # the key has a parked list in Redis (known while the lease is held)
+        self.renewing: list[Holder] = []  # heads that did not start for lack of time left: renew first
 
 
 class LeaseTable:
@@ -54,6 +66,9 @@ class LeaseTable:
 
     def __init__(self, ttl_s: float, linger_s: float = 0.0) -> None:
         self.ttl_s = ttl_s
+        #: A head starts only while at least this much of its lease's TTL is left (seconds): half the
+        #: TTL, which renewals every ``renew_interval_s`` (a third of the TTL at most) keep.
+        self.start_margin_s = ttl_s / 2
         self.linger_s = linger_s
         self.by_id: dict[str, Lease] = {}
         self.want: set[str] = set()
@@ -105,6 +120,27 @@ class LeaseTable:
                 self._forget(lease)
         return None
 
+    def may_start(self, msg: Holder, lid: str) -> bool:
+        """True if ``msg`` may start now under its key's lease: the lease is this instance's and at
+        least :attr:`start_margin_s` of its TTL is left (so a run does not begin under a lease about
+        to lapse, which another instance could take while the run goes on)."""
+        lease = self.by_id.get(lid)
+        if lease is None or lease.active is not msg or not lease.held:
+            return False
+        if getattr(msg, "fencing_token", None) != lease.fence:
+            return False
+        return time.monotonic() - lease.renewed_s < self.ttl_s - self.start_margin_s
+
+    def await_renewal(self, msg: Holder, lid: str) -> None:
+        """``msg`` did not start for lack of time left on its key's lease: it waits, still the
+        lease's head, for the next renewal (:meth:`renewed` returns it), or for the lease again when
+        it is lost."""
+        lease = self.by_id.get(lid)
+        if lease is None or lease.active is not msg or not self.valid(lease, time.monotonic()):
+            self.requeue(msg, lid)
+            return
+        lease.renewing.append(msg)
+
     def still_valid(self, msg: Holder, lid: str) -> bool:
         """True if ``msg`` ran under a lease this instance still holds (its result may count)."""
         lease = self.by_id.get(lid)
@@ -137,6 +173,8 @@ class LeaseTable:
             lease.waiting.remove(msg)
         except ValueError:
             pass
+        if msg in lease.renewing:
+            lease.renewing.remove(msg)
         if lease.active is None and not lease.waiting:
             if lease.held:
                 self._set_idle(lid)
@@ -147,14 +185,19 @@ class LeaseTable:
         return [m for lease in self.by_id.values() for m in lease.waiting]
 
     def drop_waiting(self, drop: Any) -> list[Holder]:
-        """Remove the waiting holders for which ``drop(holder)`` is true; returns them."""
+        """Remove the waiting holders (for the lease, or for its renewal) for which ``drop(holder)``
+        is true; returns them."""
         out: list[Holder] = []
         for lease in list(self.by_id.values()):
-            gone = [m for m in lease.waiting if drop(m)]
+            gone = [m for m in [*lease.waiting, *lease.renewing] if drop(m)]
             for m in gone:
                 self.drop(m, lease.lid)
             out.extend(gone)
         return out
+
+    def renewals_awaited(self) -> bool:
+        """Whether a head waits for its lease's renewal (:meth:`await_renewal`)."""
+        return any(lease.renewing for lease in self.by_id.values())
 
     def owner(self, lid: str) -> str | None:
         """The owner token of the lease ``lid`` while this instance holds it, else ``None``."""
@@ -255,14 +298,18 @@ class LeaseTable:
     def to_renew(self) -> list[tuple[str, str]]:
         return [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held]
 
-    def renewed(self, lid: str, owner: str, ok: bool, asked_s: float) -> None:
+    def renewed(self, lid: str, owner: str, ok: bool, asked_s: float) -> list[Holder]:
+        """Redis answered a renewal sent at ``asked_s``. Returns the heads that waited for it
+        (:meth:`await_renewal`): they may start now."""
         lease = self.by_id.get(lid)
         if lease is None or lease.owner != owner or not lease.held:
-            return
+            return []
         if ok:
-            lease.renewed_s = asked_s
-        else:
-            self.lose(lease)
+            lease.renewed_s = max(lease.renewed_s, asked_s)
+            heads, lease.renewing = lease.renewing, []
+            return heads
+        self.lose(lease)
+        return []
 
     def expire_unconfirmed(self, now: float) -> None:
         """Leases Redis did not confirm within the TTL (Redis down, a long pause) are lost."""
@@ -274,6 +321,12 @@ class LeaseTable:
         self.lost += 1
         lease.held = False
         self.idle.pop(lease.lid, None)
+        if lease.renewing:  # they wait for the lease again, first in line
+            for m in reversed(lease.renewing):
+                if lease.active is m:
+                    lease.active = None
+                lease.waiting.appendleft(m)
+            lease.renewing = []
         if lease.waiting or lease.active is not None:
             self.want.add(lease.lid)
         else:

@@ -118,7 +118,10 @@ class RedisSequencer:
     ``Message.fencing_token`` for the handler to guard its own writes). The lease is renewed every
     ``renew_interval_s`` (compare-and-``PEXPIRE``) while the key has work, kept while the key has
     queued messages, and released (compare-and-delete) when the key runs dry. A message whose key
-    is leased elsewhere waits; other keys go on. A message that ran under a lease this instance
+    is leased elsewhere waits; other keys go on. A message starts only while at least half the TTL
+    is left since the last renewal Redis confirmed, else it waits for a renewal asked for at once
+    (a run begun just before its lease lapsed would run on beside the key's next holder).
+    A message that ran under a lease this instance
     lost (not confirmed by Redis within ``lease_ttl_s``, or taken over) does not count: its offset
     is not stored and it runs again once the lease is back. While Redis is unreachable the consumer
     waits and retries with back-off; it does not fail.
@@ -139,6 +142,7 @@ class RedisSequencer:
     lease_ttl_s:
         Lease time to live in seconds (also the scheduler lease's), sent to Redis as whole
         milliseconds rounded up, so Redis never drops a lease this instance still counts valid.
+        A message starts only with half of it left: keep it above twice the longest run.
     renew_interval_s:
         Seconds between renewals and check-ins (default ``lease_ttl_s / 4``; each is a Redis round
         trip); ``lease_ttl_s`` must be above three of them.
@@ -203,6 +207,7 @@ class RedisSequencer:
         self._fatal: Callable[[BaseException], None] = lambda e: None
         self._checked = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # renew now: a head waits for its lease's renewal
         self._renewer: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_try_s = 0.0
@@ -248,7 +253,18 @@ class RedisSequencer:
         return True
 
     def may_start(self, d: Delivery) -> bool:
-        return self._leases.still_valid(d, d.lease_id or "")
+        """(A worker, read only.) Its key's lease is this instance's with at least half its TTL left."""
+        return self._leases.may_start(d, d.lease_id or "")
+
+    def not_started(self, d: Delivery) -> bool:
+        """``d`` did not start: ready again at once when its lease now has the time left; else it
+        waits for the lease's renewal, asked for now (or for the lease again, when it is lost)."""
+        lid = d.lease_id or ""
+        if self._leases.may_start(d, lid):
+            return True
+        self._leases.await_renewal(d, lid)
+        self._renew_now()
+        return False
 
     def accepts(self, d: Delivery) -> bool:
         """It ran under a lease this instance lost (expired, taken over, Redis down): its result
@@ -289,7 +305,10 @@ class RedisSequencer:
         return self.parker.on_external_end(d, outcome)
 
     def busy(self) -> bool:
-        return bool(self._leases.want) or (self.parker is not None and self.parker.busy)
+        leases = self._leases
+        return (
+            bool(leases.want) or leases.renewals_awaited() or (self.parker is not None and self.parker.busy)
+        )
 
     def _route(self, holder: Any) -> Delivery | None:
         """A lease holder that now holds its key's lease goes where it must: a drain job to its
@@ -335,6 +354,7 @@ class RedisSequencer:
         self._lost_seen = 0
         self._suspect = False
         self._stop.clear()
+        self._wake.clear()
         self._checked = False
 
         self._store = LeaseStore(c.url.get_secret_value(), c.namespace, c.socket_timeout_s)
@@ -490,6 +510,7 @@ class RedisSequencer:
         from .store import StoreUnavailable
 
         self._stop.set()
+        self._wake.set()
         if self._renewer is not None:
             self._renewer.join(5)
         if self._port is not None and self._store is not None:
@@ -616,11 +637,21 @@ class RedisSequencer:
             self._renew_set = self._leases.to_renew()  # a new list: the renewer reads the reference
 
     def _renewed(self, answer: tuple[list[tuple[str, str]], list[bool], float]) -> None:
-        """(Owner, posted by the renewer.) Redis answered renewals sent at ``asked_s``."""
+        """(Owner, posted by the renewer.) Redis answered renewals sent at ``asked_s``: heads that
+        waited for their lease's renewal may start."""
         asks, oks, asked_s = answer
-        leases = self._leases
+        leases, port = self._leases, self._port
         for (lid, owner), ok in zip(asks, oks, strict=True):
-            leases.renewed(lid, owner, ok, asked_s)
+            for head in leases.renewed(lid, owner, ok, asked_s):
+                if port is not None:
+                    port.make_ready(head)
+
+    def _renew_now(self) -> None:
+        """(Owner.) A head waits for its lease's renewal: publish the leases held and wake the
+        renewer, which renews at once instead of at its next interval."""
+        self._renew_published_s = 0.0
+        self._publish_renewals(time.monotonic())
+        self._wake.set()
 
     def _renewal_failed(self, now: float) -> None:
         """(Owner, posted by the renewer.) Redis did not answer: leases unconfirmed for a TTL are lost."""
@@ -637,7 +668,12 @@ class RedisSequencer:
         ttl_ms = redis_ms(self.config.lease_ttl_s)
         timeout_ms = redis_ms(float(self.config.instance_timeout_s or 3 * self.config.lease_ttl_s))
         first = True
-        while first or not self._stop.wait(interval):
+        while first or not self._stop.is_set():
+            if not first:
+                self._wake.wait(interval)  # the interval, or sooner when a head waits for a renewal
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
             first = False
             try:  # stamped and judged on the Redis server's clock: instances' clocks may differ
                 gone = self._store.check_in(self.instance_id, timeout_ms)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -146,6 +147,7 @@ class Simulation:
         self.workers = [_Worker(slot) for slot in self.pool.slots]
         self.handout = HandOut(self.engine, self.pool, cfg.batch_size, 0.0)
         self.starts: dict[tuple[int, int], int] = {}  # (generation, partition) -> last offset started
+        self.alone: weakref.WeakSet[Delivery] = weakref.WeakSet()  # retries to come in a batch of their own
         self.last_start: dict[tuple[int, int, bytes], int] = {}  # (generation, partition, key)
         self.paused = False
         self.stopping = False
@@ -243,6 +245,13 @@ class Simulation:
                 unit = self.pool.queue.popleft()
                 if self.cfg.batch_size:
                     w.batch = unit
+                    alone = [d for d in unit if d in self.alone]
+                    if alone and len(unit) > 1:
+                        self.fail(
+                            f"a retry that failed with its whole batch came with {len(unit) - 1} other(s)"
+                        )
+                    for d in alone:
+                        self.alone.discard(d)
                 else:
                     w.slot.load(unit)
                     w.chunk = True
@@ -259,7 +268,11 @@ class Simulation:
                 w.batch_results = []
             return
         if w.batch_running:  # and all of it ends together
-            w.batch_results.extend((d, self._outcome()) for d in w.batch_running)
+            ends = [(d, self._outcome()) for d in w.batch_running]
+            if len(ends) > 1 and self.rng.random() < 0.2:  # the call raised, naming no message
+                ends = [(d, Retry(0.0, alone=True)) for d, _ in ends]
+                self.alone.update(d for d, _ in ends if d.part is not None and d.part.state == ACTIVE)
+            w.batch_results.extend(ends)
             w.batch_running = []
             self._report(w.batch_results)
             w.batch_results = []

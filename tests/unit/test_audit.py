@@ -149,3 +149,15 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match=r"Audit\(\) has no brokers: use it in KeyedConsumer"):
         audit(lambda m: None)  # composed without a consumer
     audit.close()
+
+
+def test_a_cancelled_run_is_recorded_cancelled_not_failed() -> None:
+    # the engine cancelled the run (its event loop goes away): the message runs again, it did not fail
+    import asyncio
+
+    from keyedconsumer.middleware.logging import outcome_of
+
+    from keyedconsumer import Message
+
+    assert outcome_of(Message("t", 0, 1, b"k", b"v"), asyncio.CancelledError()) == "CANCELLED"
+    assert outcome_of(Message("t", 0, 1, b"k", b"v"), RuntimeError("x")) == "FAIL"
