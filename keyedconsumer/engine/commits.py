@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import ConsumerConfig
 from ..errors import CommitError, KafkaClientError
@@ -40,6 +40,7 @@ __all__ = [
     "BLOCKING_CALL_S",
     "FINAL_COMMIT_MIN_S",
     "COMMIT_RETRY_S",
+    "membership_stall_s",
 ]
 
 log = logging.getLogger("keyedconsumer")
@@ -68,6 +69,44 @@ BLOCKING_CALL_S = 5.0
 FINAL_COMMIT_MIN_S = 2.0
 #: Pause between attempts of a commit the group refused during a rebalance (seconds).
 COMMIT_RETRY_S = (0.05, 0.5)
+
+
+#: Pauses of the ownership check after the group coordinator did not answer (seconds: the first,
+#: doubled each time up to the last).
+OWNERSHIP_BACKOFF_S = (0.2, 5.0)
+#: Commit errors that say nothing of this member (the coordinator did not answer, or is moving):
+#: the ownership check is asked again after a pause, not only after a rebalance.
+NO_ANSWER = frozenset(
+    {
+        "_TIMED_OUT",
+        "REQUEST_TIMED_OUT",
+        "_TRANSPORT",
+        "_WAIT_COORD",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+    }
+)
+
+
+def membership_stall_s(props: dict[str, Any]) -> float | None:
+    """The stall of this process (seconds) past which the group may have expelled it, from its
+    librdkafka properties ``props``: half of ``session.timeout.ms`` less ``heartbeat.interval.ms``
+    (librdkafka's defaults: 45 s and 3 s, so 21 s).
+
+    The coordinator expels a member it has not heard from for a session timeout (KIP-62). librdkafka
+    heartbeats from its own thread, so a stall of the poll thread alone does not stop them, and a
+    stopped process (SIGSTOP, a VM pause) sent its last heartbeat at most a heartbeat interval
+    before it stopped: a shorter stall cannot have cost the membership (half of it, for a margin).
+    Since ``max.poll.interval.ms`` is at least the session timeout (librdkafka refuses less), a
+    stall that made librdkafka leave the group is longer too. ``None`` with
+    ``group.protocol=consumer`` (KIP-848: the session timeout is the broker's
+    ``group.consumer.session.timeout.ms``, which the client does not know)."""
+    if str(props.get("group.protocol", "classic")).lower() == "consumer":
+        return None
+    session_s = float(props.get("session.timeout.ms", 45000)) / 1000
+    heartbeat_s = float(props.get("heartbeat.interval.ms", 3000)) / 1000
+    return max(session_s - heartbeat_s, 0.0) / 2
 
 
 class CommitMode(Protocol):
@@ -100,7 +139,9 @@ class CommitMode(Protocol):
         """
 
     def confirm_ownership(self) -> bool:
-        """After a stall: does this instance still own its partitions in the group?"""
+        """After a stall: does this instance still own its partitions in the group? At most one
+        check with broker requests per rebalance once the answer was no (see
+        :meth:`AutoCommit.confirm_ownership`)."""
 
     def close(self) -> None:
         """The run ended."""
@@ -120,6 +161,9 @@ class _OffsetCommits:
     in_rebalance:
         ``in_rebalance()``: whether a rebalance callback runs now (the ownership check then commits
         nothing, see :meth:`confirm_ownership`).
+    rebalances:
+        ``rebalances()``: how many rebalance callbacks were served so far (a refused ownership check
+        is asked again only after one more).
     """
 
     def __init__(
@@ -130,12 +174,21 @@ class _OffsetCommits:
         budget: Callable[[float], float],
         on_error: Callable[[KafkaClientError], None],
         in_rebalance: Callable[[], bool] = lambda: False,
+        rebalances: Callable[[], int] = lambda: 0,
     ) -> None:
         self._client = client
         self._engine = engine
         self._budget = budget
         self._on_error = on_error
         self._in_rebalance = in_rebalance
+        self._rebalances = rebalances
+        #: Ownership checks that went to the broker (each a committed-offsets fetch, and a commit).
+        self.ownership_checks = 0
+        self._refused_in: int | None = None  # the rebalance count when the group said no
+        self._refused_s = 0.0
+        self._recheck_s = float(config.librdkafka().get("session.timeout.ms", 45000)) / 1000
+        self._unavailable_s = 0.0  # the pause after the coordinator did not answer
+        self._next_check_s = 0.0
         self._meta_sent: dict[TP, tuple[int, str]] = {}  # the last metadata commit sent per partition
 
     def start(self) -> None:
@@ -274,6 +327,13 @@ class _OffsetCommits:
         member it expelled: ``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION``, KIP-848's
         ``FENCED_MEMBER_EPOCH``). Returns ``False`` while either fails (the caller asks again).
 
+        Its cost is bounded by rebalances, not by how often it is asked: once the group said no
+        (offsets ahead, commit refused), only a rebalance can change the answer, so it answers
+        ``False`` without a broker request until a rebalance callback was served (or a session
+        timeout passed, should a rebalance go unseen); a coordinator that did not answer is asked
+        again after :data:`OWNERSHIP_BACKOFF_S` pauses, doubling. :attr:`ownership_checks` counts
+        the checks that went to the broker.
+
         Inside a rebalance callback (a revoke's catch-up ticks the sequencer) it commits nothing and
         returns ``False``: a bounded commit is made from a helper thread, which confluent-kafka lets
         into the client only once the poll serving the callback returned, so it would land after the
@@ -288,25 +348,60 @@ class _OffsetCommits:
                 "ownership check: not during a rebalance callback (its commit would land after the revoke's)"
             )
             return False
+        now = time.monotonic()
+        if self._refused_in is not None:
+            if self._refused_in == self._rebalances() and now < self._refused_s + self._recheck_s:
+                return False  # the group said no: only a rebalance changes that
+            self._refused_in = None
+        if now < self._next_check_s:
+            return False  # the coordinator did not answer: backing off
+        self.ownership_checks += 1
         client = self._client
         try:
             group = client.committed([(t, p) for t, p, _ in offsets], self._budget(BLOCKING_CALL_S))
         except KafkaClientError as exc:
-            log.warning("ownership check: committed offsets unavailable (%s)", exc)
+            self._back_off()
+            log.warning(
+                "ownership check: committed offsets unavailable (%s); asked again in %.1f s",
+                exc,
+                self._unavailable_s,
+            )
             return False
         ahead = [(t, p, o) for t, p, o in offsets if group.get((t, p), (-1, ""))[0] > o]
         if ahead:
+            self._refused(now)
             log.warning(
-                "ownership check: the group committed past this instance's offsets %s: partitions lost", ahead
+                "ownership check: the group committed past this instance's offsets %s: partitions lost; "
+                "asked again after a rebalance",
+                ahead,
             )
             return False
         try:
             client.commit(offsets, meta, timeout_s=self._budget(BLOCKING_CALL_S))
         except KafkaClientError as exc:
-            log.warning("ownership check: commit refused (%s): waiting for the rebalance", exc)
+            if exc.code in NO_ANSWER:
+                self._back_off()
+                log.warning(
+                    "ownership check: commit not answered (%s); asked again in %.1f s",
+                    exc,
+                    self._unavailable_s,
+                )
+                return False
+            self._refused(now)
+            log.warning("ownership check: commit refused (%s): asked again after a rebalance", exc)
             return False
+        self._unavailable_s = self._next_check_s = 0.0
         log.info("ownership check passed for %d partition(s)", len(offsets))
         return True
+
+    def _refused(self, now: float) -> None:
+        self._refused_in, self._refused_s = self._rebalances(), now
+        self._unavailable_s = self._next_check_s = 0.0
+
+    def _back_off(self) -> None:
+        first, last = OWNERSHIP_BACKOFF_S
+        self._unavailable_s = min(last, self._unavailable_s * 2 or first)
+        self._next_check_s = time.monotonic() + self._unavailable_s
 
 
 class AutoCommit(_OffsetCommits):

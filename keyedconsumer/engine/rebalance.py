@@ -93,6 +93,7 @@ class Rebalance:
         self._at_close: tuple[list[tuple[str, int, int]], dict[TP, str]] = ([], {})
         self._paused: set[TP] = set()
         self._serving = 0  # rebalance callbacks running now (in the owner thread, or in close())
+        self._rebalances = 0  # rebalance callbacks served so far (assign, revoke, lost)
 
     def closing(self, final: tuple[list[tuple[str, int, int]], dict[TP, str]]) -> None:
         """The client is being closed, after the stop's final commit of ``final`` (as
@@ -107,10 +108,15 @@ class Rebalance:
         """Whether a rebalance callback (assign, revoke, lost) is running now."""
         return self._serving > 0
 
+    def rebalances(self) -> int:
+        """How many rebalance callbacks (assign, revoke, lost) were served so far."""
+        return self._rebalances
+
     # -- the listener (librdkafka's rebalance callbacks) ------------------------------------------
 
     def on_assign(self, partitions: list[TP]) -> None:
         self._serving += 1
+        self._rebalances += 1
         try:
             if not self._closing:
                 self._assign(partitions)
@@ -121,6 +127,7 @@ class Rebalance:
         """Finish what lies below the highest finished offset, wait for the revoked partitions'
         running handlers, and commit, all within ``revoke_timeout_s`` (see the module docstring)."""
         self._serving += 1
+        self._rebalances += 1
         try:
             if self._closing:
                 self._revoke_at_close(partitions)
@@ -145,6 +152,7 @@ class Rebalance:
 
     def on_lost(self, partitions: list[TP]) -> None:
         self._serving += 1
+        self._rebalances += 1
         try:
             log.warning("lost %s: dropping their messages without committing", partitions)
             if not self._closing:

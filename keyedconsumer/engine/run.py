@@ -30,7 +30,14 @@ from ..kafka import MISSING_TOPIC, ClientFactory, KafkaClient
 from ..kafka.logs import client_errors
 from ..message import Message
 from .batch import BatchRun
-from .commits import BLOCKING_CALL_S, FINAL_COMMIT_MIN_S, AutoCommit, CommitMode, ManualCommit
+from .commits import (
+    BLOCKING_CALL_S,
+    FINAL_COMMIT_MIN_S,
+    AutoCommit,
+    CommitMode,
+    ManualCommit,
+    membership_stall_s,
+)
 from .engine import Engine
 from .handler import Contract
 from .handout import HandOut
@@ -253,8 +260,7 @@ class Run:
         try:
             client.check_brokers(cfg.startup_timeout_s)
             mode.start()
-            session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
-            seq.attach(engine.port, self.fail, mode.confirm_ownership, session_s)
+            seq.attach(engine.port, self.fail, mode.confirm_ownership, membership_stall_s(cfg.librdkafka()))
             if not self._stop.is_set():  # stopped before it started: never join the group
                 client.subscribe(cfg.topics, rebalance)
             self.workers.start()
@@ -270,13 +276,14 @@ class Run:
         cfg, engine = self.config, self.engine
         if cfg.transactional:
             return TransactionalCommit(client, engine, cfg, self._budget, self._results, self.fail)
-        serving = self._serving
-        if cfg.manual_commit:
-            return ManualCommit(client, engine, cfg, self._budget, self.on_client_error, serving)
-        return AutoCommit(client, engine, cfg, self._budget, self.on_client_error, serving)
+        kind = ManualCommit if cfg.manual_commit else AutoCommit
+        return kind(client, engine, cfg, self._budget, self.on_client_error, self._serving, self._rebalances)
 
     def _serving(self) -> bool:
         return self.rebalance is not None and self.rebalance.serving()
+
+    def _rebalances(self) -> int:
+        return self.rebalance.rebalances() if self.rebalance is not None else 0
 
     def _loop(self, client: KafkaClient, mode: CommitMode, rebalance: Rebalance) -> None:
         cfg, engine, mailbox, stop = self.config, self.engine, self.mailbox, self._stop

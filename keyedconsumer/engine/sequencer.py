@@ -99,11 +99,13 @@ class Sequencer(Protocol):
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
-        session_timeout_s: float,
+        membership_stall_s: float | None,
     ) -> None:
         """Start serving the lanes behind ``port`` (before the first poll). ``fatal(error)`` stops
         the consumer; ``confirm()`` tells whether this instance still owns its partitions in the
-        consumer group; ``session_timeout_s``: the group's session timeout (seconds)."""
+        consumer group; ``membership_stall_s``: a stall of this process past which the group may
+        have expelled it (seconds; ``None``: not known,
+        :func:`~keyedconsumer.engine.commits.membership_stall_s`)."""
 
     def lane_id(self, topic: str, partition: int, lane: object) -> str | None:
         """The identity of a lane for this sequencer (e.g. the Redis lease key), or ``None``."""
@@ -181,7 +183,7 @@ class InMemorySequencer:
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
-        session_timeout_s: float,
+        membership_stall_s: float | None,
     ) -> None:
         pass
 

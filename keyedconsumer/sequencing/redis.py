@@ -332,13 +332,15 @@ class RedisSequencer:
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool] | None = None,
-        session_timeout_s: float | None = None,
+        membership_stall_s: float | None = None,
     ) -> None:
         """Start serving the engine's lanes behind ``port`` (called by the consumer before polling;
         see :class:`~keyedconsumer.engine.sequencer.Sequencer`).
 
         ``confirm()`` tells whether this instance still owns its partitions in the consumer group
-        (see :meth:`tick`); ``session_timeout_s`` is the group session timeout (seconds).
+        (see :meth:`tick`); ``membership_stall_s``: a stall of this process past which the group
+        may have expelled it (seconds; ``None``, not known: half the shorter of ``lease_ttl_s`` and
+        45 s, the broker's default session timeout).
         """
         from .store import LeaseStore
 
@@ -348,8 +350,8 @@ class RedisSequencer:
         self._renew_published_s = 0.0
         self._fatal = fatal
         self._confirm = confirm or (lambda: True)
-        # a poll thread silent this long may have lost partitions or leases (half the shorter bound)
-        self._stall_s = min(c.lease_ttl_s, session_timeout_s or c.lease_ttl_s) / 2
+        # a process stalled this long may have lost its partitions (a lost lease is noticed apart)
+        self._stall_s = membership_stall_s if membership_stall_s is not None else min(c.lease_ttl_s, 45.0) / 2
         self._last_tick_s = 0.0
         self._lost_seen = 0
         self._suspect = False
@@ -383,11 +385,14 @@ class RedisSequencer:
     def tick(self) -> float | None:
         """Acquire wanted leases and release idle ones, in one round trip each.
 
-        After a stall (no tick for half the shorter of ``lease_ttl_s`` and the group session
-        timeout: SIGSTOP, a VM or GC pause) or a lost lease, no lease is acquired until the
-        consumer's ownership check passes: a stopped process may have lost its partitions without
-        knowing yet, and a fresh lease (a new, higher fencing token) would let it re-run messages
-        the partition's new owner already ran and committed, behind its commit, out of its key's order.
+        After a stall long enough to have cost the group membership (no tick for the
+        ``membership_stall_s`` given to :meth:`attach`: a SIGSTOP, a VM pause; by default half of
+        ``session.timeout.ms`` less ``heartbeat.interval.ms``) or a lost lease, no lease is acquired
+        until the consumer's ownership check passes: a stopped process may have lost its partitions
+        without knowing yet, and a fresh lease (a new, higher fencing token) would let it re-run
+        messages the partition's new owner already ran and committed, behind its commit, out of its
+        key's order. A shorter stall (a busy machine) asks nothing of the broker; the check itself
+        goes to the broker at most once per rebalance while its answer is no.
 
         Returns the longest the poll thread should wait before the next tick (seconds), or ``None``.
         """

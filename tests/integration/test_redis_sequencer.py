@@ -239,8 +239,21 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
     group, ns = f"stall-{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
     common = ("--ttl", "2", "--session-ms", "6000")
+    a_log = tmp_path / "a.log"
     a = start(
-        kafka_bootstrap, topic, group, log, redis_url, ns, *common, "--sleep", "0.05", "--concurrency", "1"
+        kafka_bootstrap,
+        topic,
+        group,
+        log,
+        redis_url,
+        ns,
+        *common,
+        "--sleep",
+        "0.05",
+        "--concurrency",
+        "1",
+        "--log",
+        str(a_log),
     )
     b = None
     try:
@@ -261,6 +274,48 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
     late = [e for e in events(log) if e[0] == "S" and int(e[1]) == a.pid and int(e[-1]) > resumed_ns]
     assert late == []
     assert committed(kafka_bootstrap, group, topic, 1) == {0: n}
+    # and its ownership check went to the broker a bounded number of times in the 4 s after it
+    # resumed (once refused, it waits for the rebalance; a coordinator that does not answer is asked
+    # again after 0.2, 0.4, 0.8, 1.6 s): not every 0.2 s
+    assert 1 <= len(ownership_checks(a_log)) <= 5, ownership_checks(a_log)
+
+
+def ownership_checks(log: Path) -> list[str]:
+    """The ownership checks that went to the broker, from a consumer's ``--log`` file."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [x for x in lines if "ownership check" in x and "not during a rebalance callback" not in x]
+
+
+@pytest.mark.timeout(120)
+def test_short_stalls_of_a_busy_process_ask_nothing_of_the_group_coordinator(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # given an instance with a 10 s session timeout (1 s heartbeats) and a 4 s lease TTL, running a
+    # backlog of 50 keys
+    topic = new_topic(1)
+    produce(kafka_bootstrap, topic, [(f"k{i % 50}".encode(), str(i).encode(), 0) for i in range(20000)])
+    group, ns = f"short-{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
+    log, a_log = tmp_path / "events.log", tmp_path / "a.log"
+    opts = ("--ttl", "4", "--session-ms", "10000", "--sleep", "0.002", "--log", str(a_log))
+    a = start(kafka_bootstrap, topic, group, log, redis_url, ns, *opts)
+    try:
+        assert wait_until(lambda: sum(1 for e in events(log) if e[0] == "E") >= 100, 60)
+        # when it is stopped 4 times for 2.5 s (a busy machine, a short pause: its leases and its
+        # membership both outlive it)
+        for _ in range(4):
+            a.send_signal(signal.SIGSTOP)
+            time.sleep(2.5)
+            a.send_signal(signal.SIGCONT)
+            time.sleep(1.5)
+        ended = sum(1 for e in events(log) if e[0] == "E")
+        assert wait_until(lambda: sum(1 for e in events(log) if e[0] == "E") > ended, 30)
+    finally:
+        stop_all(a)
+    # then it asked the group coordinator nothing (before: a committed-offsets fetch and a commit
+    # per stall, every 0.2 s while unanswered) and logged no stall
+    lines = a_log.read_text().splitlines()
+    assert ownership_checks(a_log) == []
+    assert [x for x in lines if "no tick for" in x or "a stall" in x] == []
 
 
 def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequencer, Any, dict[str, Any]]:
@@ -288,7 +343,7 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
 
     owner["tick"] = tick
     owner["drain"] = mailbox.drain
-    seq.attach(d.port, lambda e: None, confirm=confirm, session_timeout_s=6.0)
+    seq.attach(d.port, lambda e: None, confirm=confirm, membership_stall_s=0.5)
     return seq, d, owner
 
 

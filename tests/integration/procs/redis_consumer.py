@@ -2,6 +2,7 @@
 
     python -m tests.integration.procs.redis_consumer BOOTSTRAP TOPIC GROUP LOGFILE REDIS_URL NAMESPACE
         [--ttl S] [--sleep S] [--slow-key KEY --slow-s S] [--concurrency N] [--session-ms MS]
+        [--log PATH]
 
 Logs, unbuffered (O_APPEND), one line per event:
 ``S|E pid partition offset key token monotonic_ns`` for handler start/end and
@@ -13,6 +14,7 @@ as the highest it has seen: how a handler guards its own writes with ``msg.fenci
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -37,7 +39,12 @@ def main() -> None:
     ap.add_argument("--slow-s", type=float, default=0.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--session-ms", type=int, default=45000)
+    ap.add_argument("--log", default="", help="the package's log lines (INFO and up) go to this file")
     a = ap.parse_args()
+    if a.log:
+        logging.basicConfig(
+            filename=a.log, level=logging.INFO, format="%(created).6f %(levelname)s %(message)s"
+        )
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
     store = connect(a.redis_url, 5.0)
