@@ -530,7 +530,8 @@ class KeyedConsumer:
             if isinstance(commits, TransactionalCommitter):
                 commits.start()
             session_s = float(cfg.librdkafka().get("session.timeout.ms", 45000)) / 1000
-            seq.attach(d, self._fail, commits.confirm_ownership, session_s)
+            commit_s = float(cfg.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000
+            seq.attach(d, self._fail, commits.confirm_ownership, session_s, commit_interval_s=commit_s)
             if not self._stop.is_set():  # stopped before it started: never join the group
                 client.subscribe(cfg.topics, rebalance)
             executor.start()

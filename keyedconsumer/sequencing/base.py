@@ -37,10 +37,12 @@ class Sequencer(Protocol):
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
         session_timeout_s: float,
+        commit_interval_s: float = 5.0,
     ) -> None:
         """Start serving ``engine`` (before the first poll). ``fatal(error)`` stops the consumer;
         ``confirm()`` tells whether this instance still owns its partitions in the consumer group;
-        ``session_timeout_s``: the group's session timeout."""
+        ``session_timeout_s``: the group's session timeout; ``commit_interval_s``: the longest
+        between two commits of the stored offsets (seconds)."""
 
     def lane_id(self, topic: str, partition: int, lane: object) -> str | None:
         """The identity of a lane for this sequencer (e.g. the Redis lease key), or ``None``."""
@@ -107,6 +109,7 @@ class InMemorySequencer:
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
         session_timeout_s: float,
+        commit_interval_s: float = 5.0,
     ) -> None:
         pass
 

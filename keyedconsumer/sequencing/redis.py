@@ -148,8 +148,10 @@ class RedisSequencer:
         cap nothing is dropped: the messages wait in memory, unfinished, and fetching pauses at
         ``max_in_flight``.
     seen_retention_s:
-        Seconds the "already parked" markers live after a key's last park (a re-delivered message
-        within it is not parked twice).
+        Seconds the "already parked" markers live after a key's parked list empties (while it holds
+        anything they do not expire): a message Kafka delivers again within it is not parked twice.
+        At least ``lease_ttl_s`` + the group's session timeout + the commit interval is used,
+        whatever is given (:meth:`RedisSequencerConfig.seen_retention_for`).
     quarantine_on_dead_letter:
         When a parked message is dead-lettered, keep its key parked (its later messages wait in
         Redis) until :meth:`release_quarantine`; default ``False``: the key's next message goes on.
@@ -299,12 +301,16 @@ class RedisSequencer:
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool] | None = None,
         session_timeout_s: float | None = None,
+        commit_interval_s: float | None = None,
     ) -> None:
         """Start serving ``d`` (called by the consumer before polling; see
         :class:`~keyedconsumer.sequencing.base.Sequencer`).
 
         ``confirm()`` tells whether this instance still owns its partitions in the consumer group
-        (see :meth:`tick`); ``session_timeout_s`` is the group session timeout (seconds).
+        (see :meth:`tick`); ``session_timeout_s`` is the group session timeout and
+        ``commit_interval_s`` the longest between two offset commits (seconds): with the lease TTL
+        they bound how long the "already parked" markers must outlive a parked list
+        (:meth:`RedisSequencerConfig.seen_retention_for`).
         """
         from .store import LeaseStore
 
@@ -332,7 +338,7 @@ class RedisSequencer:
             max_parked_bytes_per_key=c.max_parked_bytes_per_key,
             max_parked_total=c.max_parked_total,
             max_parked_bytes_total=c.max_parked_bytes_total,
-            seen_retention_s=c.seen_retention_s,
+            seen_retention_s=c.seen_retention_for(session_timeout_s, commit_interval_s),
             quarantine_on_dead_letter=c.quarantine_on_dead_letter,
             max_drains=c.max_drains,
         )
@@ -632,4 +638,5 @@ class RedisSequencer:
                 continue
             with d.lock:
                 for (lid, owner), ok in zip(asks, oks, strict=True):
-                    leases.renewed(lid, owner, ok, asked_s)
+                    if ok is not None:  # None: its Redis node did not answer (the lease expires unconfirmed)
+                        leases.renewed(lid, owner, ok, asked_s)
