@@ -398,6 +398,11 @@ class KeyedApp:
         """Plain handler runs past ``handler_timeout_s`` still running, over every route."""
         return sum(c.overrunning for c in self.consumers)
 
+    @property
+    def store_available(self) -> bool:
+        """``False`` while any route's sequencer store (Redis) does not answer."""
+        return all(c.store_available for c in self.consumers)
+
     def partition_status(self) -> list[PartitionStatus]:
         """Every route's partition status (two routes on one topic list its partitions twice)."""
         return [s for c in self.consumers for s in c.partition_status()]

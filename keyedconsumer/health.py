@@ -4,9 +4,10 @@
   poll) is at most ``live_within_s`` old. The loop returns every ``poll_timeout_s`` when idle; a
   rebalance callback runs inside a poll and may hold it for up to ``revoke_timeout_s``, so keep
   ``live_within_s`` above that. Not live before the first poll and once the loop stopped.
-- **Ready**: live, at least one partition is assigned (``consumer.assignment``), and no plain
-  handler runs past ``handler_timeout_s`` (``consumer.overrunning``). A member with nothing
-  assigned (more members than partitions) is live but not ready.
+- **Ready**: live, at least one partition is assigned (``consumer.assignment``), no plain
+  handler runs past ``handler_timeout_s`` (``consumer.overrunning``), and the sequencer's store
+  answers (``consumer.store_available``: Redis down, or answering ``READONLY`` in a failover, is
+  not ready). A member with nothing assigned (more members than partitions) is live but not ready.
 - **Stalled partition**: its lag is above zero while its stored offset has not moved for
   ``stall_after_s`` (from ``consumer.partition_status()``; this object remembers when each
   partition's ``stored_offset`` last changed). Before anything was stored for the assignment the
@@ -44,7 +45,8 @@ log = logging.getLogger("keyedconsumer.health")
 class HealthSource(Protocol):
     """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one, and
     a :class:`~keyedconsumer.KeyedApp`). An ``overrunning`` attribute (int), when present, counts
-    handler runs past their time limit: above 0, not ready."""
+    handler runs past their time limit: above 0, not ready. A ``store_available`` attribute (bool),
+    when present and ``False``, means the sequencer's store does not answer: not ready."""
 
     @property
     def polled_at_s(self) -> float: ...
@@ -82,6 +84,7 @@ class HealthReport:
     assigned_partitions: int
     stalled: tuple[StalledPartition, ...]
     overrunning: int = 0  # plain handler runs past handler_timeout_s, still running
+    store_available: bool = True  # the sequencer's store (Redis) answered its last call
 
     @property
     def healthy(self) -> bool:
@@ -98,6 +101,7 @@ class HealthReport:
             "assigned_partitions": self.assigned_partitions,
             "stalled": [dataclasses.asdict(s) for s in self.stalled],
             "overrunning_handlers": self.overrunning,
+            "store_available": self.store_available,
         }
 
 
@@ -161,9 +165,9 @@ class Health:
             live = polled_ago_s is not None and polled_ago_s <= self.live_within_s
             stalled = self._track(statuses, now)
         overrunning = int(getattr(c, "overrunning", 0))
-        return HealthReport(
-            live, live and assigned > 0 and not overrunning, polled_ago_s, assigned, stalled, overrunning
-        )
+        store = bool(getattr(c, "store_available", True))
+        ready = live and assigned > 0 and not overrunning and store
+        return HealthReport(live, ready, polled_ago_s, assigned, stalled, overrunning, store)
 
     def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
         since = self._since
@@ -216,7 +220,7 @@ class Health:
         return self.check().live
 
     def ready(self) -> bool:
-        """Live, with at least one partition assigned."""
+        """Live, with at least one partition assigned, no handler overrunning, the store answering."""
         return self.check().ready
 
     def stalled(self) -> tuple[StalledPartition, ...]:

@@ -211,6 +211,13 @@ class RedisSequencer:
         self._next_confirm_s = 0.0
         self.stalls = 0  # stalls or lease losses that needed an ownership check
 
+    @property
+    def available(self) -> bool:
+        """``False`` while Redis does not answer this instance (down, unreachable, answering
+        ``READONLY`` during a failover): the consumer is then not ready (:mod:`keyedconsumer.health`).
+        A write a slow replica did not acknowledge in time does not count as unavailable."""
+        return self._store is None or bool(self._store.available)
+
     def __repr__(self) -> str:
         c = self.config
         return f"RedisSequencer(url={str(c.url)!r}, namespace={c.namespace!r}, lease_ttl_s={c.lease_ttl_s:g})"
