@@ -283,3 +283,47 @@ def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) 
     assert [v for v in order if v.startswith("s")] == [f"s{i}" for i in range(5)]
     st = inspect_redis(rs.url, ns)
     assert st["parked"] == [] and st["scheduled"] == 0 and st["leases"] == []
+
+
+@pytest.mark.timeout(180)
+def test_a_consumer_killed_while_its_key_is_parked_runs_each_message_once_in_order(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 25 §12: ``seen_retention_s=1`` and a parked retry longer than that, with the consumer
+    killed before it committed: Kafka delivers the key's parked messages again to the next consumer,
+    long after 1 s. They must be recognised as parked already (markers live while the key is
+    parked), not parked a second time (before: 40 duplicate runs and an order violation)."""
+    from keyedconsumer.sequencing import keys, unpark_now
+
+    # given 40 messages of key "p", the first of which fails once and parks the key with a retry
+    # due in 10 minutes, on a consumer keeping "already parked" markers for 1 s and committing
+    # only every 60 s
+    topic, ns, group = new_topic(1), f"k{uuid.uuid4().hex[:8]}", f"pk-{uuid.uuid4().hex[:8]}"
+    log, once = tmp_path / "events.log", tmp_path / "failed-once"
+    acked = produce(kafka_bootstrap, topic, [(b"p", f"v{i}".encode(), None) for i in range(40)])
+    opts = ("--fail-value", "v0", "--fail-times", "1", "--fail-once-file", str(once), "--retry-delay", "600")
+    opts += ("--seen-retention", "1", "--session-ms", "6000")
+    a = _spawn(kafka_bootstrap, topic, group, log, redis_url, ns, *opts, "--commit-ms", "60000")
+    r = connect(redis_url, 5.0)
+    lid = keys.lease_id(b"p", topic, 0)
+    b = None
+    try:
+        assert wait_until(lambda: r.llen(keys.park(ns, lid)) == 40, 60), r.llen(keys.park(ns, lid))
+        # when it is killed, and another consumer of the group starts 1.5 s later (the markers'
+        # asked-for retention is over) and gets the partition from its beginning
+        a.kill()
+        a.wait(10)
+        time.sleep(1.5)
+        b = _spawn(kafka_bootstrap, topic, group, log, redis_url, ns, *opts, "--commit-ms", "500")
+        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 40}, 90)
+        # then the key's list still holds each message once
+        assert r.llen(keys.park(ns, lid)) == 40
+        # and once the parked retry is made due, each message runs once more to success, in order
+        assert unpark_now(redis_url, ns, lid)
+        assert wait_until(lambda: not r.exists(keys.park(ns, lid)), 60)
+    finally:
+        _stop(*(p for p in (a, b) if p is not None))
+        r.close()
+    ends = [int(e[3]) for e in _events(log) if e[0] == "E"]
+    assert sorted(ends) == sorted(o for _p, o in acked), ends
+    assert ends == sorted(ends)
