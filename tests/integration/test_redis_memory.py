@@ -65,3 +65,23 @@ def test_distinct_keys_leave_nothing_but_the_slot_counters(node: RedisNode) -> N
     finally:
         store.close()
         r.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_key_whose_counter_an_earlier_version_left_keeps_its_tokens_going_up(redis_url: str) -> None:
+    # given a key whose per-key fencing counter, left by an earlier version, is at 57
+    ns = f"up{uuid.uuid4().hex[:6]}"
+    lid = keys.lease_id(b"old-key", "t", 0)
+    store = LeaseStore(redis_url, ns)
+    r = store._r
+    try:
+        r.set(keys.fence(ns, lid), 57)
+        # when the key is leased now
+        token = store.acquire([(lid, "o")], 30_000)[0][0]
+        # then its token is above the old counter, and the old counter goes with the lease
+        assert token == 58
+        assert store.release([(lid, "o")]) == [True] and not r.exists(keys.fence(ns, lid))
+        assert store.acquire([(lid, "o2")], 30_000)[0][0] == 59
+        store.release([(lid, "o2")])
+    finally:
+        store.close()
