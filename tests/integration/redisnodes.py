@@ -90,11 +90,16 @@ class RedisNode:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert wait_until(self.answers, 20, 0.05), f"redis-server on {self.port} did not start"
 
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
     def answers(self) -> bool:
+        """It answers, its AOF loaded."""
         try:
             c = self.client(0.5)
             try:
-                return bool(c.ping())
+                return bool(c.ping()) and c.info("persistence").get("loading") == 0
             finally:
                 c.close()
         except redis.RedisError:

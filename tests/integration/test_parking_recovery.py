@@ -4,8 +4,6 @@ messages (nothing lost). Real broker, real Redis, several processes."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +14,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import redis
 from keyedconsumer.middleware import Retry
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
@@ -24,6 +21,7 @@ from keyedconsumer.sequencing import inspect_redis
 from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
+from .redisnodes import RedisNode, free_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,80 +151,21 @@ def test_sigkill_while_draining_a_parked_key_another_instance_finishes_it_in_ord
     assert st["parked"] == [] and st["scheduled"] == 0 and st["leases"] == []
 
 
-def _free_port() -> int:
-    # below the ephemeral range: a port from bind(0) can be taken by an outgoing connection
-    # before the server (re)starts on it
-    from tests.faults.services import stable_free_port
-
-    return stable_free_port()
-
-
-class _Redis:
-    """A private redis-server (AOF, fsync always) that a test may SIGKILL and restart."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port, self.dir = _free_port(), tmp / "redis"
-        self.dir.mkdir()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.dir),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-                "--logfile",
-                str(self.dir / "log"),
-            ],
-        )
-        r = connect(self.url, 5.0)
-        assert wait_until(lambda: self._ping(r), 20)
-
-    @staticmethod
-    def _ping(r: redis.Redis) -> bool:
-        try:
-            return bool(r.ping()) and r.info("persistence").get("loading") == 0
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
 @pytest.mark.timeout(150)
 def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(
     kafka_bootstrap, new_topic, start, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     # given a private Redis, a consumer parking key "bad" (its first message fails 3 times, 1 s
     # apart) behind which 5 more wait, 3,000 other messages, and 5 scheduled messages due in 2-4 s
-    rs = _Redis(tmp_path)
+    rs = RedisNode(free_ports(1)[0], tmp_path)
     rs.start()
     try:
         _redis_restart_scenario(rs, kafka_bootstrap, new_topic, start)
     finally:
-        if rs.proc is not None and rs.proc.poll() is None:
-            rs.proc.kill()
-            rs.proc.wait(10)
+        rs.stop()
 
 
-def _redis_restart_scenario(rs: _Redis, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def _redis_restart_scenario(rs: RedisNode, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(2)
     recs: list[tuple[bytes | None, bytes | None, int | None]] = [
         (b"bad", f"bad:{i}".encode(), 0) for i in range(6)
