@@ -400,7 +400,7 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
                 )
                 for o in range(per_key)
             ]
-            batches.append((lid, owner, entries))
+            batches.append((lid, owner, entries, None))
         store.park(batches, 7 * 24 * 3600 * 1000, 10_000, 64 << 20)
     m4 = used()
     out["parked_bytes_per_message"] = round((m4 - m3) / (per_key * parked_keys), 1)
