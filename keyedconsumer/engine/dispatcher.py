@@ -377,8 +377,12 @@ class Dispatcher:
                 if self.halted or nxt_part is None or not nxt_part.active:
                     for x in [nxt, *part.lanes.end(nxt)]:
                         flow.forget(x.size)
-                    self.seq.on_drop(d)
                     nxt = None
+                    # the lane ends here: its key's lease goes to another lane waiting for it (the
+                    # key's lane of another partition), as when a lane runs dry
+                    ready = self.seq.on_lane_end(d)
+                    if ready is not None:
+                        self._make_ready(ready)
                 else:
                     self.seq.on_next(d, nxt)
                     nxt = self._hand_over(nxt)
