@@ -197,6 +197,7 @@ class RedisSequencer:
         self._renewer: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_try_s = 0.0
+        self._replica_slow = False  # the last tick found a replica slow (WAIT timed out): logged once
         self.acquire_calls = 0  # Redis acquire scripts sent (to measure lease reuse)
         self.parker: Parker | None = None  # the Parker while attached
         self.instance_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -428,6 +429,11 @@ class RedisSequencer:
                                 d.make_ready_locked(ready)
             busy = self._parking_tick()
         except StoreUnavailable as exc:
+            if exc.unacknowledged:  # Redis answered; a slow replica paced this tick (its WAIT)
+                if not self._replica_slow:
+                    log.warning("a Redis replica is slow (%s): parking waits for it, leases go on", exc)
+                self._replica_slow = True
+                return 0.05
             self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
             self._next_try_s = time.monotonic() + self._backoff_s
             log.warning("Redis unavailable (%s); retrying in %.2f s", exc, self._backoff_s)
@@ -436,6 +442,7 @@ class RedisSequencer:
             self._fatal(exc)
             return None
         self._backoff_s = 0.0
+        self._replica_slow = False
         if leases.want or busy:
             return 0.01
         return 0.05 if self.is_scheduler else None
