@@ -24,9 +24,10 @@ counted in redis-py's connection class. Server counts include the commands run i
 (``GET``, ``SET``... under ``EVALSHA``); client counts are the top-level commands only.
 
 Memory (``INFO memory`` used_memory deltas summed over masters, and ``MEMORY USAGE`` of sample keys),
-with the sequencer's own scripts through its ``LeaseStore``: 10,000 leases held; the fencing counters
-they leave after release (never deleted); 10,000 parked 100-byte messages over 1,000 keys; 2,000
-scheduled messages.
+with the sequencer's own scripts through its ``LeaseStore``: 10,000 leases held; what they leave
+after release (the fencing counters of the hash slots they fell in, at most 16,384 per namespace:
+``bench/redis_memory.py`` follows them over 10,000,000 keys); 10,000 parked 100-byte messages over
+1,000 keys; 2,000 scheduled messages.
 
 Timings (CPU) are only meaningful on a quiet machine: run it under ``flock -x /tmp/kc-quiet.lock``.
 Writes ``<out>/redis_cost.json`` and ``<out>/redis_cost.md``.
@@ -373,10 +374,15 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
     out["lease_held_bytes_per_key"] = round((m1 - m0) / n_leases, 1)
     out["memory_usage_lease_key"] = sample([kkeys.lease(ns, lid) for lid in lids[:200]])
     out["memory_usage_fence_key"] = sample([kkeys.fence(ns, lid) for lid in lids[:200]])
+    if hasattr(kkeys, "slot_fence"):  # a tree measured with KC_SRC may predate the slot counters
+        out["memory_usage_slot_counter"] = sample(sorted({kkeys.slot_fence(ns, lid) for lid in lids[:200]}))
     for i in range(0, n_leases, 500):
         store.release([(lid, owner) for lid in lids[i : i + 500]])
     m2 = used()
-    out["after_release_bytes_per_key"] = round((m2 - m0) / n_leases, 1)  # the fencing counters stay
+    # what stays: the counters of the hash slots the keys fell in (at most 16,384, bench/redis_memory.py)
+    out["after_release_bytes_per_key"] = round((m2 - m0) / n_leases, 1)
+    if hasattr(kkeys, "slot_of"):
+        out["slot_counters"] = len({kkeys.slot_of(lid) for lid in lids})
 
     # parked messages: 100-byte values, keys of 6 bytes, as the parker encodes them
     plids = [kkeys.lease_id(b"p%05d" % i, "t", 0) for i in range(parked_keys)]
@@ -396,7 +402,7 @@ def memory(url: str, n_leases: int, n_parked: int, parked_keys: int, n_scheduled
                 )
                 for o in range(per_key)
             ]
-            batches.append((lid, owner, entries))
+            batches.append((lid, owner, entries, None))
         store.park(batches, 7 * 24 * 3600 * 1000, 10_000, 64 << 20)
     m4 = used()
     out["parked_bytes_per_message"] = round((m4 - m3) / (per_key * parked_keys), 1)
@@ -471,16 +477,31 @@ def fsync_probe(directory: str, n: int = 300) -> dict[str, float]:
 
 def capacity(url: str, requests: int) -> list[dict[str, Any]]:
     """One Redis's throughput and CPU per call of the sequencer's acquire script on fresh keys
-    (``GET``, ``LLEN``, ``SET PX``, ``INCR``: the costliest lease call) and of its release script,
+    (one key per call: ``INFO replication``, ``TIME``, ``LLEN``, ``GET`` x2, ``HMGET``, ``HSET``,
+    ``SET PX`` x2: the costliest lease call; the consumer sends up to 256 keys per call, which
+    shares the first two) and of its release script,
     driven by ``redis-benchmark`` (random keys; ``clients`` connections, ``pipeline`` calls in flight
     on each), as many instances' pipelined calls would drive it."""
-    from keyedconsumer.sequencing import store as kstore
+    from keyedconsumer.sequencing import scripts
 
     nodes = Nodes(url)
     ((name, c),) = nodes.clients.items()
     host, port = name.rsplit(":", 1)
     out = []
-    for label, script in (("acquire (fresh key)", kstore._ACQUIRE), ("release (not ours)", kstore._RELEASE)):
+    acquire_args = [
+        "0",
+        "10000",
+        "10000",
+        "0",
+        "kc:cap:{k.__rand_int__}:lease",
+        "kc:cap:{k.__rand_int__}:fence",
+    ]
+    acquire_args += ["kc:cap:{k.__rand_int__}:park", "kc:cap:{_f__rand_int__}:fence", "owner"]
+    release_args = ["2", "kc:cap:{k.__rand_int__}:lease", "kc:cap:{k.__rand_int__}:fence", "owner"]
+    for label, script, args in (
+        ("acquire (fresh key)", scripts.ACQUIRE, acquire_args),
+        ("release (not ours)", scripts.RELEASE, release_args),
+    ):
         sha = c.script_load(script)
         for clients, pipeline in ((100, 1), (100, 16)):
             before = nodes.snapshot()[name]
@@ -503,12 +524,7 @@ def capacity(url: str, requests: int) -> list[dict[str, Any]]:
                     "--csv",
                     "EVALSHA",
                     sha,
-                    "3",
-                    "kc:cap:{k.__rand_int__}:lease",
-                    "kc:cap:{k.__rand_int__}:fence",
-                    "kc:cap:{k.__rand_int__}:park",
-                    "owner",
-                    "10000",
+                    *args,
                 ],
                 capture_output=True,
                 text=True,

@@ -499,6 +499,11 @@ class KeyedApp:
         schema registry is out), one reason each: what makes ``Health(app)`` not ready."""
         return unavailable_of([*self._middlewares, *(m for r in self.routes for m in r.middlewares)])
 
+    @property
+    def store_available(self) -> bool:
+        """``False`` while any route's sequencer store (Redis) does not answer."""
+        return all(c.store_available for c in self.consumers)
+
     def partition_status(self) -> list[PartitionStatus]:
         """Every route's partition status (two routes on one topic list its partitions twice)."""
         return [s for c in self.consumers for s in c.partition_status()]

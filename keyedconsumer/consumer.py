@@ -364,6 +364,11 @@ class KeyedConsumer:
         return self._time_limit.overrunning
 
     @property
+    def store_available(self) -> bool:
+        """``False`` while the sequencer's store (Redis) does not answer (health: not ready)."""
+        return bool(getattr(self._sequencer, "available", True))
+
+    @property
     def conflated(self) -> int:
         """Messages conflated so far, over every run (``conflate=True``): replaced by a newer
         message of their key before they ran; they count done and never ran."""

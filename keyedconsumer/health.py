@@ -5,10 +5,11 @@
   rebalance callback runs inside a poll and may hold it for up to ``revoke_timeout_s``, so keep
   ``live_within_s`` above that. Not live before the first poll and once the loop stopped.
 - **Ready**: live, at least one partition is assigned (``consumer.assignment``), no plain
-  handler runs past ``handler_timeout_s`` (``consumer.overrunning``), and no message waits for a
+  handler runs past ``handler_timeout_s`` (``consumer.overrunning``), no message waits for a
   service that does not answer (``unavailable()`` of the source and of the ``dependencies`` given,
-  e.g. a ``Typed`` middleware whose schema registry is out). A member with nothing assigned (more
-  members than partitions) is live but not ready.
+  e.g. a ``Typed`` middleware whose schema registry is out), and the sequencer's store answers
+  (``consumer.store_available``: Redis down, or answering ``READONLY`` in a failover, is not
+  ready). A member with nothing assigned (more members than partitions) is live but not ready.
 - **Stalled partition**: its lag is above zero while its stored offset has not moved for
   ``stall_after_s`` (from ``consumer.partition_status()``; this object remembers when each
   partition's ``stored_offset`` last changed). Before anything was stored for the assignment the
@@ -61,7 +62,9 @@ class HealthSource(Protocol):
     """What :class:`Health` reads of a consumer (a :class:`~keyedconsumer.KeyedConsumer` is one, and
     a :class:`~keyedconsumer.KeyedApp`). An ``overrunning`` attribute (int), when present, counts
     handler runs past their time limit: above 0, not ready. An ``unavailable()`` method, when
-    present, is a :class:`Dependency`'s (a ``KeyedApp`` asks its middleware)."""
+    present, is a :class:`Dependency`'s (a ``KeyedApp`` asks its middleware). A ``store_available``
+    attribute (bool), when present and ``False``, means the sequencer's store does not answer: not
+    ready."""
 
     @property
     def polled_at_s(self) -> float: ...
@@ -119,6 +122,7 @@ class HealthReport:
     stalled: tuple[StalledPartition, ...]
     overrunning: int = 0  # plain handler runs past handler_timeout_s, still running
     unavailable: tuple[str, ...] = ()  # why messages wait for a service now (a schema registry)
+    store_available: bool = True  # the sequencer's store (Redis) answered its last call
 
     @property
     def healthy(self) -> bool:
@@ -136,6 +140,7 @@ class HealthReport:
             "stalled": [dataclasses.asdict(s) for s in self.stalled],
             "overrunning_handlers": self.overrunning,
             "unavailable": list(self.unavailable),
+            "store_available": self.store_available,
         }
 
 
@@ -206,8 +211,9 @@ class Health:
             stalled = self._track(statuses, now)
         overrunning = int(getattr(c, "overrunning", 0))
         unavailable = tuple(unavailable_of([c, *self.dependencies]))
-        ready = live and assigned > 0 and not overrunning and not unavailable
-        return HealthReport(live, ready, polled_ago_s, assigned, stalled, overrunning, unavailable)
+        store = bool(getattr(c, "store_available", True))
+        ready = live and assigned > 0 and not overrunning and not unavailable and store
+        return HealthReport(live, ready, polled_ago_s, assigned, stalled, overrunning, unavailable, store)
 
     def _track(self, statuses: Sequence[PartitionStatus], now: float) -> tuple[StalledPartition, ...]:
         since = self._since
@@ -260,7 +266,8 @@ class Health:
         return self.check().live
 
     def ready(self) -> bool:
-        """Live, with at least one partition assigned, no handler overrunning, no service awaited."""
+        """Live, with at least one partition assigned, no handler overrunning, no service awaited,
+        the store answering."""
         return self.check().ready
 
     def stalled(self) -> tuple[StalledPartition, ...]:

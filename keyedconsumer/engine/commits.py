@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..config import ConsumerConfig
 from ..errors import CommitError, KafkaClientError
@@ -40,7 +40,6 @@ __all__ = [
     "BLOCKING_CALL_S",
     "FINAL_COMMIT_MIN_S",
     "COMMIT_RETRY_S",
-    "membership_stall_s",
 ]
 
 log = logging.getLogger("keyedconsumer")
@@ -87,26 +86,6 @@ NO_ANSWER = frozenset(
         "COORDINATOR_LOAD_IN_PROGRESS",
     }
 )
-
-
-def membership_stall_s(props: dict[str, Any]) -> float | None:
-    """The stall of this process (seconds) past which the group may have expelled it, from its
-    librdkafka properties ``props``: half of ``session.timeout.ms`` less ``heartbeat.interval.ms``
-    (librdkafka's defaults: 45 s and 3 s, so 21 s).
-
-    The coordinator expels a member it has not heard from for a session timeout (KIP-62). librdkafka
-    heartbeats from its own thread, so a stall of the poll thread alone does not stop them, and a
-    stopped process (SIGSTOP, a VM pause) sent its last heartbeat at most a heartbeat interval
-    before it stopped: a shorter stall cannot have cost the membership (half of it, for a margin).
-    Since ``max.poll.interval.ms`` is at least the session timeout (librdkafka refuses less), a
-    stall that made librdkafka leave the group is longer too. ``None`` with
-    ``group.protocol=consumer`` (KIP-848: the session timeout is the broker's
-    ``group.consumer.session.timeout.ms``, which the client does not know)."""
-    if str(props.get("group.protocol", "classic")).lower() == "consumer":
-        return None
-    session_s = float(props.get("session.timeout.ms", 45000)) / 1000
-    heartbeat_s = float(props.get("heartbeat.interval.ms", 3000)) / 1000
-    return max(session_s - heartbeat_s, 0.0) / 2
 
 
 class CommitMode(Protocol):

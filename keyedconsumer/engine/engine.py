@@ -237,16 +237,14 @@ class Engine:
         if lane is not None:
             lanes = part.lanes
             nxt = lanes.advance(d)
+            if nxt is not None and (self.halted or nxt.part is None or nxt.part.state != ACTIVE):
+                for x in [nxt, *lanes.end(nxt)]:
+                    flow.forget(x.size)
+                nxt = None  # the lane ends here, as one that ran dry: its key's lease may go on
             if nxt is not None:
-                if self.halted or nxt.part is None or nxt.part.state != ACTIVE:
-                    for x in [nxt, *lanes.end(nxt)]:
-                        flow.forget(x.size)
-                    if not plain:
-                        self.seq.on_drop(d)
-                    nxt = None
-                elif not plain:
+                if not plain:
                     self.seq.on_next(d, nxt)
-            elif not plain:
+            elif not plain:  # e.g. to the key's lane of another partition, waiting for the lease
                 ready = self.seq.on_lane_end(d)
                 if ready is not None:
                     self.queue.push(ready)

@@ -36,7 +36,6 @@ from .commits import (
     AutoCommit,
     CommitMode,
     ManualCommit,
-    membership_stall_s,
 )
 from .engine import Engine
 from .handler import Contract
@@ -46,7 +45,7 @@ from .partitions import Partition
 from .rebalance import CATCH_UP_SHARE, Rebalance
 from .results import Results
 from .runner import AsyncRunner, Runner
-from .sequencer import Sequencer
+from .sequencer import GroupTiming, Sequencer
 from .settle import Settler
 from .status import PartitionStatus, statuses
 from .transactions import TransactionalCommit
@@ -260,7 +259,7 @@ class Run:
         try:
             client.check_brokers(cfg.startup_timeout_s)
             mode.start()
-            seq.attach(engine.port, self.fail, mode.confirm_ownership, membership_stall_s(cfg.librdkafka()))
+            seq.attach(engine.port, self.fail, mode.confirm_ownership, GroupTiming.of(cfg.librdkafka()))
             if not self._stop.is_set():  # stopped before it started: never join the group
                 client.subscribe(cfg.topics, rebalance)
             self.workers.start()

@@ -20,14 +20,57 @@ ready. A thread of the sequencer's own (a lease renewer) reaches the owner threa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..message import Message
 from .delivery import Delivery
 from .outcome import Outcome
 
-__all__ = ["Sequencer", "LanePort", "InMemorySequencer"]
+__all__ = ["Sequencer", "LanePort", "InMemorySequencer", "GroupTiming"]
+
+
+@dataclass(frozen=True)
+class GroupTiming:
+    """The consumer group's timing a sequencer needs, from the consumer's librdkafka properties
+    (seconds; :meth:`of`).
+
+    ``session_timeout_s`` and ``heartbeat_interval_s``: ``session.timeout.ms`` and
+    ``heartbeat.interval.ms`` (``None`` with ``group.protocol=consumer``, KIP-848, where they are the
+    broker's ``group.consumer.*`` settings, which the client does not know);
+    ``commit_interval_s``: ``auto.commit.interval.ms``, the longest between two commits of the
+    stored offsets.
+    """
+
+    session_timeout_s: float | None = 45.0
+    heartbeat_interval_s: float | None = 3.0
+    commit_interval_s: float = 5.0
+
+    @classmethod
+    def of(cls, props: Mapping[str, Any]) -> GroupTiming:
+        """From librdkafka properties ``props`` (librdkafka's defaults where absent)."""
+        commit_s = float(props.get("auto.commit.interval.ms", 5000)) / 1000
+        if str(props.get("group.protocol", "classic")).lower() == "consumer":
+            return cls(None, None, commit_s)
+        session_s = float(props.get("session.timeout.ms", 45000)) / 1000
+        return cls(session_s, float(props.get("heartbeat.interval.ms", 3000)) / 1000, commit_s)
+
+    @property
+    def membership_stall_s(self) -> float | None:
+        """The stall of this process (seconds) past which the group may have expelled it: half of
+        the session timeout less the heartbeat interval (21 s with librdkafka's defaults); ``None``
+        when the session timeout is not known.
+
+        The coordinator expels a member it has not heard from for a session timeout (KIP-62).
+        librdkafka heartbeats from its own thread, so a stall of the poll thread alone does not stop
+        them, and a stopped process (SIGSTOP, a VM pause) sent its last heartbeat at most a heartbeat
+        interval before it stopped: a shorter stall cannot have cost the membership (half of it, for
+        a margin). ``max.poll.interval.ms`` is at least the session timeout (librdkafka refuses
+        less), so a stall that made librdkafka leave the group is longer too."""
+        if self.session_timeout_s is None:
+            return None
+        return max(self.session_timeout_s - (self.heartbeat_interval_s or 0.0), 0.0) / 2
 
 
 class LanePort(Protocol):
@@ -99,13 +142,11 @@ class Sequencer(Protocol):
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
-        membership_stall_s: float | None,
+        timing: GroupTiming,
     ) -> None:
         """Start serving the lanes behind ``port`` (before the first poll). ``fatal(error)`` stops
         the consumer; ``confirm()`` tells whether this instance still owns its partitions in the
-        consumer group; ``membership_stall_s``: a stall of this process past which the group may
-        have expelled it (seconds; ``None``: not known,
-        :func:`~keyedconsumer.engine.commits.membership_stall_s`)."""
+        consumer group; ``timing``: the group's session timeout, heartbeat and commit intervals."""
 
     def lane_id(self, topic: str, partition: int, lane: object) -> str | None:
         """The identity of a lane for this sequencer (e.g. the Redis lease key), or ``None``."""
@@ -183,7 +224,7 @@ class InMemorySequencer:
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool],
-        membership_stall_s: float | None,
+        timing: GroupTiming,
     ) -> None:
         pass
 

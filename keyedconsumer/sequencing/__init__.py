@@ -8,13 +8,14 @@ arrive on several partitions or topics; and parking and scheduled messages.
 
 from __future__ import annotations
 
-from .base import InMemorySequencer, Sequencer
+from .base import GroupTiming, InMemorySequencer, Sequencer
 from .config import RedisSequencerConfig, RedisUrl, redact_url
 from .redis import RedisSequencer, cancel_scheduled, inspect_redis, unpark_now
 
 __all__ = [
     "Sequencer",
     "InMemorySequencer",
+    "GroupTiming",
     "RedisSequencer",
     "RedisSequencerConfig",
     "RedisUrl",

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from ..engine.sequencer import InMemorySequencer, LanePort, Sequencer
+from ..engine.sequencer import GroupTiming, InMemorySequencer, LanePort, Sequencer
 
-__all__ = ["Sequencer", "InMemorySequencer", "LanePort"]
+__all__ = ["Sequencer", "InMemorySequencer", "LanePort", "GroupTiming"]

@@ -128,6 +128,22 @@ class RedisSequencerConfig(BaseModel):
             )
         return self
 
+    def seen_retention_for(self, session_timeout_s: float | None, commit_interval_s: float | None) -> float:
+        """How long, in seconds, the "already parked" markers of a key live after its parked list
+        empties: ``seen_retention_s``, but at least ``lease_ttl_s + session_timeout_s +
+        commit_interval_s`` (defaults 45 s and 5 s, librdkafka's), so every value validation accepts
+        is safe.
+
+        While the list holds anything its markers do not expire (a message parked, then delivered
+        again by Kafka because its offset was not committed yet, is recognised however long its key
+        stays parked). After it empties, a parked offset is committed within ``commit_interval_s``
+        while its consumer lives; if the consumer dies first, the partition's next owner is assigned
+        after ``session_timeout_s`` and reads it again, and takes the key's lease within
+        ``lease_ttl_s``: the markers outlive that.
+        """
+        floor = self.lease_ttl_s + (session_timeout_s or 45.0) + (commit_interval_s or 5.0)
+        return max(self.seen_retention_s, floor)
+
     @model_validator(mode="wrap")
     @classmethod
     def _secrets_hidden(

@@ -1,26 +1,26 @@
-"""Connecting to one Redis or to a Redis Cluster, and the cluster's writes that must survive a failover.
+"""Connecting to one Redis or to a Redis Cluster, the cluster's writes sent per master with
+``WAIT``, and what a connection that answers ``READONLY`` needs (a failover behind one address).
 
 A Redis Cluster replicates asynchronously: a master answers a write before any replica has it, and
-a replica promoted after the master died has only what reached it. A fencing token issued by the
-old master and lost that way would be issued a second time; a parked message lost that way would
-be gone although its offset counted done. So on a cluster, every write the sequencer relies on
-(see :mod:`~keyedconsumer.sequencing.store`) is sent on one connection to
-the master of its slot followed by ``WAIT 1 <timeout>``, and it counts only when at least one
-replica acknowledged it (Redis documents ``WAIT`` in https://redis.io/docs/latest/commands/wait/;
-Redis 7.0 has no ``WAITAOF``). Otherwise the call raises :class:`StoreUnavailable`, the caller
-tries again later, and whatever the unacknowledged write did is never used: a token not returned
-was never issued, a message not acknowledged as parked is still held by the consumer.
+a replica promoted after the master died has only what reached it. So on a cluster every write the
+sequencer relies on (see :mod:`~keyedconsumer.sequencing.store`) is sent on one connection to the
+master of its slot followed by ``WAIT 1 <timeout>`` (Redis documents ``WAIT`` in
+https://redis.io/docs/latest/commands/wait/; Redis 7.0 has no ``WAITAOF``), and
+:func:`send_to_masters` reports, per command, whether a replica acknowledged it. A ``WAIT`` that
+times out does not undo the write: it means only that the write is on the master and may not
+survive a failover. What each write does then (counts anyway, is asked again, or is given up) is
+the store's decision, in docs/guarantees.md ("What a WAIT that times out means").
 
-What this promises and what it does not is in docs/redis.md ("Redis Cluster"): one replica
-per master is assumed, so a promoted replica is the one that acknowledged; with more replicas per
-master, Redis may promote one that did not.
+A single Redis reached through one address (a DNS name, a proxy, a Sentinel-style switch) may turn
+into a replica under connections that stay open: they answer ``READONLY``. :func:`unavailable`
+then drops every pooled connection, so the next call connects to whatever the address leads to now.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import redis
@@ -35,8 +35,11 @@ __all__ = [
     "StoreUnavailable",
     "connect",
     "is_cluster",
+    "Sent",
     "send_to_masters",
+    "group_by_master",
     "check_replicas",
+    "unavailable",
 ]
 
 log = logging.getLogger("keyedconsumer.redis")
@@ -53,7 +56,31 @@ ERRORS: tuple[type[Exception], ...] = (redis.RedisError, redis.exceptions.RedisC
 
 class StoreUnavailable(Exception):
     """Redis did not answer (connection refused, timeout, loading, a failover under way), or on a
-    Redis Cluster no replica acknowledged a write in time; try again later."""
+    Redis Cluster no replica acknowledged a write in time; try again later.
+
+    ``unacknowledged`` is ``True`` for the latter: Redis answered, the write is on its master, and
+    only its replication is not confirmed (no sign that Redis is down)."""
+
+    def __init__(self, message: str, *, unacknowledged: bool = False) -> None:
+        super().__init__(message)
+        self.unacknowledged = unacknowledged
+
+
+def unavailable(r: Any, exc: BaseException) -> StoreUnavailable:
+    """The :class:`StoreUnavailable` for a redis-py error of client ``r``.
+
+    A ``READONLY`` answer on a single Redis means the address now leads elsewhere (a failover
+    behind a proxy or a DNS name) while this connection still reaches the old master, now a
+    replica: every pooled connection is dropped, so the next call connects anew. On a Redis
+    Cluster the slot map is re-read instead (a failover moved the slot).
+    """
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        if is_cluster(r):
+            _refresh(r)
+        else:
+            r.connection_pool.disconnect()
+            log.warning("Redis answered READONLY (a failover): reconnecting")
+    return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
 def connect(url: str, socket_timeout_s: float) -> Any:
@@ -103,18 +130,69 @@ def is_cluster(r: Any) -> bool:
     return isinstance(r, RedisCluster)
 
 
+class Sent(NamedTuple):
+    """What :func:`send_to_masters` got, per command in the order sent.
+
+    ``replies``: the command's reply, or a :class:`StoreUnavailable` when its master did not answer,
+    no longer serves its slot, or answered an error. ``acked``: a replica acknowledged it (``WAIT``);
+    always ``True`` when no ``WAIT`` was asked for.
+    """
+
+    replies: list[Any]
+    acked: list[bool]
+
+    def strict(self) -> list[Any]:
+        """The replies, if every command ran and (when asked) was acknowledged by a replica.
+
+        Raises
+        ------
+        StoreUnavailable
+            The first failure; ``unacknowledged`` when every command ran but one was not acknowledged.
+        """
+        for reply in self.replies:
+            if isinstance(reply, StoreUnavailable):
+                raise reply
+        if not all(self.acked):
+            raise StoreUnavailable(
+                "no replica acknowledged the write in time: it could be lost in a failover, so it does not count",
+                unacknowledged=True,
+            )
+        return self.replies
+
+
+def group_by_master(r: Any, keys: Sequence[str]) -> list[list[int]]:
+    """The indexes of ``keys`` grouped by the master that serves each key's slot (the client's slot
+    map), in order of first appearance.
+
+    Raises
+    ------
+    StoreUnavailable
+        The slot map could not be read (it is refreshed for the next call).
+    """
+    groups: dict[str, list[int]] = {}
+    try:
+        for i, key in enumerate(keys):
+            groups.setdefault(r.get_node_from_key(key).name, []).append(i)
+    except ERRORS as exc:
+        _refresh(r)
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+    return list(groups.values())
+
+
 def send_to_masters(
     r: Any, commands: Sequence[tuple[str, Sequence[Any]]], wait_ms: int | None, script: str | None = None
-) -> list[Any]:
+) -> Sent:
     """Run ``[(routing key, command)]`` on a Redis Cluster, one pipeline per master; with ``wait_ms``
-    each counts only once a replica has it.
+    each master's commands are followed by ``WAIT 1 wait_ms``.
 
     The commands are grouped by the master of their routing key's slot; each master gets its
-    commands (and, with ``wait_ms``, then ``WAIT 1 wait_ms``: it counts the replicas that
-    acknowledged every earlier write of its connection) in one pipeline on one connection, a plain
-    client's pipeline: redis-py's cluster pipeline asks the server ``COMMAND GETKEYS`` for every
-    ``EVALSHA``, one more round trip each. The masters are asked one after the other. A command must be safe to send again (every lease and parking script is: an
-    owner that asks again gets the same lease and token, an entry parked again is taken, not added).
+    commands (and, with ``wait_ms``, then ``WAIT``: it counts the replicas that acknowledged every
+    earlier write of its connection) in one pipeline on one connection, a plain client's pipeline:
+    redis-py's cluster pipeline asks the server ``COMMAND GETKEYS`` for every ``EVALSHA``, one more
+    round trip each. The masters are asked one after the other; one that fails fails only its own
+    commands. A command may run on its master and yet be reported failed (its reply lost with the
+    connection): every command sent here must be safe to send again (docs/guarantees.md, "A reply
+    lost after the command ran").
 
     Parameters
     ----------
@@ -124,80 +202,74 @@ def send_to_masters(
         ``(key whose slot routes the command, command and arguments)``, e.g.
         ``("kc:{k.61}:lease", ("EVALSHA", sha, 3, ...))``.
     wait_ms:
-        ``WAIT``'s timeout, milliseconds; ``None``: no ``WAIT`` (a write that may be lost in a failover).
+        ``WAIT``'s timeout, milliseconds; ``None``: no ``WAIT``.
     script:
-        The Lua source of the ``EVALSHA`` commands, loaded on a master that answers ``NOSCRIPT``
-        (a replica promoted by a failover has an empty script cache) before its commands are sent
-        once more.
+        The Lua source of the ``EVALSHA`` commands: a master that answers ``NOSCRIPT`` (a replica
+        promoted by a failover has an empty script cache) gets it loaded, and the commands that
+        answered ``NOSCRIPT`` (those did not run) are sent once more.
 
     Returns
     -------
-    list
-        The replies, in the order of ``commands``.
+    Sent
+        Per command, its reply (or the failure of its master) and whether a replica acknowledged it.
 
     Raises
     ------
     StoreUnavailable
-        A master did not answer or no longer serves the slot (a failover: the client's slot map is
-        refreshed for the next call), a reply was an error, or fewer than :data:`REPLICA_ACKS`
-        replicas acknowledged within ``wait_ms``. The commands of masters asked earlier in the call
-        ran and are replicated; the caller sends them all again.
+        The slot map could not be read (nothing was sent).
     """
-    groups: dict[str, tuple[Any, list[int]]] = {}
-    try:
-        for i, (key, _cmd) in enumerate(commands):
-            node = r.get_node_from_key(key)
-            groups.setdefault(node.name, (node, []))[1].append(i)
-    except ERRORS as exc:
-        _refresh(r)
-        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-    out: list[Any] = [None] * len(commands)
-    for node, idx in groups.values():
-        replies = _send_to_master(r, node, [commands[i][1] for i in idx], wait_ms, script)
+    out = Sent([None] * len(commands), [wait_ms is None] * len(commands))
+    for idx in group_by_master(r, [key for key, _cmd in commands]):
+        node = r.get_node_from_key(commands[idx[0]][0])
+        try:
+            replies, acked = _send_to_master(r, node, [commands[i][1] for i in idx], wait_ms, script)
+        except StoreUnavailable as exc:
+            replies, acked = [exc] * len(idx), False
         for i, reply in zip(idx, replies, strict=True):
-            out[i] = reply
+            out.replies[i] = reply
+            out.acked[i] = acked
     return out
 
 
 def _send_to_master(
     r: Any, node: Any, cmds: list[Sequence[Any]], wait_ms: int | None, script: str | None
-) -> list[Any]:
+) -> tuple[list[Any], bool]:
+    """``(replies, acknowledged by a replica)`` of ``cmds`` on ``node``'s connection."""
     client: Any = r.get_redis_connection(node)
+    replies: list[Any] = [None] * len(cmds)
+    todo = list(range(len(cmds)))
+    acked = wait_ms is None
     for attempt in (1, 2):
         try:
             pipe = client.pipeline(transaction=False)
-            for cmd in cmds:
-                pipe.execute_command(*cmd)
+            for i in todo:
+                pipe.execute_command(*cmds[i])
             if wait_ms is not None:
                 pipe.execute_command("WAIT", REPLICA_ACKS, wait_ms)
-            replies = pipe.execute(raise_on_error=False)
+            got = pipe.execute(raise_on_error=False)
         except ERRORS as exc:  # the master is gone or unreachable
             _refresh(r)
             raise StoreUnavailable(f"{type(exc).__name__} from {node.name}: {exc}") from None
-        errors = [x for x in replies if isinstance(x, Exception)]
-        if (
-            errors
-            and script is not None
-            and attempt == 1
-            and all(isinstance(x, redis.exceptions.NoScriptError) for x in errors)
-        ):
+        if wait_ms is not None:
+            wait = got.pop()
+            acked = not isinstance(wait, Exception) and int(wait) >= REPLICA_ACKS
+        for i, reply in zip(todo, got, strict=True):
+            replies[i] = reply
+        lost = [i for i in todo if isinstance(replies[i], redis.exceptions.NoScriptError)]
+        if lost and script is not None and attempt == 1:
             try:
                 client.script_load(script)
             except ERRORS as exc:
-                raise StoreUnavailable(f"{type(exc).__name__} from {node.name}: {exc}") from None
+                raise unavailable(client, exc) from None
+            todo = lost
             continue
+        errors = [x for x in replies if isinstance(x, Exception)]
         if errors:  # MOVED / CLUSTERDOWN / READONLY after a failover, or a script error
             _refresh(r)
             raise StoreUnavailable(f"{type(errors[0]).__name__} from {node.name}: {errors[0]}")
-        if wait_ms is None:
-            return list(replies)
-        acked = int(replies[-1])
-        if acked < REPLICA_ACKS:
-            raise StoreUnavailable(
-                f"no replica of {node.name} acknowledged the write within {wait_ms} ms ({acked} of {REPLICA_ACKS}): "
-                "it could be lost in a failover, so it does not count"
-            )
-        return list(replies[:-1])
+        if not acked:
+            log.debug("no replica of %s acknowledged within %d ms", node.name, wait_ms)
+        return replies, acked
     raise StoreUnavailable(f"{node.name} lost its scripts twice in a row")
 
 

@@ -250,12 +250,17 @@ class LeaseTable:
         return lease.held and now - lease.renewed_s < self.ttl_s
 
     def to_acquire(self, now: float) -> list[tuple[str, str]]:
+        """``[(lease id, owner)]`` to ask Redis for. A lease asked for again keeps its owner token:
+        if an earlier ask was granted but its answer was lost (or not yet acknowledged by a replica),
+        Redis gives the same owner the same lease and token back instead of making it wait for its
+        own lease to expire."""
         out = []
         for lid in self.want:
             lease = self.by_id.get(lid)
             if lease is None or lease.retry_s > now:
                 continue
-            lease.owner = f"{self._instance}-{next(self._n)}"
+            if not lease.owner:
+                lease.owner = f"{self._instance}-{next(self._n)}"
             out.append((lid, lease.owner))
         return out
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.delivery import Delivery
 from ..engine.outcome import Outcome
+from ..engine.sequencer import GroupTiming
 from ..message import Message
 from . import keys
 from .config import RedisSequencerConfig
@@ -159,8 +160,10 @@ class RedisSequencer:
         cap nothing is dropped: the messages wait in memory, unfinished, and fetching pauses at
         ``max_in_flight``.
     seen_retention_s:
-        Seconds the "already parked" markers live after a key's last park (a re-delivered message
-        within it is not parked twice).
+        Seconds the "already parked" markers live after a key's parked list empties (while it holds
+        anything they do not expire): a message Kafka delivers again within it is not parked twice.
+        At least ``lease_ttl_s`` + the group's session timeout + the commit interval is used,
+        whatever is given (:meth:`RedisSequencerConfig.seen_retention_for`).
     quarantine_on_dead_letter:
         When a parked message is dead-lettered, keep its key parked (its later messages wait in
         Redis) until :meth:`release_quarantine`; default ``False``: the key's next message goes on.
@@ -211,6 +214,7 @@ class RedisSequencer:
         self._renewer: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_try_s = 0.0
+        self._replica_slow = False  # the last tick found a replica slow (WAIT timed out): logged once
         self.acquire_calls = 0  # Redis acquire scripts sent (to measure lease reuse)
         self.parker: Parker | None = None  # the Parker while attached
         self.instance_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -228,6 +232,13 @@ class RedisSequencer:
     #: Parked messages are settled in Redis, outside a Kafka transaction: ``transactional=True``
     #: refuses this sequencer.
     settles_outside_kafka = True
+
+    @property
+    def available(self) -> bool:
+        """``False`` while Redis does not answer this instance (down, unreachable, answering
+        ``READONLY`` during a failover): the consumer is then not ready (:mod:`keyedconsumer.health`).
+        A write a slow replica did not acknowledge in time does not count as unavailable."""
+        return self._store is None or bool(self._store.available)
 
     def __repr__(self) -> str:
         c = self.config
@@ -332,15 +343,18 @@ class RedisSequencer:
         port: LanePort,
         fatal: Callable[[BaseException], None],
         confirm: Callable[[], bool] | None = None,
-        membership_stall_s: float | None = None,
+        timing: GroupTiming | None = None,
     ) -> None:
         """Start serving the engine's lanes behind ``port`` (called by the consumer before polling;
         see :class:`~keyedconsumer.engine.sequencer.Sequencer`).
 
         ``confirm()`` tells whether this instance still owns its partitions in the consumer group
-        (see :meth:`tick`); ``membership_stall_s``: a stall of this process past which the group
-        may have expelled it (seconds; ``None``, not known: half the shorter of ``lease_ttl_s`` and
-        45 s, the broker's default session timeout).
+        (see :meth:`tick`); ``timing``: the group's session timeout, heartbeat and commit
+        intervals (librdkafka's defaults when ``None``). A stall of this process past
+        ``timing.membership_stall_s`` (not known, with KIP-848: half the shorter of ``lease_ttl_s``
+        and 45 s) may have cost its partitions; the session timeout and commit interval, with the
+        lease TTL, bound how long the "already parked" markers must outlive a parked list
+        (:meth:`RedisSequencerConfig.seen_retention_for`).
         """
         from .store import LeaseStore
 
@@ -351,7 +365,9 @@ class RedisSequencer:
         self._fatal = fatal
         self._confirm = confirm or (lambda: True)
         # a process stalled this long may have lost its partitions (a lost lease is noticed apart)
-        self._stall_s = membership_stall_s if membership_stall_s is not None else min(c.lease_ttl_s, 45.0) / 2
+        timing = timing or GroupTiming()
+        stall_s = timing.membership_stall_s
+        self._stall_s = stall_s if stall_s is not None else min(c.lease_ttl_s, 45.0) / 2
         self._last_tick_s = 0.0
         self._lost_seen = 0
         self._suspect = False
@@ -371,7 +387,7 @@ class RedisSequencer:
             max_parked_bytes_per_key=c.max_parked_bytes_per_key,
             max_parked_total=c.max_parked_total,
             max_parked_bytes_total=c.max_parked_bytes_total,
-            seen_retention_s=c.seen_retention_s,
+            seen_retention_s=c.seen_retention_for(timing.session_timeout_s, timing.commit_interval_s),
             quarantine_on_dead_letter=c.quarantine_on_dead_letter,
             max_drains=c.max_drains,
         )
@@ -456,6 +472,11 @@ class RedisSequencer:
             self._publish_renewals(time.monotonic())
             busy = self._parking_tick()
         except StoreUnavailable as exc:
+            if exc.unacknowledged:  # Redis answered; a slow replica paced this tick (its WAIT)
+                if not self._replica_slow:
+                    log.warning("a Redis replica is slow (%s): parking waits for it, leases go on", exc)
+                self._replica_slow = True
+                return 0.05
             self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
             self._next_try_s = time.monotonic() + self._backoff_s
             log.warning("Redis unavailable (%s); retrying in %.2f s", exc, self._backoff_s)
@@ -464,6 +485,7 @@ class RedisSequencer:
             self._fatal(exc)
             return None
         self._backoff_s = 0.0
+        self._replica_slow = False
         if leases.want or busy:
             return 0.01
         return 0.05 if self.is_scheduler else None
@@ -641,12 +663,15 @@ class RedisSequencer:
             self._renew_published_s = now
             self._renew_set = self._leases.to_renew()  # a new list: the renewer reads the reference
 
-    def _renewed(self, answer: tuple[list[tuple[str, str]], list[bool], float]) -> None:
+    def _renewed(self, answer: tuple[list[tuple[str, str]], list[bool | None], float]) -> None:
         """(Owner, posted by the renewer.) Redis answered renewals sent at ``asked_s``: heads that
-        waited for their lease's renewal may start."""
+        waited for their lease's renewal may start. ``None``: the lease's Redis node did not answer
+        (the lease expires unconfirmed)."""
         asks, oks, asked_s = answer
         leases, port = self._leases, self._port
         for (lid, owner), ok in zip(asks, oks, strict=True):
+            if ok is None:
+                continue
             for head in leases.renewed(lid, owner, ok, asked_s):
                 if port is not None:
                     port.make_ready(head)

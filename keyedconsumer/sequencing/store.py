@@ -1,35 +1,56 @@
-"""Leases with fencing tokens, parked and scheduled messages, as Lua scripts on Redis (with
-:mod:`~keyedconsumer.sequencing.connection`, the only modules that import ``redis``).
+"""Leases with fencing tokens, parked and scheduled messages, on Redis (with
+:mod:`~keyedconsumer.sequencing.connection`, the only modules that import ``redis``; the Lua
+scripts are in :mod:`~keyedconsumer.sequencing.scripts`).
 
 A lease follows redis-py's ``lock.py``: ``SET NX PX`` with a random owner token; renew and release
-compare the token atomically. Acquiring also ``INCR``s the key's fencing counter in the same script;
-the result is the fencing token. The counter must never repeat, also after a Redis restart: the
-store refuses to start unless Redis persists every write before answering (``appendonly yes`` and
-``appendfsync always``; Redis 7.0 has no ``WAITAOF``), unless ``require_durable=False``. On a
-Redis Cluster, every pipelined script goes per master on plain connections
-(:func:`~keyedconsumer.sequencing.connection.send_to_masters`), and the writes that must also
-survive a failover wait for a replica: acquiring and renewing leases,
-parking, scheduling and moving scheduled messages in, due times, quarantine, the scheduler's lease
-and check-ins. Releases, settling finished parked messages and the parked totals do not: losing one
-in a failover delays a key by a lease TTL or runs a message once more, within at-least-once.
+compare the token atomically. Acquiring also draws the lease's fencing token from the counter of
+its key's hash slot (:func:`~keyedconsumer.sequencing.keys.slot_fence`), in the same script, and
+keeps it beside the lease, with the lease's TTL: nothing of a key outlives its lease, its parked
+list and its markers. A slot's tokens never repeat or go down: after a Redis restart (the store
+refuses to start unless Redis persists every write before answering, ``appendonly yes`` and
+``appendfsync always``, unless ``require_durable=False``), and after a failover to a replica that
+lagged (the counter jumps past the old master's range: see :mod:`~keyedconsumer.sequencing.scripts`).
+
+On a Redis Cluster, every pipelined script goes per master on plain connections
+(:func:`~keyedconsumer.sequencing.connection.send_to_masters`), followed by ``WAIT 1``. What a
+``WAIT`` that times out means depends on the write (docs/guarantees.md): an acquire counts only once
+a replica has it (until then it is asked again by the same owner, which gets the same lease and
+token back); a renewal, the scheduler's lease and a check-in count on the master's answer (a
+failover that loses them is covered by the new master's quiet time); parking, scheduling and
+moving scheduled messages in, due times and quarantine count only once a replica has them (else
+:class:`StoreUnavailable`, and the caller sends them again). Releases, settling finished parked
+messages and the parked totals do not wait: losing one in a failover delays a key by a lease TTL or
+runs a message once more, within at-least-once.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import redis
 
-from . import keys
-from .connection import ERRORS, StoreUnavailable, check_replicas, connect, is_cluster, send_to_masters
+from . import keys, scripts
+from .connection import (
+    ERRORS,
+    Sent,
+    StoreUnavailable,
+    check_replicas,
+    connect,
+    group_by_master,
+    is_cluster,
+    send_to_masters,
+    unavailable,
+)
+from .inspect import inspect_namespace
 
 __all__ = ["LeaseStore", "LastError", "StoreUnavailable", "connect", "inspect_namespace"]
 
 log = logging.getLogger("keyedconsumer.redis")
+
+#: Reading a setting with ``CONFIG GET``: Redis did not answer or refused, or the answer lacks it.
+_CONFIG_ERRORS: tuple[type[Exception], ...] = (*ERRORS, KeyError, ValueError)
 
 
 class LastError(NamedTuple):
@@ -53,257 +74,6 @@ def _error_args(error: LastError | None) -> list[Any]:
     return ["", "", "", 0] if error is None else [error.type, error.message, error.at, error.attempt]
 
 
-# KEYS[1] lease, KEYS[2] fence, KEYS[3] park; ARGV[1] owner, ARGV[2] ttl ms -> {fencing token, or
-# -(pttl ms) when another owner holds it (at most -1); length of the key's parked list}.
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-local depth = redis.call('LLEN', KEYS[3])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {tonumber(redis.call('GET', KEYS[2]) or '0'), depth}
-end
-if cur then
-  local left = redis.call('PTTL', KEYS[1])
-  if left < 1 then left = 1 end
-  return {-left, depth}
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {redis.call('INCR', KEYS[2]), depth}
-"""
-# KEYS[1] lease; ARGV[1] owner, ARGV[2] ttl ms -> 1 renewed, 0 not ours any more
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-# KEYS[1] lease; ARGV[1] owner -> 1 released, 0 not ours
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-# Parking (the Redis-parked retries of pgujjeti/go-distr-ep): every write checks that the caller
-# still holds the key's lease.
-# KEYS[1] lease, [2] park, [3] pbytes, [4] seen, [5] error; ARGV[1] owner, [2] seen retention ms,
-# [3] max messages, [4] max bytes, [5] conflate (1 | 0), [6] error class ('' = no error), [7] error
-# message, [8] the failed message (topic[partition]@offset), [9] its attempt, then (field, offset,
-# entry) triples in order. Entries whose offset is not above the field's highest parked offset are
-# already parked (a re-delivery): skipped. Entries are taken in order while the list has room (an
-# empty list takes at least one). With conflate, an entry appended to a list of two or more first
-# removes the entries behind the list's head (returned: conflated, replaced by a newer one). The
-# error, if any, is stored with the time of the park on the Redis server's clock (TIME).
-# -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added (may be
-#     negative), appended, {entries conflated, in list order}}
-_PARK = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, 0, 0, 0, {}} end
-local before = redis.call('LLEN', KEYS[2])
-local n, nbytes = before, tonumber(redis.call('GET', KEYS[3]) or '0')
-local maxn, maxb, conflate = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
-local last, taken, add, appended, gone = {}, 0, 0, 0, {}
-for i = 10, #ARGV, 3 do
-  local f, off, e = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  if last[f] == nil then last[f] = tonumber(redis.call('HGET', KEYS[4], f) or '-1') end
-  if off > last[f] then
-    if conflate and n >= 2 then
-      for _, old in ipairs(redis.call('LRANGE', KEYS[2], 1, -1)) do
-        gone[#gone + 1] = old
-        add = add - #old
-        nbytes = nbytes - #old
-      end
-      redis.call('LTRIM', KEYS[2], 0, 0)
-      n = 1
-    end
-    if n > 0 and (n + 1 > maxn or nbytes + #e > maxb) then break end
-    redis.call('RPUSH', KEYS[2], e)
-    redis.call('HSET', KEYS[4], f, off)
-    last[f] = off
-    n = n + 1
-    nbytes = nbytes + #e
-    add = add + #e
-    appended = appended + 1
-  end
-  taken = taken + 1
-end
-if taken > 0 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
-if add ~= 0 then redis.call('INCRBY', KEYS[3], add) end
-if taken > 0 and ARGV[6] ~= '' then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[5], 'type', ARGV[6], 'message', ARGV[7], 'at', ARGV[8], 'attempt', ARGV[9],
-             'time_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
-end
-return {1, before, taken, add, appended, gone}
-"""
-# KEYS[1] lease, [2] park, [3] pbytes; ARGV[1] owner, [2] n, [3] conflate (1 | 0) -> {1, the first
-# n entries, length, {entries conflated}} | {0, {}, 0, {}}. With conflate, a list of three or more
-# keeps its head and its newest entry: those between are removed and returned (conflated).
-_FETCH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, {}, 0, {}} end
-local gone = {}
-if ARGV[3] == '1' and redis.call('LLEN', KEYS[2]) > 2 then
-  gone = redis.call('LRANGE', KEYS[2], 1, -2)
-  local newest = redis.call('RPOP', KEYS[2])
-  redis.call('LTRIM', KEYS[2], 0, 0)
-  redis.call('RPUSH', KEYS[2], newest)
-  local b = 0
-  for _, old in ipairs(gone) do b = b + #old end
-  redis.call('DECRBY', KEYS[3], b)
-end
-return {1, redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1), redis.call('LLEN', KEYS[2]), gone}
-"""
-# KEYS[1] lease, [2] park, [3] pbytes, [4] error; ARGV[1] owner, ARGV[2..] the entries expected at
-# the head, in order -> entries removed (they are removed while they match the head), or -1: not the
-# owner. An emptied list takes its byte count and its last error along.
-_POP_MANY = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local n, b = 0, 0
-for i = 2, #ARGV do
-  if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[i] then break end
-  redis.call('LPOP', KEYS[2])
-  n = n + 1
-  b = b + #ARGV[i]
-end
-if redis.call('LLEN', KEYS[2]) == 0 then redis.call('DEL', KEYS[3], KEYS[4]) elseif b > 0 then redis.call('DECRBY', KEYS[3], b) end
-return n
-"""
-# KEYS[1] lease, [2] park, [3] pbytes, [4] error; ARGV[1] owner, [2] head entry expected, [3] its
-# replacement, [4] error class ('' = none), [5] message, [6] the failed message, [7] its attempt
-# -> {1, bytes added (may be negative)} | {0, 0}; the error is stored with the Redis server's time.
-_REPLACE_HEAD = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0} end
-if redis.call('LINDEX', KEYS[2], 0) ~= ARGV[2] then return {0, 0} end
-redis.call('LSET', KEYS[2], 0, ARGV[3])
-local delta = #ARGV[3] - #ARGV[2]
-if delta ~= 0 then redis.call('INCRBY', KEYS[3], delta) end
-if ARGV[4] ~= '' then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[4], 'type', ARGV[4], 'message', ARGV[5], 'at', ARGV[6], 'attempt', ARGV[7],
-             'time_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
-end
-return {1, delta}
-"""
-# KEYS[1] due; ARGV[1] member, [2] the score it was seen with -> 1 removed | 0 changed meanwhile
-_ZREM_IF = """
-local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if cur and tonumber(cur) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
-return 0
-"""
-# KEYS[1] sdue, [2] entries; ARGV[1] id, [2] due ms, [3] entry -> 1
-_SCHEDULE = """
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return 1
-"""
-# A due scheduled message joins its key's list (no lease needed: an append never races a run,
-# which needs the lease; the due set was updated first). KEYS[1] park, [2] pbytes, [3] seen;
-# ARGV[1] seen field, [2] entry, [3] seen retention ms -> {1 appended | 0 already, length before}
-_MOVE_IN = """
-local before = redis.call('LLEN', KEYS[1])
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {0, before} end
-redis.call('RPUSH', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], 1)
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-redis.call('INCRBY', KEYS[2], #ARGV[2])
-return {1, before}
-"""
-# KEYS[1] sdue, [2] entries; ARGV[1] id -> 1 removed | 0 was not scheduled
-_UNSCHEDULE = """
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-return n
-"""
-# One clock (rq-scheduler #246: scheduled jobs run early when instances' clocks differ): every
-# "is it due", "how late" and "is that instance gone" is decided on the Redis server's TIME, read by
-# the script that decides, never on an instance's wall clock. Each such script touches only the
-# namespace's {_sched} slot, so on a Redis Cluster the clock is that of the node holding it; with
-# Redis 7 a script may write after reading TIME (its effects are replicated, not the script).
-# Redis time in ms since the epoch, from TIME's {seconds, microseconds}: a Lua number (a double,
-# exact to a quarter of a microsecond here), which Redis passes on to commands without losing digits.
-_NOW = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
-# KEYS[1] any {_sched} key (routes the call to the clock's node) -> {seconds, microseconds}
-_TIME = "return redis.call('TIME')"
-# KEYS[1] due; ARGV[1] limit -> {seconds, microseconds, {member, score, ...} due now, earliest first}
-_DUE_KEYS = (
-    _NOW
-    + """
-return {t[1], t[2], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))}
-"""
-)
-# KEYS[1] sdue, [2] entries; ARGV[1] limit -> {seconds, microseconds, {id, due ms, ...} due now,
-# {their entries (nil: removed meanwhile)}}
-_DUE_SCHEDULED = (
-    _NOW
-    + """
-local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-local ids = {}
-for i = 1, #rows, 2 do ids[#ids + 1] = rows[i] end
-local entries = {}
-if #ids > 0 then entries = redis.call('HMGET', KEYS[2], unpack(ids)) end
-return {t[1], t[2], rows, entries}
-"""
-)
-# KEYS[1] instances; ARGV[1] instance, [2] timeout ms -> {seconds, microseconds, {instances gone}}:
-# this instance's check-in is stamped with the server's time; those silent for the timeout are removed
-_CHECK_IN = (
-    _NOW
-    + """
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-local cutoff = now - tonumber(ARGV[2])
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff)
-if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff) end
-return {t[1], t[2], gone}
-"""
-)
-# KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1 due now | 0 not quarantined
-_RELEASE_QUARANTINE = (
-    """
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-"""
-    + _NOW
-    + """
-redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
-return 1
-"""
-)
-# KEYS[1] park, [2] pbytes -> 1: the head entry's due time is now (Redis TIME, ms) | 0: no list.
-# The entry is JSON written by parking.encode_entry; its top-level "due" is the only `"due":` in it
-# outside a JSON string (inside one, the quotes are escaped), so one gsub rewrites exactly that field.
-_HEAD_DUE_NOW = """
-local head = redis.call('LINDEX', KEYS[1], 0)
-if not head then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local new, n = string.gsub(head, '"due":[-+.%deE]+', '"due":' .. string.format('%d', now), 1)
-if n == 1 and new ~= head then
-  redis.call('LSET', KEYS[1], 0, new)
-  if #new ~= #head then redis.call('INCRBY', KEYS[2], #new - #head) end
-end
-return 1
-"""
-# KEYS[1] quarantine, [2] due; ARGV[1] lease id -> 1: due now (and out of quarantine)
-_DUE_NOW = (
-    """
-redis.call('SREM', KEYS[1], ARGV[1])
-"""
-    + _NOW
-    + """
-redis.call('ZADD', KEYS[2], math.floor(now) + 0.5, ARGV[1])
-return 1
-"""
-)
-# KEYS[1] lease; ARGV[1] owner, [2] ttl ms -> 1 held (acquired or renewed) | 0 held by another
-_HOLD = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if cur then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-
 class LeaseStore:
     """Leases of one namespace on one Redis.
 
@@ -318,30 +88,48 @@ class LeaseStore:
         it for a replica's acknowledgement (``WAIT``; at least 10 ms).
     """
 
+    #: Leases acquired by one script call (one node's batch is cut into calls of this many).
+    ACQUIRE_BATCH = 256
+    #: ``cluster-node-timeout`` assumed when ``CONFIG GET`` is refused (Redis's default, ms).
+    DEFAULT_NODE_TIMEOUT_MS = 15_000
+
     def __init__(self, url: str, namespace: str, socket_timeout_s: float = 2.0) -> None:
         self.namespace = keys.check_namespace(namespace)
         self._r: Any = connect(url, socket_timeout_s)
         self._cluster = is_cluster(self._r)
         self._wait_ms = max(10, int(socket_timeout_s * 250))
-        self._acquire = self._r.register_script(_ACQUIRE)
-        self._renew = self._r.register_script(_RENEW)
-        self._release = self._r.register_script(_RELEASE)
-        self._park = self._r.register_script(_PARK)
-        self._fetch = self._r.register_script(_FETCH)
-        self._pop_many = self._r.register_script(_POP_MANY)
-        self._replace_head = self._r.register_script(_REPLACE_HEAD)
-        self._zrem_if = self._r.register_script(_ZREM_IF)
-        self._schedule = self._r.register_script(_SCHEDULE)
-        self._move_in = self._r.register_script(_MOVE_IN)
-        self._unschedule = self._r.register_script(_UNSCHEDULE)
-        self._hold = self._r.register_script(_HOLD)
-        self._time = self._r.register_script(_TIME)
-        self._due_keys = self._r.register_script(_DUE_KEYS)
-        self._due_scheduled = self._r.register_script(_DUE_SCHEDULED)
-        self._check_in = self._r.register_script(_CHECK_IN)
-        self._release_quarantine = self._r.register_script(_RELEASE_QUARANTINE)
-        self._due_now = self._r.register_script(_DUE_NOW)
-        self._head_due_now = self._r.register_script(_HEAD_DUE_NOW)
+        self._node_timeout_ms: int | None = None if self._cluster else 0
+        #: ``False`` from a call Redis did not answer (or answered READONLY, or with a slot moved)
+        #: until the next call it answers; a write that a replica did not acknowledge in time counts
+        #: as answered (see :attr:`available`).
+        self._answered = True
+        register = self._r.register_script
+        self._acquire = register(scripts.ACQUIRE)
+        self._renew = register(scripts.RENEW)
+        self._release = register(scripts.RELEASE)
+        self._park = register(scripts.PARK)
+        self._fetch = register(scripts.FETCH)
+        self._pop_many = register(scripts.POP_MANY)
+        self._replace_head = register(scripts.REPLACE_HEAD)
+        self._zrem_if = register(scripts.ZREM_IF)
+        self._schedule = register(scripts.SCHEDULE)
+        self._move_in = register(scripts.MOVE_IN)
+        self._unschedule = register(scripts.UNSCHEDULE)
+        self._hold = register(scripts.HOLD)
+        self._time = register(scripts.TIME)
+        self._due_keys = register(scripts.DUE_KEYS)
+        self._due_scheduled = register(scripts.DUE_SCHEDULED)
+        self._check_in = register(scripts.CHECK_IN)
+        self._release_quarantine = register(scripts.RELEASE_QUARANTINE)
+        self._due_now = register(scripts.DUE_NOW)
+        self._head_due_now = register(scripts.HEAD_DUE_NOW)
+
+    @property
+    def available(self) -> bool:
+        """Whether Redis answered the last call: ``False`` while it does not answer, answers
+        ``READONLY`` (a failover behind one address) or, on a cluster, a slot moved; a write that no
+        replica acknowledged in time was answered (the replica is slow, Redis is up)."""
+        return self._answered
 
     def check_durable(self) -> None:
         """Raise ``RuntimeError`` unless Redis persists each write before it answers.
@@ -363,7 +151,7 @@ class LeaseStore:
                 if found and "appendonly" in found:  # redis-py merges the answer of a single node
                     found = {"": found}
         except ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from None
+            raise self._unavailable(exc) from None
         for node, conf in found.items():
             aof, fsync = conf.get("appendonly"), conf.get("appendfsync")
             if aof != "yes" or fsync != "always":
@@ -375,98 +163,189 @@ class LeaseStore:
         if self._cluster:
             check_replicas(self._r)
 
+    # -- leases ----------------------------------------------------------------------------------
+
     def acquire(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[tuple[int, int]]:
-        """Try to acquire ``[(lease id, owner token)]`` in one round trip.
+        """Try to acquire ``[(lease id, owner token)]`` in one round trip per Redis node.
 
-        Returns, per request, ``(fencing token (> 0) or -(ms until the holder's lease ends), length of
-        the key's parked list)``.
-        """
-        return [
-            (int(x[0]), int(x[1]))
-            for x in self._pipeline(self._acquire, requests, ttl_ms, fence=True, replicated=True)
-        ]
+        The token is drawn from the counter of the key's hash slot (see
+        :mod:`~keyedconsumer.sequencing.scripts`): above every token issued for the key before, also
+        across a failover to a replica that lagged. An owner that asks again for a lease it holds
+        gets its lease extended and the same token (a reply lost on the way is harmless when the
+        same owner asks again).
 
-    def renew(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
-        """Extend ``[(lease id, owner token)]``; ``False`` where the lease is no longer ours."""
-        return [bool(x) for x in self._pipeline(self._renew, requests, ttl_ms, replicated=True)]
-
-    def release(self, requests: Sequence[tuple[str, str]]) -> list[bool]:
-        """Release ``[(lease id, owner token)]``; ``False`` where it was no longer ours."""
-        return [bool(x) for x in self._pipeline(self._release, requests, None)]
-
-    def _pipeline(
-        self,
-        script: Any,
-        requests: Sequence[tuple[str, str]],
-        ttl_ms: int | None,
-        fence: bool = False,
-        replicated: bool = False,
-    ) -> list[Any]:
-        """The lease scripts for ``[(lease id, owner token)]`` in one round trip (:meth:`_evalsha_many`)."""
-        ns = self.namespace
-        lease = keys.lease
-        calls: list[tuple[tuple[str, ...], tuple[Any, ...]]]
-        if fence:
-            fence_k, park = keys.fence, keys.park
-            calls = [
-                ((lease(ns, lid), fence_k(ns, lid), park(ns, lid)), (owner, ttl_ms))
-                for lid, owner in requests
-            ]
-        elif ttl_ms is None:
-            calls = [((lease(ns, lid),), (owner,)) for lid, owner in requests]
-        else:
-            calls = [((lease(ns, lid),), (owner, ttl_ms)) for lid, owner in requests]
-        return self._evalsha_many(script, calls, replicated)
-
-    def _evalsha_many(
-        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], replicated: bool = False
-    ) -> list[Any]:
-        """One ``EVALSHA`` of ``script`` per ``(keys, args)``, pipelined (no MULTI: each script is
-        atomic on its own; on a Redis Cluster each goes to the node that holds its keys' slot, which
-        is one slot per call: see :mod:`~keyedconsumer.sequencing.keys`). ``replicated``: on a Redis
-        Cluster, each counts only once a replica has it (:func:`send_to_masters`).
-
-        Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
-        (which also send ``SCRIPT EXISTS`` on each execute, and which redis-py's cluster pipeline
-        refuses). A Redis that lost its script cache (a restart, a replica promoted by a failover)
-        answers ``NOSCRIPT``: the script is loaded (on every master) and the pipeline sent once
-        more, which is safe because a script that was not found did not run.
+        Returns, per request, ``(token, length of the key's parked list)``: ``token`` > 0, the lease
+        is held with that fencing token; < 0, ``-(ms)`` before it is worth asking again (another
+        owner's lease has that long left, or the slot's new master grants no lease yet: its quiet
+        time after a failover); 0, on a Redis Cluster, the lease is held on its master but no
+        replica acknowledged it within the ``WAIT``: it does not count yet, ask again (with the same
+        owner: the same token comes back, and counts once a replica has it).
 
         Raises
         ------
         StoreUnavailable
-            Redis did not answer, or lost the script again right after it was loaded.
+            A Redis node did not answer (what the others granted is returned to the same owners
+            when they ask again).
         """
-        if not calls:
+        if not requests:
             return []
-        sha = script.sha
-        if self._cluster:  # per master, on plain connections (replicated: and WAIT)
-            cmds = [(k[0], ("EVALSHA", sha, len(k), *k, *a)) for k, a in calls]
-            return send_to_masters(self._r, cmds, self._wait_ms if replicated else None, script.script)
-        for attempt in (1, 2):
-            try:
-                pipe = self._r.pipeline(transaction=False)
-                cmd = pipe.execute_command
-                for k, a in calls:
-                    cmd("EVALSHA", sha, len(k), *k, *a)
-                return list(pipe.execute())
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise StoreUnavailable("Redis lost its scripts twice in a row") from None
-                try:
-                    self._r.script_load(script.script)
-                except ERRORS as exc:
-                    raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-            except ERRORS as exc:
-                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-        raise AssertionError("unreachable")
+        ns, ttl = self.namespace, int(ttl_ms)
+        quiet = ttl + self._quiet_margin_ms()
+        args = [
+            (keys.lease(ns, lid), keys.fence(ns, lid), keys.park(ns, lid), keys.slot_fence(ns, lid), owner)
+            for lid, owner in requests
+        ]
+        groups = group_by_master(self._r, [a[0] for a in args]) if self._cluster else [list(range(len(args)))]
+        chunks = [g[i : i + self.ACQUIRE_BATCH] for g in groups for i in range(0, len(g), self.ACQUIRE_BATCH)]
+        calls = [
+            ((), (ttl, quiet, 1 if self._cluster else 0, *(x for i in c for x in args[i]))) for c in chunks
+        ]
+        sent = self._send(self._acquire, calls, wait=True, route=[args[c[0]][0] for c in chunks])
+        out: list[tuple[int, int]] = [(0, 0)] * len(requests)
+        for c, reply, acked in zip(chunks, sent.replies, sent.acked, strict=True):
+            if isinstance(reply, StoreUnavailable):
+                raise reply
+            for i, (token, depth) in zip(c, reply, strict=True):
+                token = int(token)
+                out[i] = (token if token < 0 or acked else 0, int(depth))
+        return out
+
+    def renew(self, requests: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
+        """Extend ``[(lease id, owner token)]`` by ``ttl_ms``; per request ``True`` (extended from
+        the time of the call), ``False`` (no longer ours) or ``None`` (its Redis node did not
+        answer: unknown, the lease stays valid until its last confirmed renewal's TTL runs out).
+
+        A renewal counts on its master's answer alone (no ``WAIT``): if a failover loses it, the new
+        master grants no lease of the slot until this one has ended (its quiet time).
+
+        Raises
+        ------
+        StoreUnavailable
+            No Redis node answered.
+        """
+        ns = self.namespace
+        calls = [((keys.lease(ns, lid), keys.fence(ns, lid)), (owner, ttl_ms)) for lid, owner in requests]
+        sent = self._send(self._renew, calls, wait=False)
+        if sent.replies and all(isinstance(x, StoreUnavailable) for x in sent.replies):
+            raise sent.replies[0]
+        return [None if isinstance(x, StoreUnavailable) else bool(x) for x in sent.replies]
+
+    def release(self, requests: Sequence[tuple[str, str]]) -> list[bool]:
+        """Release ``[(lease id, owner token)]`` (the lease and its token); ``False`` where it was no
+        longer ours."""
+        ns = self.namespace
+        calls = [((keys.lease(ns, lid), keys.fence(ns, lid)), (owner,)) for lid, owner in requests]
+        return [bool(x) for x in self._send(self._release, calls, wait=False).strict()]
 
     def fencing_token(self, lid: str) -> int:
-        """The current value of a lease's fencing counter (0 if never acquired)."""
+        """The fencing token of the key's lease while it is held (0: not held)."""
         try:
             return int(self._r.get(keys.fence(self.namespace, lid)) or 0)
         except ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from None
+            raise self._unavailable(exc) from None
+
+    def _quiet_margin_ms(self) -> int:
+        """How long after a failover an old master may still take writes, in ms, added to the lease
+        TTL for a new master's quiet time: on a Redis Cluster its ``cluster-node-timeout`` (a master
+        cut off from the majority stops taking writes after it), read once (the largest of the
+        nodes'); on a single Redis 0 (the switch that promotes a replica must stop the old master
+        first, docs/guarantees.md)."""
+        if self._node_timeout_ms is None:
+            try:
+                found = self._r.config_get("cluster-node-timeout", target_nodes=self._r.ALL_NODES)
+                values = found.values() if "cluster-node-timeout" not in found else [found]
+                self._node_timeout_ms = max(int(v["cluster-node-timeout"]) for v in values)
+            except _CONFIG_ERRORS as exc:  # CONFIG renamed or refused (a managed Redis)
+                log.info(
+                    "cluster-node-timeout not readable (%s): assuming %d ms",
+                    exc,
+                    self.DEFAULT_NODE_TIMEOUT_MS,
+                )
+                self._node_timeout_ms = self.DEFAULT_NODE_TIMEOUT_MS
+        return self._node_timeout_ms
+
+    def _send(
+        self,
+        script: Any,
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+        wait: bool,
+        route: Sequence[str] | None = None,
+    ) -> Sent:
+        """One ``EVALSHA`` of ``script`` per ``(keys, args)``, pipelined (no MULTI: each script is
+        atomic on its own; on a Redis Cluster each goes to the node that serves its first key's
+        slot, or ``route``'s: one slot per call, see :mod:`~keyedconsumer.sequencing.keys`, or
+        several slots of one node for the acquire script). ``wait``: on a Redis Cluster each
+        master's calls are followed by ``WAIT`` (:func:`send_to_masters`).
+
+        Plain ``EVALSHA`` commands cost about half of redis-py's ``Script`` objects in a pipeline
+        (which also send ``SCRIPT EXISTS`` on each execute, and which redis-py's cluster pipeline
+        refuses). A Redis that lost its script cache (a restart, a replica promoted by a failover)
+        answers ``NOSCRIPT``: the script is loaded and the calls that answered ``NOSCRIPT`` (they
+        did not run) are sent once more.
+
+        Raises
+        ------
+        StoreUnavailable
+            A single Redis did not answer, answered an error, or lost the script again right after
+            it was loaded (on a cluster a failing master's calls get a :class:`StoreUnavailable` as
+            their reply instead).
+        """
+        if not calls:
+            return Sent([], [])
+        sha = script.sha
+        if self._cluster:  # per master, on plain connections (and WAIT)
+            keys_of = route or [k[0] for k, _a in calls]
+            cmds = [(rk, ("EVALSHA", sha, len(k), *k, *a)) for rk, (k, a) in zip(keys_of, calls, strict=True)]
+            sent = send_to_masters(self._r, cmds, self._wait_ms if wait else None, script.script)
+            self._answered = not any(isinstance(x, StoreUnavailable) for x in sent.replies)
+            return sent
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (1, 2):
+            try:
+                pipe = self._r.pipeline(transaction=False)
+                for i in todo:
+                    k, a = calls[i]
+                    pipe.execute_command("EVALSHA", sha, len(k), *k, *a)
+                got = pipe.execute(raise_on_error=False)
+            except ERRORS as exc:
+                raise self._unavailable(exc) from None
+            for i, reply in zip(todo, got, strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if isinstance(replies[i], redis.exceptions.NoScriptError)]
+            if not todo:
+                break
+            if attempt == 2:
+                raise self._unavailable(StoreUnavailable("Redis lost its scripts twice in a row"))
+            try:
+                self._r.script_load(script.script)
+            except ERRORS as exc:
+                raise self._unavailable(exc) from None
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise self._unavailable(reply)
+        self._answered = True
+        return Sent(replies, [True] * len(replies))
+
+    def _evalsha_many(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], replicated: bool = False
+    ) -> list[Any]:
+        """:meth:`_send`, every call ran and, with ``replicated`` on a Redis Cluster, was
+        acknowledged by a replica.
+
+        Raises
+        ------
+        StoreUnavailable
+            Redis did not answer, or (``unacknowledged``) a replica did not acknowledge in time: the
+            write is on its master but does not count; the caller sends it again.
+        """
+        return self._send(script, calls, wait=replicated).strict()
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        """Redis did not answer (or answered an error): marked unavailable, and a connection that
+        answered ``READONLY`` is dropped (:func:`~keyedconsumer.sequencing.connection.unavailable`)."""
+        self._answered = False
+        return exc if isinstance(exc, StoreUnavailable) else unavailable(self._r, exc)
 
     # -- parking and scheduled messages ----------------------------------------------------------
 
@@ -482,7 +361,9 @@ class LeaseStore:
         keys' parked lists, each batch atomically and only while ``owner`` holds the lease, in one
         round trip.
 
-        Redis answers after the write is on disk (``appendfsync always``, checked at start).
+        Redis answers after the write is on disk (``appendfsync always``, checked at start). The
+        key's "already parked" markers live while its list holds anything, and ``seen_ttl_ms`` after
+        it empties (:meth:`pop_many`).
 
         Entries are taken in order while the key's list stays within ``max_messages`` and
         ``max_bytes`` (an empty list takes at least one); an entry already parked (same
@@ -548,10 +429,17 @@ class LeaseStore:
 
     def pop_many(self, lid: str, owner: str, entries: Sequence[bytes]) -> int:
         """Remove ``entries`` from the head of the key's parked list, in order, while they are its
-        head and ``owner`` holds the lease (an emptied list takes its last error along). Returns how
-        many were removed (-1: not the owner)."""
+        head and ``owner`` holds the lease (an emptied list takes its last error along, and its
+        "already parked" markers start their retention). Returns how many were removed (-1: not the
+        owner)."""
         ns = self.namespace
-        k = [keys.lease(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid), keys.error(ns, lid)]
+        k = [
+            keys.lease(ns, lid),
+            keys.park(ns, lid),
+            keys.pbytes(ns, lid),
+            keys.error(ns, lid),
+            keys.seen(ns, lid),
+        ]
         n = int(self._call(self._pop_many, k, [owner, *entries]))
         if n > 0:
             self._count(-n, -sum(len(e) for e in entries[:n]))
@@ -617,7 +505,7 @@ class LeaseStore:
         try:
             t = self._r.hgetall(keys.totals(self.namespace))
         except ERRORS as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+            raise self._unavailable(exc) from None
         return int(t.get(b"n", 0)), int(t.get(b"bytes", 0))
 
     def schedule(self, sid: str, due_ms: int, entry: bytes) -> None:
@@ -686,16 +574,17 @@ class LeaseStore:
 
     def hold(self, key: str, owner: str, ttl_ms: int) -> bool:
         """Acquire or renew a plain lease (the scheduler's) for ``owner``; ``False`` when held by another."""
-        return bool(self._call(self._hold, [key], [owner, ttl_ms], replicated=True))
+        return bool(self._call(self._hold, [key], [owner, ttl_ms]))
 
     def release_plain(self, key: str, owner: str) -> None:
+        """Release a plain lease (the scheduler's) if ``owner`` holds it."""
         self._call(self._release, [key], [owner])
 
     def check_in(self, instance: str, timeout_ms: int) -> list[str]:
         """Record this instance's heartbeat at the Redis server's time; remove and return the
         instances silent for ``timeout_ms`` on that clock."""
         _sec, _usec, gone = self._call(
-            self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms], replicated=True
+            self._check_in, [keys.instances(self.namespace)], [instance, timeout_ms]
         )
         return [_text(g) for g in gone]
 
@@ -706,22 +595,22 @@ class LeaseStore:
             log.debug("check-out failed: %s", exc)
 
     def _call(self, script: Any, k: list[str], args: list[Any], replicated: bool = False) -> Any:
-        """One script; ``replicated``: on a Redis Cluster it counts only once a replica has it."""
-        if replicated and self._cluster:
-            return self._evalsha_many(script, [(k, args)], replicated=True)[0]
-        try:
-            return script(keys=k, args=args)
-        except ERRORS as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+        """One script (:meth:`_evalsha_many`); ``replicated``: on a Redis Cluster it counts only
+        once a replica has it."""
+        return self._evalsha_many(script, [(k, args)], replicated)[0]
 
     def _write(self, key: str, *command: Any) -> Any:
         """One command that writes ``key``; on a Redis Cluster it counts only once a replica has it."""
         if self._cluster:
-            return send_to_masters(self._r, [(key, command)], self._wait_ms)[0]
+            sent = send_to_masters(self._r, [(key, command)], self._wait_ms)
+            self._answered = not isinstance(sent.replies[0], StoreUnavailable)
+            return sent.strict()[0]
         try:
-            return self._r.execute_command(*command)
+            reply = self._r.execute_command(*command)
         except ERRORS as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+            raise self._unavailable(exc) from None
+        self._answered = True
+        return reply
 
     def close(self) -> None:
         self._r.close()
@@ -737,157 +626,3 @@ def _ms(sec: Any, usec: Any) -> float:
 
 def _text(b: Any) -> str:
     return b.decode() if isinstance(b, bytes) else str(b)
-
-
-def inspect_namespace(
-    url: str, namespace: str, socket_timeout_s: float = 2.0, limit: int = 1000
-) -> dict[str, Any]:
-    """What a namespace holds in Redis now, for ``keyedconsumer inspect`` and tests.
-
-    Returns ``{"leases": [{"key", "lid", "owner", "ttl_ms", "fencing_token"}], "parked": [{"key",
-    "lid", "depth", "next_due_s", "attempt", "quarantined", "head", "last_error"}], "scheduled": int,
-    "scheduled_messages": [{"id", "key", "topic", "due_s"}], "instances": [{"id", "last_seen_s"}],
-    "scheduler": owner or None, "quarantined": [key], "now_s": float}``; ``key`` is the Kafka key as
-    text (``repr`` of the bytes when not UTF-8) or ``partition:<topic>/<n>`` for a partition's lease,
-    ``lid`` its lease id (what :func:`unpark_now` takes); ``attempt`` and ``head`` (``topic[partition]@offset``,
-    or ``scheduled <id>``) describe the parked list's first message; times are seconds since the epoch
-    on the Redis server's clock (``now_s``: its ``TIME`` now), the clock every due time and check-in
-    is kept on. ``last_error`` is ``None`` or ``{"type", "message", "at", "attempt", "time_s"}``: the
-    failure that parked the key or that a parked message last ran into (class ``module.QualName``
-    and ``str()`` of the exception, each at most
-    :data:`~keyedconsumer.sequencing.parking.MAX_ERROR_BYTES` UTF-8 bytes; ``at`` the failed message,
-    ``topic[partition]@offset``; ``attempt`` the attempt that failed; ``time_s`` when, on the Redis
-    server's clock); it is removed with the key's list. The message is the exception's text, which
-    may hold what an attacker put in a record: escape it wherever it is shown.
-    At most ``limit`` leases, parked keys and scheduled messages (the earliest due) are listed
-    (``SCAN``, never ``KEYS``).
-
-    Raises
-    ------
-    StoreUnavailable
-        Redis did not answer.
-    """
-    ns = keys.check_namespace(namespace)
-    r: Any = connect(url, socket_timeout_s)
-    try:
-        prefix = keys.lease_prefix(ns)
-        leases: list[dict[str, Any]] = []
-        parked: list[dict[str, Any]] = []
-        due = {m.decode(): sc for m, sc in r.zrange(keys.due(ns), 0, -1, withscores=True)}
-        for name in r.scan_iter(match=f"{prefix}*", count=500):
-            n = name.decode()
-            lid = n[n.find("{") + 1 : n.rfind("}")]
-            if lid == keys.SCHED:
-                continue
-            if n.endswith("}:lease") and len(leases) < limit:
-                owner, ttl, fence = r.get(n), r.pttl(n), r.get(keys.fence(ns, lid))
-                if owner is not None:
-                    leases.append(
-                        {
-                            "key": _show(lid),
-                            "lid": lid,
-                            "owner": owner.decode(),
-                            "ttl_ms": int(ttl),
-                            "fencing_token": int(fence or 0),
-                        }
-                    )
-            elif n.endswith("}:park") and len(parked) < limit:
-                sc = due.get(lid)
-                parked.append(
-                    {
-                        "key": _show(lid),
-                        "lid": lid,
-                        "depth": int(r.llen(n)),
-                        "next_due_s": None if sc is None else sc / 1000.0,
-                        **_head(r.lindex(n, 0)),
-                        "last_error": _last_error(r.hgetall(keys.error(ns, lid))),
-                    }
-                )
-        quarantined = {m.decode() for m in r.smembers(keys.quarantine(ns))}
-        for pk in parked:
-            pk["quarantined"] = pk["lid"] in quarantined
-        sched_owner = r.get(keys.scheduler(ns))
-        rows = r.zrange(keys.sched_due(ns), 0, limit - 1, withscores=True)
-        entries = r.hmget(keys.sched_entries(ns), [m for m, _ in rows]) if rows else []
-        sec, usec = r.time()
-        return {
-            "leases": leases,
-            "parked": parked,
-            "scheduled": int(r.zcard(keys.sched_due(ns))),
-            "scheduled_messages": [
-                {"id": m.decode(), "due_s": sc / 1000.0, **_scheduled(e)}
-                for (m, sc), e in zip(rows, entries, strict=True)
-            ],
-            "instances": [
-                {"id": m.decode(), "last_seen_s": sc / 1000.0}
-                for m, sc in r.zrange(keys.instances(ns), 0, -1, withscores=True)
-            ],
-            "scheduler": sched_owner.decode() if sched_owner else None,
-            "quarantined": sorted(_show(m) for m in quarantined),
-            "now_s": _ms(sec, usec) / 1000.0,
-        }
-    except ERRORS as exc:
-        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        r.close()
-
-
-def _doc(raw: bytes | None) -> dict[str, Any]:
-    """A parked or scheduled entry's JSON fields (``{}``: none or unreadable)."""
-    if raw is None:
-        return {}
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _head(raw: bytes | None) -> dict[str, Any]:
-    doc = _doc(raw)
-    if not doc:
-        return {"attempt": None, "head": None}
-    where = f"scheduled {doc['sid']}" if "sid" in doc else f"{doc.get('t')}[{doc.get('p')}]@{doc.get('o')}"
-    return {"attempt": doc.get("a"), "head": where}
-
-
-def _last_error(h: dict[bytes, bytes]) -> dict[str, Any] | None:
-    """A parked key's stored last error (``None``: none stored)."""
-    if not h or b"type" not in h:
-        return None
-    text = {k.decode(): v.decode("utf-8", "replace") for k, v in h.items()}
-    try:
-        attempt: int | None = int(text.get("attempt", ""))
-        time_s: float | None = int(text.get("time_ms", "")) / 1000.0
-    except ValueError:
-        attempt = time_s = None
-    return {
-        "type": text["type"],
-        "message": text.get("message", ""),
-        "at": text.get("at", ""),
-        "attempt": attempt,
-        "time_s": time_s,
-    }
-
-
-def _scheduled(raw: bytes | None) -> dict[str, Any]:
-    doc = _doc(raw)
-    key = doc.get("k")
-    try:
-        lid = None if key is None else keys.lease_id(base64.b64decode(key), "", 0)
-    except ValueError:
-        lid = None
-    return {"key": None if lid is None else _show(lid), "topic": doc.get("t")}
-
-
-def _show(lid: str) -> str:
-    if lid.startswith("k."):
-        raw = bytes.fromhex(lid[2:])
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            return repr(raw)
-    if lid.startswith("p."):
-        _, topic_hex, part = lid.split(".", 2)
-        return f"partition:{bytes.fromhex(topic_hex).decode(errors='replace')}/{part}"
-    return lid

@@ -684,18 +684,21 @@ class Run:
         self.signal(p, signal.SIGSTOP)
         self.flog("stop", p.pid, "hold")
         self.say(f"stop pid {pid} (running the hold message)")
+        from keyedconsumer.sequencing.store import LeaseStore
+
         r = connect(self.svc.redis_url, 2)
         ns_ = self.cfg["namespace"]
         lid = keys.lease_id(key.encode(), self.topic, part)
-        lease_key, fence_key = keys.lease(ns_, lid), keys.fence(ns_, lid)
+        store = LeaseStore(self.svc.redis_url, ns_, 2.0)  # the sequencer's own scripts: its tokens
         owner = f"harness-takeover-{uuid.uuid4().hex[:8]}"
         token = 0
 
         def take_over() -> bool:  # what another instance does once the lease expired
             nonlocal token
-            if not r.set(lease_key, owner, nx=True, px=60_000):
+            got = store.acquire([(lid, owner)], 60_000)[0][0]
+            if got <= 0:
                 return False
-            token = int(r.incr(fence_key))
+            token = got
             r.hset(f"ext:{ns_}:{key}", mapping={"token": token, "seq": seq})  # its fenced write
             r.hincrby(f"ext:{ns_}:{key}", "ver", 1)
             return True
@@ -709,10 +712,8 @@ class Run:
         end = time.monotonic() + 3.0  # the resumed process's late write is refused meanwhile
         while time.monotonic() < end:
             yield
-        release = (
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-        )
-        r.eval(release, 1, lease_key, owner)
+        store.release([(lid, owner)])
+        store.close()
         self.flog("takeover_released", "-", key)
 
     # -- end state ------------------------------------------------------------------------------

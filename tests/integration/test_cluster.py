@@ -240,9 +240,9 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
     replica = next(addr for addr, d in nodes.items() if d.get("master_id") == nodes[master.name]["node_id"])
     m_node = cluster.redis_node_of_port(master.port)
     r_node = cluster.redis_node_of_port(int(replica.rsplit(":", 1)[1]))
-    # and a lease (token 1) and a parked message that R acknowledged
+    # and a lease (its first token) and a parked message that R acknowledged
     issued = [store.acquire([(lid, "owner-1")], 30_000)[0][0]]
-    assert issued == [1]
+    assert issued[0] > 0
     assert store.park([(lid, "owner-1", [("t/0", 0, b"parked-before")], None)], 60_000, 10, 10_000)[0][0] == 1
     assert store.release([(lid, "owner-1")]) == [True]
     # when R stops, and M writes more than the kernel can buffer on the way to R
@@ -255,9 +255,9 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
     try:
         for i in range(kernel // chunk + 2):
             r.set(f"{kk.lease(ns, lid)}:filler:{i}", b"x" * chunk)
-        # then a new lease and a parking on M are refused, not counted: no replica has them
-        with pytest.raises(StoreUnavailable, match="no replica"):
-            store.acquire([(lid, "owner-2")], 30_000)
+        # then a new lease and a parking on M do not count: no replica has them (the acquire's 0:
+        # held on M, not acknowledged, ask again)
+        assert store.acquire([(lid, "owner-2")], 30_000) == [(0, 1)]
         with pytest.raises(StoreUnavailable, match="no replica"):
             store.park([(lid, "owner-2", [("t/0", 1, b"parked-during-the-lag")], None)], 60_000, 10, 10_000)
         # and M dies with them (SIGKILL), so R takes its slots over without them
@@ -274,9 +274,9 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
 
     try:
         assert wait_until(promoted, 60, 0.5)
-        # while the new master has no replica, it takes no lease (a token it issued could be lost)
-        with pytest.raises(StoreUnavailable, match="no replica"):
-            store.acquire([(lid, "owner-3")], 30_000)
+        # while the new master has no replica, no lease counts (a lease it granted could be lost):
+        # it is in its quiet time after the failover, or grants without a replica's acknowledgement
+        assert store.acquire([(lid, "owner-3")], 30_000)[0][0] <= 0
         # and a consumer starting now waits (try again), it is not refused as misconfigured: the
         # failover is under way (the old master is flagged failing)
         with pytest.raises(StoreUnavailable, match="failover is under way"):
@@ -289,11 +289,12 @@ def test_a_redis_failover_never_issues_a_fencing_token_twice_nor_loses_a_parked_
             token = store.acquire([(lid, "owner-3")], 30_000)[0][0]
         except StoreUnavailable:
             return False
-        issued.append(token)
-        return True
+        if token > 0:  # not 0 (no replica yet) nor < 0 (the new master's quiet time: lease TTL + 2 s)
+            issued.append(token)
+        return token > 0
 
-    assert wait_until(acquired, 90, 0.5)
-    # and no fencing token was issued twice: the refused acquire's token was never handed out
+    assert wait_until(acquired, 120, 0.5)
+    # and no fencing token was issued twice or lower: the promoted master's are above all of M's
     assert len(issued) == 2 and issued[1] > issued[0], issued
     # and the parked message that counted is there, the refused one is not
     ok, entries, depth, _ = store.fetch(lid, "owner-3", 10)

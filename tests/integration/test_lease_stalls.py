@@ -24,7 +24,7 @@ import pytest
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 
 from .kafkautil import committed, end_offsets, produce, wait_until
-from .redisproc import FreezingProxy, PrivateRedis
+from .redisnodes import RedisNode, TcpProxy, free_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -73,7 +73,7 @@ def test_runs_stop_starting_half_a_ttl_after_the_last_renewal_when_redis_stalls(
 ) -> None:  # type: ignore[no-untyped-def]
     # given a private Redis, a 4 s lease TTL (renewed every second), and one key's 3,000 messages
     # that run 5 ms each, flowing
-    rs = PrivateRedis(tmp_path)
+    rs = RedisNode(free_ports(1)[0], tmp_path)
     rs.start()
     try:
         topic = new_topic(1)
@@ -100,7 +100,7 @@ def test_runs_stop_starting_half_a_ttl_after_the_last_renewal_when_redis_stalls(
         assert any(x[4] > resumed_ns for x in runs.snapshot())
         assert committed(kafka_bootstrap, group, topic, 1) == end_offsets(kafka_bootstrap, topic, 1)
     finally:
-        rs.close()
+        rs.stop()
 
 
 @pytest.mark.timeout(150)
@@ -109,9 +109,9 @@ def test_an_instance_cut_off_from_redis_never_runs_a_key_beside_the_instance_tha
 ) -> None:  # type: ignore[no-untyped-def]
     # given two instances of one group (one partition each) sharing a private Redis with a 2 s
     # lease TTL, instance "a" through a proxy, and 20 keys whose messages are on both partitions
-    rs = PrivateRedis(tmp_path)
+    rs = RedisNode(free_ports(1)[0], tmp_path)
     rs.start()
-    proxy = FreezingProxy(rs.port)
+    proxy = TcpProxy(rs.port)
     try:
         topic = new_topic(2)
         n = 6000
@@ -119,7 +119,7 @@ def test_an_instance_cut_off_from_redis_never_runs_a_key_beside_the_instance_tha
         acked = produce(kafka_bootstrap, topic, recs)
         runs = Runs()
         ns, group = f"t{uuid.uuid4().hex[:8]}", f"ls-{uuid.uuid4().hex[:8]}"
-        a_seq = RedisSequencer(proxy.url, ns, lease_ttl_s=2.0)
+        a_seq = RedisSequencer(f"redis://127.0.0.1:{proxy.port}/0", ns, lease_ttl_s=2.0)
         b_seq = RedisSequencer(rs.url, ns, lease_ttl_s=2.0)
         ra = start(_consumer(kafka_bootstrap, topic, group, runs.handler("a", 0.003), a_seq))
         rb = start(_consumer(kafka_bootstrap, topic, group, runs.handler("b", 0.003), b_seq))
@@ -129,7 +129,7 @@ def test_an_instance_cut_off_from_redis_never_runs_a_key_beside_the_instance_tha
         proxy.freeze()
         time.sleep(3.0)
         healed_ns = time.monotonic_ns()
-        proxy.release()
+        proxy.thaw()
         # and 1,000 more messages of the same keys come after it heals
         more = [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n, n + 1000)]
         acked += produce(kafka_bootstrap, topic, more)
@@ -152,4 +152,4 @@ def test_an_instance_cut_off_from_redis_never_runs_a_key_beside_the_instance_tha
         assert committed(kafka_bootstrap, group, topic, 2) == end_offsets(kafka_bootstrap, topic, 2)
     finally:
         proxy.close()
-        rs.close()
+        rs.stop()

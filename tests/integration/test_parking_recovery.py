@@ -20,7 +20,7 @@ from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 from keyedconsumer.sequencing import inspect_redis
 
 from .kafkautil import committed, end_offsets, produce, wait_until
-from .redisproc import PrivateRedis
+from .redisnodes import RedisNode, free_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,15 +156,15 @@ def test_redis_restart_mid_run_loses_no_parked_or_scheduled_message(
 ) -> None:  # type: ignore[no-untyped-def]
     # given a private Redis, a consumer parking key "bad" (its first message fails 3 times, 1 s
     # apart) behind which 5 more wait, 3,000 other messages, and 5 scheduled messages due in 2-4 s
-    rs = PrivateRedis(tmp_path)
+    rs = RedisNode(free_ports(1)[0], tmp_path)
     rs.start()
     try:
         _redis_restart_scenario(rs, kafka_bootstrap, new_topic, start)
     finally:
-        rs.close()
+        rs.stop()
 
 
-def _redis_restart_scenario(rs: PrivateRedis, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
+def _redis_restart_scenario(rs: RedisNode, kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(2)
     recs: list[tuple[bytes | None, bytes | None, int | None]] = [
         (b"bad", f"bad:{i}".encode(), 0) for i in range(6)
@@ -221,3 +221,47 @@ def _redis_restart_scenario(rs: PrivateRedis, kafka_bootstrap: str, new_topic, s
     assert [v for v in order if v.startswith("s")] == [f"s{i}" for i in range(5)]
     st = inspect_redis(rs.url, ns)
     assert st["parked"] == [] and st["scheduled"] == 0 and st["leases"] == []
+
+
+@pytest.mark.timeout(180)
+def test_a_consumer_killed_while_its_key_is_parked_runs_each_message_once_in_order(
+    kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 25 §12: ``seen_retention_s=1`` and a parked retry longer than that, with the consumer
+    killed before it committed: Kafka delivers the key's parked messages again to the next consumer,
+    long after 1 s. They must be recognised as parked already (markers live while the key is
+    parked), not parked a second time (before: 40 duplicate runs and an order violation)."""
+    from keyedconsumer.sequencing import keys, unpark_now
+
+    # given 40 messages of key "p", the first of which fails once and parks the key with a retry
+    # due in 10 minutes, on a consumer keeping "already parked" markers for 1 s and committing
+    # only every 60 s
+    topic, ns, group = new_topic(1), f"k{uuid.uuid4().hex[:8]}", f"pk-{uuid.uuid4().hex[:8]}"
+    log, once = tmp_path / "events.log", tmp_path / "failed-once"
+    acked = produce(kafka_bootstrap, topic, [(b"p", f"v{i}".encode(), None) for i in range(40)])
+    opts = ("--fail-value", "v0", "--fail-times", "1", "--fail-once-file", str(once), "--retry-delay", "600")
+    opts += ("--seen-retention", "1", "--session-ms", "6000")
+    a = _spawn(kafka_bootstrap, topic, group, log, redis_url, ns, *opts, "--commit-ms", "60000")
+    r = connect(redis_url, 5.0)
+    lid = keys.lease_id(b"p", topic, 0)
+    b = None
+    try:
+        assert wait_until(lambda: r.llen(keys.park(ns, lid)) == 40, 60), r.llen(keys.park(ns, lid))
+        # when it is killed, and another consumer of the group starts 1.5 s later (the markers'
+        # asked-for retention is over) and gets the partition from its beginning
+        a.kill()
+        a.wait(10)
+        time.sleep(1.5)
+        b = _spawn(kafka_bootstrap, topic, group, log, redis_url, ns, *opts, "--commit-ms", "500")
+        assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == {0: 40}, 90)
+        # then the key's list still holds each message once
+        assert r.llen(keys.park(ns, lid)) == 40
+        # and once the parked retry is made due, each message runs once more to success, in order
+        assert unpark_now(redis_url, ns, lid)
+        assert wait_until(lambda: not r.exists(keys.park(ns, lid)), 60)
+    finally:
+        _stop(*(p for p in (a, b) if p is not None))
+        r.close()
+    ends = [int(e[3]) for e in _events(log) if e[0] == "E"]
+    assert sorted(ends) == sorted(o for _p, o in acked), ends
+    assert ends == sorted(ends)

@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from keyedconsumer import KeyedConsumer, RedisSequencer
+from keyedconsumer.sequencing import GroupTiming
 from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
@@ -343,7 +344,7 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
 
     owner["tick"] = tick
     owner["drain"] = mailbox.drain
-    seq.attach(d.port, lambda e: None, confirm=confirm, membership_stall_s=0.5)
+    seq.attach(d.port, lambda e: None, confirm=confirm, timing=GroupTiming(1.5, 0.5))  # stalls of 0.5 s
     return seq, d, owner
 
 

@@ -213,7 +213,9 @@ def test_sequencer_over_rediss_with_a_password(  # type: ignore[no-untyped-def]
         state = inspect_redis(url, ns)
         assert state["leases"] == [] and state["parked"] == [] and state["scheduled"] == 0
         r_tls = redis.Redis.from_url(url, socket_timeout=2)  # the fencing counters are in this TLS Redis
-        fence_now = {k: int(r_tls.get(keys.fence(ns, keys.lease_id(k, topic, 0))) or 0) for k in got}
+        fence_now = {
+            k: int(r_tls.hget(keys.slot_fence(ns, keys.lease_id(k, topic, 0)), "n") or 0) for k in got
+        }
         assert all(fence_now[k] >= max(t for _, t in runs) for k, runs in got.items()), fence_now
         r_tls.close()
 

@@ -208,7 +208,7 @@ class AskingSequencer(InMemorySequencer):
         self.in_callback: Any = lambda: False
         self.asked_inside = threading.Event()
 
-    def attach(self, engine: Any, fatal: Any, confirm: Any, session_timeout_s: float) -> None:
+    def attach(self, port: Any, fatal: Any, confirm: Any, timing: Any) -> None:
         self._confirm = confirm
 
     def tick(self) -> float | None:

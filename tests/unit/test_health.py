@@ -71,6 +71,23 @@ def test_ready_needs_live_and_an_assignment(setup: tuple[FakeConsumer, Clock, He
     assert not health.ready()  # assigned but the loop is not running
 
 
+def test_not_ready_while_the_sequencers_store_does_not_answer(
+    setup: tuple[FakeConsumer, Clock, Health],
+) -> None:
+    consumer, clock, health = setup
+    # given a live consumer with a partition, ready
+    consumer.polled_at_s = clock.now
+    consumer.set(0, None, None)
+    assert health.ready()
+    # when its sequencer's store (Redis) stops answering: live, not ready, and the report says why
+    consumer.store_available = False  # type: ignore[attr-defined]
+    report = health.check()
+    assert report.live and not report.ready and report.to_dict()["store_available"] is False
+    # and ready again once it answers
+    consumer.store_available = True  # type: ignore[attr-defined]
+    assert health.ready()
+
+
 def test_a_lagging_partition_whose_offset_stands_still_is_stalled(
     setup: tuple[FakeConsumer, Clock, Health],
 ) -> None:

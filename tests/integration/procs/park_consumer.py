@@ -1,9 +1,12 @@
 """A consumer process that parks failing keys in Redis, for the recovery tests.
 
     python -m tests.integration.procs.park_consumer BOOTSTRAP TOPIC GROUP LOGFILE REDIS_URL NAMESPACE
-        [--fail-value V --fail-times N] [--slow-key K --slow-s S]
+        [--fail-value V --fail-times N [--fail-once-file F]] [--slow-key K --slow-s S]
+        [--retry-delay S] [--seen-retention S] [--session-ms MS] [--commit-ms MS]
 
-A message whose value is ``V`` fails its first ``N`` attempts. Messages of key ``K`` take ``S``
+A message whose value is ``V`` fails its first ``N`` attempts (with ``--fail-once-file``: only while
+file ``F`` does not exist; the first failure creates it, so a copy of the message parked twice fails
+once in all). Messages of key ``K`` take ``S``
 seconds, so a test can kill the process while it drains that key. Logs, unbuffered (O_APPEND), one line per event:
 ``S|E|F pid partition offset key value attempt token monotonic_ns`` (F: the attempt failed).
 """
@@ -28,6 +31,11 @@ def main() -> None:
     ap.add_argument("--slow-key", default="")
     ap.add_argument("--slow-s", type=float, default=0.0)
     ap.add_argument("--ttl", type=float, default=2.0)
+    ap.add_argument("--fail-once-file", default="")
+    ap.add_argument("--retry-delay", type=float, default=0.5)
+    ap.add_argument("--seen-retention", type=float, default=7 * 24 * 3600.0)
+    ap.add_argument("--session-ms", type=int, default=10000)
+    ap.add_argument("--commit-ms", type=int, default=5000)
     a = ap.parse_args()
     fd = os.open(a.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
@@ -44,11 +52,14 @@ def main() -> None:
         if a.slow_key and msg.key == a.slow_key.encode():
             time.sleep(a.slow_s)
         if a.fail_value and msg.value == a.fail_value.encode() and msg.attempt <= a.fail_times:
-            log("F", msg)
-            raise ConnectionError(f"attempt {msg.attempt} fails")
+            if not a.fail_once_file or not os.path.exists(a.fail_once_file):
+                if a.fail_once_file:
+                    open(a.fail_once_file, "w").close()
+                log("F", msg)
+                raise ConnectionError(f"attempt {msg.attempt} fails")
         log("E", msg)
 
-    seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl)
+    seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl, seen_retention_s=a.seen_retention)
     KeyedConsumer(
         name=a.group,
         handler=handle,
@@ -56,8 +67,14 @@ def main() -> None:
         topics=[a.topic],
         concurrency=8,
         sequencer=seq,
-        middlewares=[Retry(max_attempts=None, initial_delay_s=0.5, multiplier=1.0, jitter=0, park=True)],
-        config={"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000},
+        middlewares=[
+            Retry(max_attempts=None, initial_delay_s=a.retry_delay, multiplier=1.0, jitter=0, park=True)
+        ],
+        config={
+            "session.timeout.ms": a.session_ms,
+            "heartbeat.interval.ms": 1000,
+            "auto.commit.interval.ms": a.commit_ms,
+        },
     ).run()
 
 
