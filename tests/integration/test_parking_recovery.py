@@ -18,6 +18,7 @@ from keyedconsumer.middleware import Retry
 
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 from keyedconsumer.sequencing import inspect_redis
+from keyedconsumer.sequencing.store import connect
 
 from .kafkautil import committed, end_offsets, produce, wait_until
 from .redisnodes import RedisNode, free_ports

@@ -337,10 +337,13 @@ def test_an_ownership_check_during_a_revoke_commits_nothing_that_lands_after_the
 def test_a_redis_sequencer_that_lost_a_lease_during_a_revoke_commits_nothing_that_lands_after_it(  # type: ignore[no-untyped-def]
     kafka_bootstrap, redis_url, new_topic, start
 ) -> None:
-    # given the same member with the Redis sequencer (lease TTL 2 s; a finished key's lease lingers
-    # 60 s), on two partitions each led by a slow message with the quick ones behind it finished
+    # given the same member with the Redis sequencer (a finished key's lease lingers 60 s: at most
+    # half the lease TTL, so a TTL of 120 s, renewed every 0.5 s), on two partitions each led by a
+    # slow message with the quick ones behind it finished
     ns = f"rv{uuid.uuid4().hex[:8]}"
-    seq = RedisSequencer(redis_url, ns, lease_ttl_s=2.0, lease_linger_s=60.0, require_durable=False)
+    seq = RedisSequencer(
+        redis_url, ns, lease_ttl_s=120.0, renew_interval_s=0.5, lease_linger_s=60.0, require_durable=False
+    )
     r = connect_redis(redis_url, 5.0)
     stalls: list[int] = []
 
