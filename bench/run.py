@@ -723,6 +723,8 @@ def run_one(
     cwd.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
+    if args.engine and not r.get("peer") and not r.get("java"):
+        env["PYTHONPATH"] = str(args.engine)  # raw and keyedconsumer import that checkout's package
     load0 = loadavg()
     t0 = time.perf_counter()
     timeout = spec["max_seconds"] + spec["startup_s"] + 90 + (w.get("stall_s", 0) * 4)
@@ -1068,6 +1070,13 @@ def main() -> int:
     ap.add_argument("--profile-workloads", default="w1")
     ap.add_argument("--py-spy", default=None)
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument(
+        "--engine",
+        type=Path,
+        default=None,
+        help="a checkout (or a build of one) whose keyedconsumer package raw and keyedconsumer import "
+        "(first on PYTHONPATH): before/after figures of an engine change in one run of this bench",
+    )
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument(
         "--merge",

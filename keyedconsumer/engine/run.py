@@ -292,6 +292,9 @@ class Run:
         next_meta = time.monotonic() + self._meta_every_s
         while not stop.is_set():
             mailbox.drain()
+            # refill the workers the drained outcomes freed before the sequencer's tick, which may
+            # wait on Redis (acquiring and releasing leases): they run meanwhile
+            self.handout.dispatch()
             timeout_s = self._timers(poll_timeout_s)
             self.handout.dispatch()
             if mailbox or self.handout.more:

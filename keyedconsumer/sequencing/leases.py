@@ -15,6 +15,7 @@ the owner publishes for it: :meth:`LeaseTable.to_renew` builds it).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 import uuid
@@ -74,6 +75,10 @@ class LeaseTable:
         self.want: set[str] = set()
         self.idle: dict[str, float] = {}  # lease id -> since when idle (monotonic seconds)
         self.lost = 0  # leases lost so far (expired unconfirmed or taken over), not released
+        #: No held lease expires unconfirmed before this (monotonic seconds): the earliest
+        #: ``renewed_s + ttl_s`` of the held leases, kept by :meth:`acquired` and
+        #: :meth:`expire_unconfirmed` (renewals only move a lease's expiry later).
+        self._expiry_s = math.inf
         self._instance = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._n = itertools.count()
 
@@ -291,6 +296,8 @@ class LeaseTable:
         lease.parked = depth > 0
         lease.fence = token
         lease.renewed_s = asked_s  # the TTL started no earlier than the request was sent
+        if asked_s + self.ttl_s < self._expiry_s:
+            self._expiry_s = asked_s + self.ttl_s
         if lease.active is None and lease.waiting:
             head = lease.waiting.popleft()
             lease.active = head
@@ -317,10 +324,20 @@ class LeaseTable:
         return []
 
     def expire_unconfirmed(self, now: float) -> None:
-        """Leases Redis did not confirm within the TTL (Redis down, a long pause) are lost."""
+        """Leases Redis did not confirm within the TTL (Redis down, a long pause) are lost. Looks
+        at the held leases only once the earliest of them may have expired, so a tick costs nothing
+        while every lease is renewed in time."""
+        if now < self._expiry_s:
+            return
+        ttl_s, earliest = self.ttl_s, math.inf
         for lease in list(self.by_id.values()):
-            if lease.held and now - lease.renewed_s >= self.ttl_s:
+            if not lease.held:
+                continue
+            if now - lease.renewed_s >= ttl_s:
                 self.lose(lease)
+            elif lease.renewed_s + ttl_s < earliest:
+                earliest = lease.renewed_s + ttl_s
+        self._expiry_s = earliest
 
     def lose(self, lease: Lease) -> None:
         self.lost += 1

@@ -37,6 +37,11 @@ __all__ = ["RedisSequencer", "inspect_redis", "unpark_now", "cancel_scheduled"]
 
 log = logging.getLogger("keyedconsumer.redis")
 
+#: How often the scheduler looks in Redis for due scheduled messages and parked keys whose retry
+#: is due (seconds; two round trips each time, whatever the owner's turns): such work starts up
+#: to this late, never early (docs/redis.md).
+SCHEDULER_SCAN_S = 0.05
+
 
 def inspect_redis(url: str, namespace: str, socket_timeout_s: float = 2.0) -> dict[str, Any]:
     """What a namespace holds in Redis now: leases, parked keys and their depth, scheduled
@@ -149,8 +154,9 @@ class RedisSequencer:
         trip); ``lease_ttl_s`` must be above three of them.
     lease_linger_s:
         Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
-        comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Another instance
-        waits up to this long for such a key.
+        comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Idle leases past it
+        are released together, one round trip per tenth of it, so another instance waits up to
+        1.1 times this long for such a key.
     socket_timeout_s:
         Bound of one Redis call.
     require_durable:
@@ -214,12 +220,14 @@ class RedisSequencer:
         self._renewer: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_try_s = 0.0
+        self._next_release_s = 0.0  # idle leases go to Redis in one batch no sooner than this
         self._replica_slow = False  # the last tick found a replica slow (WAIT timed out): logged once
         self.acquire_calls = 0  # Redis acquire scripts sent (to measure lease reuse)
         self.parker: Parker | None = None  # the Parker while attached
         self.instance_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.is_scheduler = False  # holds the scheduler lease now
         self._sched_check_s = 0.0
+        self._next_scan_s = 0.0
         self.gone_instances: list[str] = []  # instances this one saw time out
         self._confirm: Callable[[], bool] = lambda: True
         self._stall_s = self.config.lease_ttl_s / 2
@@ -393,6 +401,7 @@ class RedisSequencer:
         )
         self.is_scheduler = False
         self._sched_check_s = 0.0
+        self._next_scan_s = 0.0  # the scheduler's next look for due messages and keys
         self._renewer = threading.Thread(
             target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True
         )
@@ -444,9 +453,12 @@ class RedisSequencer:
                 self._lost_seen = leases.lost
                 self._suspected()
             asks = [] if self._suspect else leases.to_acquire(now)
-            releases = leases.to_release(now)
+            # idle leases past their linger go in one round trip per tenth of the linger, not one
+            # per tick: the owner thread waits for it while handlers wait for their next message
+            releases = leases.to_release(now) if now >= self._next_release_s else []
             if releases:
                 store.release(releases)
+                self._next_release_s = now + leases.linger_s / 10
             if asks:
                 asked_s = time.monotonic()
                 if asked_s - self._last_tick_s > self._stall_s:
@@ -488,7 +500,7 @@ class RedisSequencer:
         self._replica_slow = False
         if leases.want or busy:
             return 0.01
-        return 0.05 if self.is_scheduler else None
+        return SCHEDULER_SCAN_S if self.is_scheduler else None
 
     def _suspected(self) -> None:
         if not self._suspect:
@@ -514,7 +526,8 @@ class RedisSequencer:
             p.retry_capped()
         if p.busy:
             p.park_pending()
-        if self.is_scheduler and not port.halted:
+        if self.is_scheduler and not port.halted and now >= self._next_scan_s:
+            self._next_scan_s = now + SCHEDULER_SCAN_S
             p.move_scheduled()
             p.take_due_keys()
         p.drain()
