@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import ConsumerConfig
 from ..errors import CommitError, KafkaClientError
@@ -63,6 +63,13 @@ COMMIT_AGAIN = frozenset(
 #: the committed offsets read at assign, a synchronous commit (manual commit, the ownership check).
 #: A call under way when ``stop()`` comes is waited for inside ``shutdown_timeout_s``.
 BLOCKING_CALL_S = 5.0
+
+#: A partition with offsets finished above its watermark is stored at most every this share of
+#: ``auto.commit.interval.ms``: librdkafka commits the stored offset only once per interval, so a
+#: store in between only moves what the next commit sends, and each costs an encoding of the
+#: partition's commit metadata, O(its unfinished offsets) (at 0.1 the next commit sends an offset
+#: at most a tenth of the interval older than it could have).
+STORE_SHARE = 0.1
 #: A final or revoke commit gets at least this long (seconds), even when the time was spent
 #: waiting for handlers.
 FINAL_COMMIT_MIN_S = 2.0
@@ -386,10 +393,19 @@ class _OffsetCommits:
 class AutoCommit(_OffsetCommits):
     """Store finished offsets; librdkafka commits them every ``auto.commit.interval.ms``."""
 
+    def __init__(
+        self, client: KafkaClient, engine: Engine, config: ConsumerConfig, *args: Any, **kwargs: Any
+    ) -> None:
+        super().__init__(client, engine, config, *args, **kwargs)
+        interval_s = float(config.librdkafka().get("auto.commit.interval.ms", 5000)) / 1000.0
+        self._store_every_s = STORE_SHARE * interval_s if config.commit_metadata_max_bytes else 0.0
+
     def store(self) -> None:
         """Store the partitions whose first unfinished offset moved, each with the metadata naming
-        what finished above it."""
-        advances = self._engine.partitions.advances()
+        what finished above it. A partition with offsets finished above its watermark is stored at
+        most every :data:`STORE_SHARE` of ``auto.commit.interval.ms`` (librdkafka commits what is
+        stored only that often; its metadata costs O(unfinished offsets) to encode)."""
+        advances = self._engine.partitions.advances(time.monotonic(), self._store_every_s)
         if not advances:
             return
         client = self._client

@@ -44,6 +44,9 @@ class Partition:
     finished:
         The offsets its previous owner finished above its committed offset (its commit metadata):
         they count done when they arrive and do not run again.
+    next_store_s:
+        With offsets finished above its watermark, when it may be stored next (monotonic seconds;
+        see :meth:`Partitions.advances`).
     """
 
     __slots__ = (
@@ -57,6 +60,7 @@ class Partition:
         "catching_up",
         "finished",
         "lanes",
+        "next_store_s",
     )
 
     def __init__(self, tp: TP, lanes: Lanes, finished: FinishedOffsets | None = None) -> None:
@@ -69,6 +73,7 @@ class Partition:
         self.catching_up = False
         self.finished = finished
         self.lanes = lanes
+        self.next_store_s = 0.0
 
     @property
     def tp(self) -> TP:
@@ -231,21 +236,33 @@ class Partitions:
                 meta[part.tp] = text
         return offsets, meta
 
-    def advances(self) -> list[tuple[Partition, int, str]]:
+    def advances(self, now_s: float = 0.0, every_s: float = 0.0) -> list[tuple[Partition, int, str]]:
         """Active partitions whose first unfinished offset moved past what was stored:
         ``[(partition, offset, metadata)]`` (as :meth:`commit_offsets`), so every store and commit
-        names at least what the one before it named."""
+        names at least what the one before it named.
+
+        ``every_s`` (seconds; 0: every call) paces a partition with offsets finished above its
+        watermark: its metadata costs O(its unfinished offsets) to encode, so it is reported at most
+        once per ``every_s`` (from ``now_s``, monotonic seconds) and stays due until then. A
+        partition with nothing finished above its watermark is reported at once (its metadata is
+        empty)."""
         if not self._dirty:
             return []
         out = []
+        due: list[Partition] = []
         for part in self._dirty:
             if part.state == ACTIVE:
-                wm = part.tracker.watermark()
+                tracker = part.tracker
+                wm = tracker.watermark()
                 if wm is not None and (part.stored is None or wm > part.stored):
-                    out.append(
-                        (part, wm, encode_finished(part.tracker, self.metadata_max_bytes, part.finished))
-                    )
+                    if every_s and tracker.behind_done():
+                        if now_s < part.next_store_s:
+                            due.append(part)
+                            continue
+                        part.next_store_s = now_s + every_s
+                    out.append((part, wm, encode_finished(tracker, self.metadata_max_bytes, part.finished)))
         self._dirty.clear()
+        self._dirty.update(due)
         return out
 
     def mark_dirty(self, parts: Iterable[Partition]) -> None:

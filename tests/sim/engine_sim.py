@@ -361,7 +361,8 @@ class Simulation:
         self.fail("running handlers never ended")
 
     def store(self) -> None:
-        for part, wm, _meta in self.engine.partitions.advances():
+        # paced as AutoCommit paces it (auto.commit.interval.ms 5 s x STORE_SHARE), on the sim's clock
+        for part, wm, _meta in self.engine.partitions.advances(self.now, 0.5):
             self._check_offset(part.partition, wm, "stored")
             part.mark_stored(wm)
 
