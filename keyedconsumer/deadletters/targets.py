@@ -156,7 +156,8 @@ class Planner:
             topic,
             partition,
             f"its key is on partition {partition} of the {count} of {topic} under the {t.partitioner} "
-            f"partitioner, but it came from partition {came_from}: the topic gained partitions since "
-            "(replay with --repartitioned to send it to the key's partition now) or its producers use "
-            "another partitioner (--partitioner)",
+            f"partitioner, but it came from partition {came_from}: its producers use another partitioner "
+            "(--partitioner; confluent-kafka's own default is consistent_random, the Java client's "
+            "murmur2_random) or the topic gained partitions since (replay with --repartitioned to send "
+            "it to the key's partition now)",
         )

@@ -146,7 +146,11 @@ class Rebalance:
             except KafkaClientError as exc:
                 log.debug("commit at close not sent: %s", exc)
             else:
-                log.info("revoked %s, stopping: commit sent, answer not awaited: %s", partitions, final)
+                log.info(
+                    "revoked %s at close: the final commit's offsets sent once more, answer not awaited: %s",
+                    partitions,
+                    final,
+                )
                 return
         log.info("revoked %s at close", partitions)
 

@@ -255,9 +255,11 @@ def test_the_brokers_flag_beats_the_apps_hard_coded_brokers_and_the_stop_says_wh
     # and the stop's lines say what is known: the final commit confirmed, the revoke's only sent
     lines = stderr.splitlines()
     assert any("stopping: committed [" in x and "(confirmed)" in x for x in lines), stderr
-    assert any("revoked [" in x and "stopping: commit sent, answer not awaited: [(" in x for x in lines), (
-        stderr
-    )
+    assert any(
+        "revoked [" in x
+        and "at close: the final commit's offsets sent once more, answer not awaited: [(" in x
+        for x in lines
+    ), stderr
     # (before: "revoke commit of [...] sent without waiting for the answer", then "revoked [...], committed [...]")
     assert not any("revoked [" in x and "committed [" in x for x in lines), stderr
     assert not any("sent without waiting" in x for x in lines), stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.readme import write_first_service
+from tests.readme import commands, write_first_service
 
 from .kafkautil import wait_until
 
@@ -155,3 +156,20 @@ def test_the_first_service_runs_as_printed_on_the_real_broker(kafka_bootstrap: s
         code = run.wait(timeout=60)
         log.close()
     assert code == 0, (tmp_path / "run.log").read_text()
+    # and the README's dead-letter replay, as printed, shows the refused order and sends nothing;
+    # it leaves pending no record of this run (only, on a used broker, older ones it cannot place)
+    ends = _ends(kafka_bootstrap)
+    (replay,) = commands("keyedconsumer dead-letter replay")
+    shown = subprocess.run(
+        [_keyedconsumer(), *replay.split()[1:], *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = shown.stdout + shown.stderr
+    pending = [(int(p), int(o)) for p, o in re.findall(r"orders\.dlq\[(\d+)\]@(\d+) left pending", out)]
+    assert all(o < before.get(("orders.dlq", p), 0) for p, o in pending), out
+    assert shown.returncode == (1 if pending else 0), out
+    assert "c-8" in shown.stdout, out
+    assert _ends(kafka_bootstrap) == ends  # a dry run sends nothing
