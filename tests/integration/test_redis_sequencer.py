@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
 from keyedconsumer import KeyedConsumer, RedisSequencer
@@ -84,6 +86,20 @@ def stop_all(*procs: subprocess.Popen[bytes]) -> None:
             p.kill()
 
 
+def one_partition_each(bootstrap: str, group: str, members: int) -> bool:
+    """The group is stable with ``members`` members, each assigned exactly one partition."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
+    except KafkaException:
+        return False
+    return (
+        desc.state == ConsumerGroupState.STABLE
+        and len(desc.members) == members
+        and all(m.assignment is not None and len(m.assignment.topic_partitions) == 1 for m in desc.members)
+    )
+
+
 def leftover_leases(redis_url: str, ns: str) -> list[bytes]:
     r = connect(redis_url, 5.0)
     return list(r.scan_iter(f"kc:{ns}:*:lease"))
@@ -96,15 +112,21 @@ def test_two_instances_same_key_on_two_partitions_never_overlap(
     # given 20 keys whose messages are spread over both partitions of a topic
     topic = new_topic(2)
     n = 3000
-    acked = produce(
-        kafka_bootstrap, topic, [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)]
-    )
     group, ns = f"rs-{uuid.uuid4().hex[:8]}", f"t{uuid.uuid4().hex[:8]}"
     log = tmp_path / "events.log"
-    # when two instances of one group (one partition each) consume them with the Redis sequencer
+    # when two instances of one group, once each has one partition, consume them with the Redis
+    # sequencer (produced before both joined, the first could run them all alone)
     a = start(kafka_bootstrap, topic, group, log, redis_url, ns)
     b = start(kafka_bootstrap, topic, group, log, redis_url, ns)
     try:
+        assert wait_until(lambda: one_partition_each(kafka_bootstrap, group, 2), 60), (
+            "the group never settled"
+        )
+        acked = produce(
+            kafka_bootstrap,
+            topic,
+            [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)],
+        )
         done = lambda: {(int(e[2]), int(e[3])) for e in events(log) if e[0] == "E"} >= set(acked)  # noqa: E731
         assert wait_until(done, 100), "not everything was processed"
     finally:
