@@ -53,9 +53,26 @@ class Delivery:
     order:
         Its admission number, unique and increasing: the ready queue serves the lowest first, so
         every partition's offsets start (and finish) close to offset order.
+    prev, follower:
+        A lane's run handed to one worker (:meth:`.engine.Engine.take`): ``follower`` is the
+        message of the same lane taken along right behind this one, in the same unit; ``prev`` is
+        set on a message taken along while the one before it has not ended done yet (it runs only
+        once that one is done, else it goes back to its lane). Written by the owner only; a worker
+        reads ``follower`` (:meth:`.workers.Slot.next`).
     """
 
-    __slots__ = ("msg", "part", "lane", "lease_id", "offset", "size", "order", "__weakref__")
+    __slots__ = (
+        "msg",
+        "part",
+        "lane",
+        "lease_id",
+        "offset",
+        "size",
+        "order",
+        "prev",
+        "follower",
+        "__weakref__",
+    )
 
     def __init__(
         self, msg: Message, part: Partition | None, lane: object | None, lease_id: str | None, size: int
@@ -67,6 +84,35 @@ class Delivery:
         self.offset = msg.offset
         self.size = size
         self.order = next(_ORDER)
+        self.prev: Delivery | None = None
+        self.follower: Delivery | None = None
+
+    # -- a lane's run (see prev, follower) --------------------------------------------------------
+
+    def take_along(self, f: Delivery) -> None:
+        """``f``, queued right behind this message on its lane, is taken along: it runs after this
+        one, in the same unit, if this one ends done."""
+        self.follower = f
+        f.prev = self
+
+    def hand_over(self) -> None:
+        """This message ended done: the one taken along behind it is its lane's head now."""
+        f = self.follower
+        if f is not None:
+            self.follower = f.prev = None
+
+    def cut_run(self) -> list[Delivery]:
+        """This message did not end done (or is still running while the rest of its unit is taken
+        back): unlink and return the messages taken along behind it, in lane order (they did not
+        start and go back to their lane)."""
+        run: list[Delivery] = []
+        f, self.follower = self.follower, None
+        while f is not None:
+            run.append(f)
+            nxt = f.follower
+            f.prev = f.follower = None
+            f = nxt
+        return run
 
     @property
     def fencing_token(self) -> int | None:

@@ -20,7 +20,8 @@ from typing import Any
 from ..kafka import TP
 from ..message import Message
 from ..offsets import FinishedOffsets
-from .delivery import NULL_KEY, Delivery
+from .admission import Admission
+from .delivery import Delivery
 from .flow import InFlight
 from .latch import Latch
 from .outcome import HALT, Done, NotStarted, Outcome, Park, Retry
@@ -98,9 +99,14 @@ class Engine:
         self._conflated = 0  # messages conflated in the lanes (replaced by a newer one of their lane)
         self._avg_handler_s = 0.001  # moving average of handler durations
         self._chunk = 1  # messages one worker gets at once
-        self._lane_id = self.seq.lane_id
+        # a lane's run goes to one worker in one unit (see take): with the in-memory sequencer only
+        # (a lease is asked for each head), and not with conflate (only the newest waiting runs)
+        self._follow = self._take_along if self._plain and not self.conflate and ordering != "none" else None
         #: The partitions assigned now (a tuple the owner replaces: safe to read from any thread).
         self.assignment: tuple[TP, ...] = ()
+        self._admission = Admission(
+            ordering, self.partitions, self.queue, self.flow, self.seq, self.owns, group, self.conflate
+        )
         self._port = Port(self, post)
         self.port: LanePort = self._port
 
@@ -108,12 +114,18 @@ class Engine:
 
     def take(self, max_chunks: int) -> list[list[Delivery]]:
         """Up to ``max_chunks`` chunks of ready heads, oldest admitted first, for workers that run
-        them one message after the other. A chunk stops before a head younger than a message queued
-        behind one of its heads, so one worker running it still runs in admission order."""
+        them one message after the other, in admission order.
+
+        When the oldest message left is queued behind a head already in the chunk, it is taken
+        along (the lane's *run*: :attr:`.delivery.Delivery.follower`): the worker runs it right
+        after that head if the head ended done, and skips it otherwise (the owner then queues it on
+        its lane again). So a hot lane (a hot key, or ``ordering="partition"``) runs a chunk's worth
+        of messages per hand-over, not one per turn of the owner. With a Redis sequencer (a lease
+        per head) or ``conflate`` the chunk stops before such a message instead."""
         out: list[list[Delivery]] = []
         queue, chunk, partitions, flow = self.queue, self._chunk, self.partitions, self.flow
         while queue and len(out) < max_chunks:
-            taken = queue.take(chunk, self._behind)
+            taken = queue.take(chunk, self._behind, self._follow)
             partitions.started(taken)
             flow.started(len(taken))
             out.append(taken)
@@ -139,6 +151,25 @@ class Engine:
     def _behind(d: Delivery) -> int | None:
         part = d.part
         return part.lanes.next_order(d) if part is not None and d.lane is not None else None
+
+    @staticmethod
+    def _take_along(d: Delivery) -> Delivery:
+        """Take the message queued behind ``d`` off its lane: it runs after ``d``, in ``d``'s unit."""
+        assert d.part is not None
+        f = d.part.lanes.take_next(d)
+        d.take_along(f)
+        return f
+
+    def _return_run(self, d: Delivery) -> list[Delivery]:
+        """The messages taken along behind ``d`` go back to its lane, unstarted (``d`` did not end
+        done, or is still running while the rest of its unit is taken back)."""
+        part = d.part
+        assert part is not None
+        run = d.cut_run()
+        part.lanes.return_taken(run)
+        part.ended(len(run))
+        self.flow.ended(len(run))
+        return run
 
     def ready_count(self) -> int:
         return len(self.queue)
@@ -190,7 +221,9 @@ class Engine:
                 if nxt is not None:
                     push(nxt)
                 continue
-            if d.lane is not None:
+            if d.follower is not None:  # taken along: the lane's head now, running in the same unit
+                d.hand_over()
+            elif d.lane is not None:
                 nxt = part.lanes.advance(d)
                 if nxt is not None:
                     push(nxt)  # the same assignment's next message of the lane: it may run
@@ -201,8 +234,19 @@ class Engine:
             self.flow.finished(ended, nbytes)
 
     def give_back(self, ds: Iterable[Delivery]) -> None:
-        """Taken, not started messages return to the ready queue (taken back from a stuck worker)."""
+        """Taken, not started messages return to the ready queue (taken back from a stuck worker);
+        those taken along behind a message not ended yet return to their lane (call it before
+        :meth:`finish` of the outcomes taken back with them)."""
+        ds = list(ds)
+        returned: set[Delivery] = set()
         for d in ds:
+            if d.prev is not None and d not in returned:
+                returned.update(self._return_run(d.prev))
+        for d in ds:
+            if d in returned:
+                continue
+            if d.follower is not None:
+                self._return_run(d)
             if self.halted or (d.part is not None and not d.part.active):
                 # revoked, lost or halted: it ends here; its lane's next message (of a next assignment) may run
                 nxt = self._finish(d, HALT)
@@ -218,6 +262,8 @@ class Engine:
         """One taken message ended: returns its lane's next message when that may run now."""
         part = d.part
         flow = self.flow
+        if d.follower is not None and type(outcome) is not Done:
+            self._return_run(d)  # the worker skipped the messages taken along behind it
         if part is None:  # brought by the sequencer: it settles it (e.g. in Redis)
             flow.ended()
             flow.forget(d.size)
@@ -234,7 +280,9 @@ class Engine:
         if type(outcome) is not Done and self._keep(d, part, outcome, live):
             return None
         nxt = None
-        if lane is not None:
+        if d.follower is not None:  # done, and taken along: the lane's head now, running
+            d.hand_over()
+        elif lane is not None:
             lanes = part.lanes
             nxt = lanes.advance(d)
             if nxt is not None and (self.halted or nxt.part is None or nxt.part.state != ACTIVE):
@@ -292,63 +340,10 @@ class Engine:
     # -- admitting --------------------------------------------------------------------------------
 
     def admit(self, msgs: list[Message]) -> list[Message]:
-        """Take freshly polled messages: track their offsets and queue them on their lanes.
-
-        Returns the messages conflated meanwhile (``conflate``): they count done and never run."""
-        by_key = self.ordering == "key"
-        sequenced = self.ordering != "none"
-        lane_id, seq, plain = self._lane_id, self.seq, self._plain
-        push = self.queue.push
-        partitions = self.partitions
-        group, owns = self.group, self.owns
-        admitted = nbytes = 0
-        conflated: list[Message] = []
-        now = time.monotonic()
-        # a poll returns runs of records of one partition: the partition is looked up once a run
-        run_of: tuple[str, int] | None = None
-        part: Partition | None = None
-        add = lanes_push = None
-        for msg in msgs:
-            topic, partition = msg.topic, msg.partition
-            if run_of is None or run_of[1] != partition or run_of[0] != topic:
-                run_of = (topic, partition)
-                part = partitions.get(run_of)
-                if part is None:
-                    add = None
-                    continue
-                add = part.tracker.add
-                lanes_push = part.lanes.push
-            elif add is None:
-                continue  # not assigned (any more)
-            assert part is not None and lanes_push is not None
-            offset = msg.offset
-            if not add(offset, now):
-                continue  # a re-delivery
-            if part.finished is not None and partitions.skip_finished(part, offset):
-                continue  # finished by the previous owner (its commit metadata)
-            key, value = msg.key, msg.value
-            size = (len(key) if key else 0) + (len(value) if value else 0)
-            msg.group_id = group
-            if sequenced:
-                lane: object = (key if key is not None else NULL_KEY) if by_key else 0
-                d = Delivery(msg, part, lane, None if plain else lane_id(topic, partition, lane), size)
-            else:
-                d = Delivery(msg, part, None, None, size)
-            msg._bind(owns, d)
-            admitted += 1
-            nbytes += size
-            if sequenced and not lanes_push(d):
-                if self.conflate:  # queued behind its lane's head: the older waiting ones go
-                    for old in part.lanes.conflate(d):
-                        partitions.done(part, old.offset)
-                        self.flow.forget(old.size)
-                        conflated.append(old.msg)
-                continue
-            if sequenced and not plain and not seq.on_head(d):
-                continue  # kept by the sequencer
-            push(d)
-        self.flow.admit(admitted, nbytes)
-        self.flow.observe_batch(len(msgs), nbytes)
+        """Take freshly polled messages: track their offsets and queue them on their lanes
+        (:class:`.admission.Admission`). Returns the messages conflated meanwhile (``conflate``):
+        they count done and never run."""
+        conflated = self._admission.admit(msgs)
         self._conflated += len(conflated)
         return conflated
 

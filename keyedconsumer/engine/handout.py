@@ -102,7 +102,7 @@ class HandOut:
         engine = self._engine
         for slot in self._workers.slots:
             rest, results = slot.take_back(force, now)
+            if rest:  # first: a message taken along behind one of the results goes back to its lane
+                engine.give_back(reversed(rest))
             if results:
                 engine.finish(results)
-            if rest:
-                engine.give_back(reversed(rest))

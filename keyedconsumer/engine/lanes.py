@@ -73,6 +73,13 @@ class Lanes:
         waiting.clear()
         return rest
 
+    def take_next(self, head: Delivery) -> Delivery:
+        """Remove and return the message queued right behind ``head`` (there is one): it is taken
+        along with ``head`` (the lane stays, its head running)."""
+        waiting = self._q[head.lane]
+        assert waiting
+        return waiting.popleft()
+
     def put_back(self, head: Delivery, rest: list[Delivery]) -> None:
         """Queue ``rest`` behind ``head`` again, before anything queued since."""
         if not rest:
@@ -82,6 +89,22 @@ class Lanes:
         if waiting is None:
             q[head.lane] = waiting = deque()
         waiting.extendleft(reversed(rest))
+
+    def return_taken(self, ds: list[Delivery]) -> None:
+        """Queue again messages of one lane taken from it with :meth:`take_next`, each before the
+        messages admitted after it (their admission order)."""
+        if not ds:
+            return
+        q = self._q
+        lane = ds[0].lane
+        waiting = q.get(lane)
+        if waiting is None:
+            q[lane] = waiting = deque()
+        for d in sorted(ds, key=lambda d: d.order, reverse=True):
+            i = 0
+            while i < len(waiting) and waiting[i].order < d.order:
+                i += 1
+            waiting.insert(i, d)
 
     def end(self, head: Delivery) -> list[Delivery]:
         """Remove ``head``'s lane; returns what was queued behind it."""

@@ -70,32 +70,45 @@ class ReadyQueue:
             return min(late[0][0], fifo[0].order) if fifo else late[0][0]
         return fifo[0].order if fifo else None
 
-    def take(self, n: int, behind: Callable[[Delivery], int | None]) -> list[Delivery]:
+    def take(
+        self,
+        n: int,
+        behind: Callable[[Delivery], int | None],
+        follow: Callable[[Delivery], Delivery] | None = None,
+    ) -> list[Delivery]:
         """Up to ``n`` ready heads, oldest admitted first (some are ready).
 
-        ``behind(d)`` is the admission order of the message queued behind head ``d`` on its lane
-        (it becomes ready when ``d`` ends), or ``None``. The taking stops before any head younger
-        than such a message, so one worker running what was taken still runs in admission order.
+        ``behind(d)`` is the admission order of the message queued behind ``d`` on its lane (it
+        becomes ready when ``d`` ends), or ``None``. Without ``follow`` the taking stops before any
+        head younger than such a message, so one worker running what was taken still runs in
+        admission order. With ``follow``, when such a message is the oldest left, ``follow(d)``
+        takes it off its lane (it runs right after ``d``, in the same unit) and the taking goes on:
+        a lane's run goes to one worker in one hand-over, still in admission order.
         """
         fifo, late = self._fifo, self._late
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
         out: list[Delivery] = []
-        limit: int | None = None
+        # (order of the message queued behind d, d): the lanes taken so far with more behind them
+        waiting: list[tuple[int, int, Delivery]] = []
         while len(out) < n:
             if late and (not fifo or late[0][0] < fifo[0].order):
-                if limit is not None and late[0][0] > limit:
-                    break
-                d = pop(late)[1]
-            elif fifo:
-                if limit is not None and fifo[0].order > limit:
-                    break
-                d = fifo.popleft()
+                oldest: int | None = late[0][0]
             else:
+                oldest = fifo[0].order if fifo else None
+            if waiting and (oldest is None or waiting[0][0] < oldest):
+                if follow is None:
+                    break
+                d = follow(pop(waiting)[2])
+            elif oldest is None:
                 break
+            elif late and oldest == late[0][0]:
+                d = pop(late)[1]
+            else:
+                d = fifo.popleft()
             out.append(d)
             b = behind(d)
-            if b is not None and (limit is None or b < limit):
-                limit = b
+            if b is not None:
+                push(waiting, (b, d.order, d))
         return out
 
     def take_batch(self, size: int) -> list[Delivery]:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .delivery import Delivery
-from .outcome import NOT_STARTED, Outcome
+from .outcome import NOT_STARTED, Done, Outcome
 from .timelimit import install_tracking_executor
 
 __all__ = [
@@ -94,33 +94,53 @@ class Mailbox:
 
 
 class Slot:
-    """What one worker holds of its chunk: the unstarted rest and the outcomes not reported yet."""
+    """What one worker holds of its chunk: the unstarted rest and the outcomes not reported yet.
 
-    __slots__ = ("todo", "results", "started_s")
+    A chunk may carry a lane's run (:meth:`.engine.Engine.take`): a message taken along behind
+    another (its :attr:`~.delivery.Delivery.follower`) runs only if that one ended done; else it is
+    skipped, with no outcome (the owner, seeing the outcome that was not done, queues the run on its
+    lane again), and so is the rest of the run."""
+
+    __slots__ = ("todo", "results", "started_s", "_skip")
 
     def __init__(self) -> None:
         self.todo: deque[Delivery] = deque()
         self.results: deque[tuple[Delivery, Outcome]] = deque()
         self.started_s = 0.0  # when the running handler (or the chunk) started (monotonic seconds)
+        self._skip: set[Delivery] = set()  # messages taken along behind one that did not end done
 
     def load(self, chunk: Unit) -> None:
         self.started_s = time.monotonic()
+        self._skip.clear()
         self.todo.extend(chunk)
+
+    def _record(self, done: tuple[Delivery, Outcome]) -> None:
+        # the follower is read before the outcome is visible to the owner, which may then unlink it
+        f = done[0].follower
+        self.results.append(done)
+        if f is not None and type(done[1]) is not Done:
+            self._skip.add(f)
 
     def next(self, done: tuple[Delivery, Outcome] | None) -> Delivery | None:
         """Record the last message's outcome (if any) and take the next one, or ``None`` at the end
         of the chunk (or when the owner took the rest back)."""
         if done is not None:
-            self.results.append(done)
-        todo = self.todo
-        if not todo:
-            return None
-        try:
-            d = todo.popleft()
-        except IndexError:  # the owner took the rest meanwhile
-            return None
-        self.started_s = time.monotonic()
-        return d
+            self._record(done)
+        todo, skip = self.todo, self._skip
+        while True:
+            if not todo:
+                return None
+            try:
+                d = todo.popleft()
+            except IndexError:  # the owner took the rest meanwhile
+                return None
+            if skip and d in skip:  # the one before it in its lane did not end done
+                skip.discard(d)
+                if d.follower is not None:
+                    skip.add(d.follower)
+                continue
+            self.started_s = time.monotonic()
+            return d
 
     @staticmethod
     def _drain(q: deque[_T]) -> list[_T]:
@@ -135,17 +155,26 @@ class Slot:
     def cancelled(self, results: Results) -> None:
         """The worker is being cancelled: ``results`` (its messages not done) go with the outcomes
         :meth:`abandon` returns."""
-        self.results.extend(results)
+        for done in results:
+            self._record(done)
 
     def abandon(self) -> Results:
         """End the unit early (the worker is cancelled): the outcomes so far, and every unstarted
-        message as not started."""
+        message as not started (but those skipped, see the class docstring)."""
         results = self._drain(self.results)
-        results.extend((d, NOT_STARTED) for d in self._drain(self.todo))
+        skip = self._skip
+        for d in self._drain(self.todo):
+            if d in skip:
+                skip.discard(d)
+            else:
+                results.append((d, NOT_STARTED))
+            if d.follower is not None:
+                skip.add(d.follower)
         return results
 
     def unload(self) -> Results:
         """End the chunk: the outcomes not reported yet."""
+        self._skip.clear()
         return self._drain(self.results)
 
     def take_back(self, force: bool, now: float) -> tuple[list[Delivery], Results]:

@@ -13,6 +13,7 @@ from keyedconsumer.engine.delivery import NULL_KEY, Delivery
 from keyedconsumer.engine.engine import Engine
 from keyedconsumer.engine.outcome import DONE, NOT_STARTED, Outcome, Retry
 from keyedconsumer.engine.partitions import ACTIVE
+from keyedconsumer.engine.workers import Slot
 from keyedconsumer.message import Message
 
 
@@ -353,3 +354,62 @@ def test_short_of_room_for_a_poll_near_the_bound() -> None:
     assert not d.flow.short_of_room(4)
     empty = Engine("key", max_in_flight=2)
     assert not empty.flow.short_of_room(500)
+
+
+def _run_unit(
+    slot: Slot, unit: list[Delivery], fail: set[int], order: list[int]
+) -> list[tuple[Delivery, Outcome]]:
+    """A worker's run of one unit through its slot: offsets in ``fail`` end in a retry."""
+    slot.load(unit)
+    done: tuple[Delivery, Outcome] | None = None
+    while (dl := slot.next(done)) is not None:
+        order.append(dl.offset)
+        done = (dl, Retry(0.0) if dl.offset in fail else DONE)
+        fail.discard(dl.offset)
+    return slot.unload()
+
+
+def test_a_hot_lane_runs_a_chunk_per_hand_over_and_stops_at_a_failure() -> None:
+    """``ordering="partition"`` (one lane): with fast handlers one unit carries the lane's run, not
+    one message per turn of the owner; a retry in the middle stops the run there, and the rest
+    runs after the retry, in offset order, each offset done once."""
+    d = Engine("partition")
+    d.assign([("t", 0)])
+    d.admit([Message("t", 0, off, b"k%d" % off, b"v") for off in range(600)])
+    slot, order, units = Slot(), [], 0
+    fail = {5, 300}
+    d.finish([], 0.0)
+    while d.queue or d.next_due_s() is not None:
+        d.release_due(float("inf"))
+        (unit,) = d.take(1)
+        units += 1
+        results = _run_unit(slot, unit, fail, order)
+        d.finish(results, 1e-7 * len(results))  # fast handlers: the chunk grows to MAX_CHUNK
+        assert d.running == 0
+    # then every offset ran in order (5 and 300 twice: their retries), in few units
+    assert order == sorted(order) and sorted(set(order)) == list(range(600))
+    assert [o for o in order if order.count(o) > 1] == [5, 5, 300, 300]
+    assert units < 100, units  # 56 (the chunk grows with the handlers' average); one per message: 602
+    assert d.partitions.commit_offsets(d.partitions.active())[0] == [("t", 0, 600)]
+
+
+def test_a_run_taken_back_from_a_stuck_worker_goes_back_to_its_lane() -> None:
+    """A worker stuck in a lane's head: the messages taken along behind it go back to the lane
+    (not to other workers: that would run the key's later messages beside it), and run after it."""
+    d = Engine("key")
+    d.assign([("t", 0)])
+    d.admit([Message("t", 0, off, b"hot", b"v") for off in range(4)])
+    d.finish([], 0.0)
+    d._chunk = 4  # as fast handlers make it
+    (unit,) = d.take(1)
+    assert [x.offset for x in unit] == [0, 1, 2, 3]
+    slot = Slot()
+    slot.load(unit)
+    head = slot.next(None)  # offset 0 starts and gets stuck
+    assert head is not None and head.offset == 0
+    rest, results = slot.take_back(True, 0.0)
+    d.give_back(reversed(rest))
+    d.finish(results)
+    assert not d.queue and d.running == 1  # nothing of the key is ready while 0 runs
+    d.finish([(head, DONE)])
+    assert [x.offset for x in d.queue.ready_heads()] == [1]

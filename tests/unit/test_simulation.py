@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.bugs import BUGS, planted
+from tests.sim.bugs import BUGS, RUN_BUGS, planted
 from tests.sim.engine_sim import SimConfig, Simulation, Violation, simulate
 
 #: The CI budget: 50 seeds of 2,000 events (100,000 events) of the default shape.
@@ -29,6 +29,9 @@ def test_a_hundred_thousand_seeded_events_keep_every_promise() -> None:
         SimConfig(partitions=1, keys=2, workers=1),
         SimConfig(workers=1, only_done=True),
         SimConfig(partitions=4, keys=30, workers=8, max_in_flight=100, batch=20, metadata_max_bytes=0),
+        SimConfig(fast=True, keys=2),
+        SimConfig(fast=True, partitions=1, keys=1, workers=2),
+        SimConfig(fast=True, workers=1, only_done=True),
     ],
     ids=[
         "batches",
@@ -37,6 +40,9 @@ def test_a_hundred_thousand_seeded_events_keep_every_promise() -> None:
         "one-worker-two-keys",
         "one-worker-offset-order",
         "wide-no-metadata",
+        "lane-runs-hot-keys",
+        "lane-runs-one-lane",
+        "lane-runs-one-worker-offset-order",
     ],
 )
 def test_other_shapes_keep_every_promise(config: SimConfig) -> None:
@@ -50,6 +56,15 @@ def test_each_planted_bug_is_caught_on_every_seed(bug: str) -> None:
     for seed in range(1, 6):
         with planted(bug), pytest.raises(Violation):
             simulate(seed, EVENTS)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bug", sorted(RUN_BUGS))
+def test_each_planted_lane_run_bug_is_caught_on_every_seed(bug: str) -> None:
+    # fast handlers: chunks carry lanes' runs, which only these bugs break
+    for seed in range(1, 6):
+        with planted(bug), pytest.raises(Violation):
+            simulate(seed, EVENTS, SimConfig(fast=True, keys=2))
 
 
 def test_a_seed_replays_exactly() -> None:
