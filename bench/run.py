@@ -1090,6 +1090,12 @@ def main() -> int:
         help="only rewrite results.md, the goals and throughput.png from <out>/results.json",
     )
     args = ap.parse_args()
+    if args.engine is not None:
+        # a commit id or a typo is not a checkout: PYTHONPATH would then silently fall back to the
+        # venv's editable install of the working tree, and "before" would measure "after"
+        args.engine = args.engine.resolve()
+        if not (args.engine / "keyedconsumer" / "__init__.py").is_file():
+            ap.error(f"--engine {args.engine}: no keyedconsumer/__init__.py there (a checkout or a git archive of one)")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     repeats = args.repeats if args.repeats is not None else REPEATS[args.size]

@@ -1068,7 +1068,7 @@ def main() -> int:
     if args.drain:
         size = dict(size, drain=True)
     if args.drain_at:
-        size = dict(size, drain=True, drain_at={int(x) for x in args.drain_at.split(",") if x})
+        size = dict(size, drain=True, drain_at=sorted({int(x) for x in args.drain_at.split(",") if x}))
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     inst_counts = sorted({1, *(int(x) for x in (args.instances or size["instances"]).split(","))})
