@@ -1,7 +1,8 @@
 """scaling.png from scaling.json (bench/scaling.py): msg/s against N, one panel per workload, one line
 per contender (separate instances solid, ``keyedconsumer run --processes N`` dashed), each
 contender's linear scaling from its N=1 rate dotted, and **the CPU limit of this machine** as a
-horizontal line (its cores / the machine's CPU seconds per message at N=1: no N goes past it), so
+horizontal line (its cores / the machine's CPU seconds per message at N=1: an estimate; a starved instance needs
+less CPU a message, so N past it can go a little past it), so
 that a fall below linear shows whether it is the machine or the design. Each point is the median
 over the comparable repeats, its error bar the min-max; a point with no comparable run is hollow.
 

@@ -1095,7 +1095,9 @@ def main() -> int:
         # venv's editable install of the working tree, and "before" would measure "after"
         args.engine = args.engine.resolve()
         if not (args.engine / "keyedconsumer" / "__init__.py").is_file():
-            ap.error(f"--engine {args.engine}: no keyedconsumer/__init__.py there (a checkout or a git archive of one)")
+            ap.error(
+                f"--engine {args.engine}: no keyedconsumer/__init__.py there (a checkout or a git archive of one)"
+            )
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     repeats = args.repeats if args.repeats is not None else REPEATS[args.size]
