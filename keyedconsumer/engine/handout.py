@@ -1,13 +1,14 @@
 """Handing out work: what the owner gives its workers, and what comes back.
 
-The owner (:mod:`.run`) keeps the workers busy: each worker gets one unit, and with fast handlers
-and several workers one more queued behind it, so none waits for a hand-over
-(:meth:`HandOut.dispatch`). One worker gets one unit at a time: it runs everything in admission
-order, each partition in offset order (work handed out ahead of it, or taken back from it, could
-otherwise pass a message queued behind a head not finished yet). A batch
-handler's partial batch waits while the last poll was full (more records are at hand) and up to
-``handler_batch_linger_s``. A worker stuck in a slow handler gets the unstarted rest of its chunk
-taken back (:meth:`HandOut.rescue`).
+The owner (:mod:`.run`) keeps the workers busy: each worker gets one unit and, with several
+workers, one more is queued behind it, so none waits for a hand-over and the owner wakes once for
+many outcomes, not once a message (:class:`~.workers.Mailbox`; :meth:`HandOut.dispatch`). A revoke
+or a stop takes the queued units back (:meth:`HandOut.rescue`). One worker gets one unit at a time:
+it runs everything in admission order, each partition in offset order (work handed out ahead of
+it, or taken back from it, could otherwise pass a message queued behind a head not finished yet).
+A batch handler's partial batch waits while the last poll was full (more records are at hand) and
+up to ``handler_batch_linger_s``. A worker stuck in a slow handler gets the unstarted rest of its
+chunk taken back (:meth:`HandOut.rescue`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ class HandOut:
         self.next_rescue = 0.0
 
     def dispatch(self) -> None:
-        """Hand ready heads to the workers, up to what they can take without waiting for the owner
-        (one unit a worker, and with fast handlers and several workers one more each)."""
+        """Hand ready heads to the workers, up to what they can take without waiting for the owner:
+        one unit a worker and, with several workers, one more each queued ahead (a batch handler:
+        one batch a worker). One worker gets one unit at a time, so it runs everything in admission
+        order (at ``concurrency=1`` each partition's offsets start in offset order)."""
         engine, workers = self._engine, self._workers
         if not engine.ready_count():
             self.linger_until = None
@@ -58,7 +61,7 @@ class HandOut:
             units = self._batches(workers.concurrency - self.outstanding)
         else:
             n = workers.concurrency
-            units = engine.take((2 * n if n > 1 and engine.chunk > 1 else n) - self.outstanding)
+            units = engine.take((2 * n if n > 1 else 1) - self.outstanding)
         if units:
             self.outstanding += len(units)
             workers.submit(units)
@@ -96,10 +99,17 @@ class HandOut:
     def rescue(self, force: bool) -> None:
         """Take back from a worker stuck in one handler for more than
         :data:`~.workers.RESCUE_AFTER_S` (or from every worker with ``force``) the messages of its
-        chunk it has not started, and settle the outcomes it has not reported yet."""
+        chunk it has not started, and settle the outcomes it has not reported yet. With ``force``
+        the chunks queued ahead of the workers and not taken yet come back as well (a batch
+        handler's batches are not queued ahead: see :meth:`dispatch`)."""
         now = time.monotonic()
         self.next_rescue = now + RESCUE_EVERY_S
         engine = self._engine
+        if force and not self._batch_size:  # the chunks no worker has taken yet come back too
+            queued = self._workers.take_queued()
+            self.outstanding -= len(queued)
+            for unit in queued:
+                engine.give_back(reversed(unit))
         for slot in self._workers.slots:
             rest, results = slot.take_back(force, now)
             if rest:  # first: a message taken along behind one of the results goes back to its lane

@@ -291,6 +291,7 @@ class Run:
         next_status = 0.0
         next_meta = time.monotonic() + self._meta_every_s
         while not stop.is_set():
+            mailbox.hurry(False)  # see _pump
             mailbox.drain()
             # refill the workers the drained outcomes freed before the sequencer's tick, which may
             # wait on Redis (acquiring and releasing leases): they run meanwhile
@@ -355,7 +356,10 @@ class Run:
 
     def _pump(self, wait_s: float) -> None:
         """A turn without polling Kafka (inside a rebalance callback, or stopping): tick the
-        sequencer, release due retries and held heads, settle outcomes, hand out work."""
+        sequencer, release due retries and held heads, settle outcomes, hand out work. The owner
+        waits here for running handlers: workers ring on every outcome until the loop's next turn
+        (:meth:`.workers.Mailbox.hurry`)."""
+        self.mailbox.hurry(True)
         self._timers(0.0)
         self.engine.release_held()
         self.handout.rescue(False)

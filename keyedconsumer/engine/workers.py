@@ -55,42 +55,72 @@ RESCUE_AFTER_S = 0.01
 
 class Mailbox:
     """The owner thread's inbox: ``post(fn, arg)`` from any thread (a worker, a lease renewer, a
-    signal handler: ``SimpleQueue.put`` is reentrant), ``fn(arg)`` run by the owner in
-    :meth:`drain`, in the order posted."""
+    signal handler: ``deque.append`` and ``SimpleQueue.put`` are atomic and reentrant), ``fn(arg)``
+    run by the owner in :meth:`drain`, in the order posted.
 
-    __slots__ = ("_q", "post")
+    A post normally wakes the owner (rings its bell). A worker that still has work in hand posts
+    its outcomes *quietly* (:meth:`post_quiet`) and rings only when the units queued ahead of the
+    workers run low (or when the owner :meth:`hurry`-s, waiting for every running handler): the
+    owner then drains many outcomes per wake-up instead of waking once a message (Confluent
+    Parallel Consumer's control loop drains its ``workMailBox`` in bulk the same way)."""
+
+    __slots__ = ("_posts", "_bell", "post", "eager")
 
     def __init__(self) -> None:
-        self._q: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        self._posts: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.post = self._post
+        #: The owner waits for every outcome now (a revoke, a stop): workers ring on each post.
+        self.eager = False
 
     def _post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
-        self._q.put((fn, arg))
+        self._posts.append((fn, arg))
+        self._bell.put(None)
+
+    def post_quiet(self, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """Post without waking the owner: it runs ``fn(arg)`` at its next drain (at the latest when
+        its current wait times out, or when someone :meth:`ring`-s)."""
+        self._posts.append((fn, arg))
+
+    def ring(self) -> None:
+        """Wake the owner (if it waits) to drain what was posted."""
+        self._bell.put(None)
+
+    def hurry(self, on: bool) -> None:
+        """(The owner.) While on, workers ring on every post (see :attr:`eager`)."""
+        self.eager = on
 
     def __bool__(self) -> bool:
-        return not self._q.empty()
+        """The bell rang since the last drain: the owner is asked to come back at once."""
+        return not self._bell.empty()
 
     def drain(self) -> int:
         """Run everything posted so far (owner thread). Returns how many."""
-        get = self._q.get_nowait
+        bell = self._bell
+        while not bell.empty():  # the rings up to here are answered by this drain
+            try:
+                bell.get_nowait()
+            except queue.Empty:
+                break
+        posts = self._posts
         n = 0
         while True:
             try:
-                fn, arg = get()
-            except queue.Empty:
+                fn, arg = posts.popleft()
+            except IndexError:
                 return n
             fn(arg)
             n += 1
 
     def wait(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` seconds for something to be posted, then :meth:`drain`.
-        Returns how many ran (0: nothing came)."""
-        try:
-            fn, arg = self._q.get(timeout=timeout_s) if timeout_s > 0 else self._q.get_nowait()
-        except queue.Empty:
-            return 0
-        fn(arg)
-        return 1 + self.drain()
+        """Wait up to ``timeout_s`` seconds for the bell (quiet posts do not end the wait, but while
+        :attr:`eager` none is waited for), then :meth:`drain`. Returns how many posts ran (0: nothing came)."""
+        if timeout_s > 0 and self._bell.empty() and not (self.eager and self._posts):
+            try:
+                self._bell.get(timeout=timeout_s)
+            except queue.Empty:
+                pass
+        return self.drain()
 
 
 class Slot:
@@ -203,20 +233,39 @@ class Workers:
 
     def start(self) -> None: ...
     def submit(self, units: list[Unit]) -> None: ...
+    def take_queued(self) -> list[Unit]:
+        """(The owner.) The units handed over that no worker has taken yet, oldest first: they
+        are the owner's again."""
+        raise NotImplementedError
+
     def close(self) -> None: ...
     def join(self, timeout_s: float) -> None: ...
 
 
+def low_water(concurrency: int) -> int:
+    """A worker that ends a unit rings the owner's bell when no more than this many units are left
+    queued ahead of the workers (:class:`Mailbox`): enough that the others keep busy while the owner
+    wakes, drains and hands out more."""
+    return concurrency // 4
+
+
 class ThreadWorkers(Workers):
-    """``concurrency`` threads taking units from one shared queue, oldest handed over first."""
+    """``concurrency`` threads taking units from one shared queue, oldest handed over first.
+
+    The units wait in a deque; a ``SimpleQueue`` of tokens (one a unit) wakes a waiting thread. A
+    unit belongs to whoever pops it from the deque (``popleft`` is atomic): a thread, or the owner
+    taking it back (:meth:`take_queued`); a thread woken by a token whose unit was taken back waits
+    again."""
 
     def __init__(self, run: RunUnit, mailbox: Mailbox, report: Report, concurrency: int) -> None:
         self.concurrency = concurrency
         self.slots = [Slot() for _ in range(concurrency)]
         self._run = run
-        self._post = mailbox.post
+        self._mailbox = mailbox
         self._report = report
-        self._q: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
+        self._low = low_water(concurrency)
+        self._units: deque[Unit | None] = deque()
+        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, args=(slot,), name=f"keyedconsumer-worker-{i}", daemon=True)
             for i, slot in enumerate(self.slots)
@@ -227,14 +276,31 @@ class ThreadWorkers(Workers):
             t.start()
 
     def submit(self, units: list[Unit]) -> None:
-        put = self._q.put
-        for u in units:
-            put(u)
+        self._units.extend(units)
+        put = self._tokens.put
+        for _ in units:
+            put(None)
+
+    def take_queued(self) -> list[Unit]:
+        out: list[Unit] = []
+        units = self._units
+        while units:
+            try:
+                u = units.popleft()
+            except IndexError:
+                break
+            if u is None:  # a close: it stays, with a token of its own
+                units.appendleft(u)
+                self._tokens.put(None)
+                break
+            out.append(u)
+        return out
 
     def close(self) -> None:
         """Let every thread exit once the units handed over are done."""
         for _ in self._threads:
-            self._q.put(None)
+            self._units.append(None)
+            self._tokens.put(None)
 
     def join(self, timeout_s: float) -> None:
         """Wait for the threads up to ``timeout_s`` in all (hung handlers' threads are daemons)."""
@@ -244,12 +310,20 @@ class ThreadWorkers(Workers):
                 t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self, slot: Slot) -> None:
-        get, run, post, report = self._q.get, self._run, self._post, self._report
+        wait, units, run, report, low = self._tokens.get, self._units, self._run, self._report, self._low
+        mailbox = self._mailbox
+        post, ring = mailbox.post_quiet, mailbox.ring
         while True:
-            unit = get()
+            wait()
+            try:
+                unit = units.popleft()
+            except IndexError:  # the owner took it back
+                continue
             if unit is None:
                 return
             post(report, run(slot, unit))
+            if len(units) <= low or mailbox.eager:
+                ring()
 
 
 class AsyncWorkers(Workers):
@@ -274,11 +348,13 @@ class AsyncWorkers(Workers):
         self.concurrency = concurrency
         self.slots = [Slot() for _ in range(concurrency)]
         self._run = run
-        self._post = mailbox.post
+        self._mailbox = mailbox
         self._report = report
+        self._low = low_water(concurrency)
         self._own_loop = loop is None
         self._loop = loop or new_event_loop(event_loop)
-        # the loop thread's own: units handed over, and the idle workers' wake-ups
+        # units handed over (filled by the loop thread; a unit is whoever's pops it: a worker, or
+        # the owner taking it back, see take_queued), and the idle workers' wake-ups (the loop's)
         self._units: deque[Unit] = deque()
         self._idle: deque[asyncio.Future[None]] = deque()
         self._closing = False
@@ -310,6 +386,18 @@ class AsyncWorkers(Workers):
             self._loop.call_soon_threadsafe(self._feed, units)
         except RuntimeError:  # the loop is closed: the units are never run (the run is over)
             pass
+
+    def take_queued(self) -> list[Unit]:
+        # units still on their way to the loop (call_soon_threadsafe) are not reached: a revoke's
+        # wait takes them at its next turn
+        out: list[Unit] = []
+        units = self._units
+        while units:
+            try:
+                out.append(units.popleft())
+            except IndexError:
+                break
+        return out
 
     def close(self) -> None:
         try:
@@ -343,7 +431,8 @@ class AsyncWorkers(Workers):
 
     async def _work(self, slot: Slot) -> None:
         units, idle, loop = self._units, self._idle, self._loop
-        run, post, report = self._run, self._post, self._report
+        run, report, low, mailbox = self._run, self._report, self._low, self._mailbox
+        post, ring = mailbox.post_quiet, mailbox.ring
         while True:
             if not units:
                 if self._closing:
@@ -352,16 +441,21 @@ class AsyncWorkers(Workers):
                 idle.append(fut)
                 await fut
                 continue
-            unit = units.popleft()
+            try:
+                unit = units.popleft()
+            except IndexError:  # the owner took it back
+                continue
             steps = self._steps
             try:
                 out = await run(slot, unit)
             except asyncio.CancelledError:
                 # this worker is cancelled (the loop is going away): what it did not finish is not
                 # done and runs again later (the runner left its outcomes in the slot)
-                post(report, (slot.abandon(), 0.0))
+                mailbox.post(report, (slot.abandon(), 0.0))
                 raise
             post(report, out)
+            if len(units) <= low or mailbox.eager:
+                ring()
             # Handlers that never await must not starve the loop (the hand-overs, the caller's
             # tasks): yield after a unit unless another worker ran one meanwhile, which it could
             # only do while this one was suspended in an await, when the loop ran what else was ready.

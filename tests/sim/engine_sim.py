@@ -86,6 +86,11 @@ class _Workers(Workers):
     def submit(self, units: list[Unit]) -> None:
         self.queue.extend(units)
 
+    def take_queued(self) -> list[Unit]:
+        out = list(self.queue)
+        self.queue.clear()
+        return out
+
 
 @dataclasses.dataclass
 class _Worker:

@@ -1,0 +1,153 @@
+"""The owner's mailbox and the worker pools' hand-over (keyedconsumer.engine.workers), with real
+threads: what a quiet post, a ring and the owner's hurry promise, and that a unit handed over is
+run by one worker or taken back by the owner, never both and never neither."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from keyedconsumer.engine.workers import AsyncWorkers, Mailbox, Slot, ThreadWorkers, low_water
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_quiet_post_does_not_end_the_owners_wait_and_a_ring_does() -> None:
+    box = Mailbox()
+    got: list[int] = []
+    box.post_quiet(got.append, 1)
+    assert not box  # no ring: the owner is not asked back
+    t0 = time.monotonic()
+    assert box.wait(0.2) == 1  # waited out the time-out, then ran the quiet post
+    assert time.monotonic() - t0 >= 0.19
+    assert got == [1]
+
+    threading.Timer(0.05, lambda: (box.post_quiet(got.append, 2), box.ring())).start()
+    t0 = time.monotonic()
+    assert box.wait(5.0) == 1
+    assert time.monotonic() - t0 < 4.0  # the ring ended the wait
+    assert got == [1, 2]
+
+
+def test_a_post_rings_and_posts_run_in_the_order_posted() -> None:
+    box = Mailbox()
+    got: list[int] = []
+    box.post_quiet(got.append, 1)
+    box.post(got.append, 2)
+    box.post_quiet(got.append, 3)
+    assert box  # the plain post rang
+    assert box.wait(5.0) == 3
+    assert got == [1, 2, 3]
+    assert not box  # the drain answered the ring
+
+
+def test_while_the_owner_hurries_pending_quiet_posts_are_not_waited_on() -> None:
+    box = Mailbox()
+    got: list[int] = []
+    box.hurry(True)
+    box.post_quiet(got.append, 1)
+    t0 = time.monotonic()
+    assert box.wait(5.0) == 1
+    assert time.monotonic() - t0 < 4.0
+    box.hurry(False)
+    assert not box.eager
+
+
+def _pool(concurrency: int, gate: threading.Event, ran: list[int]) -> tuple[ThreadWorkers, Mailbox, list]:
+    """A pool whose units wait at ``gate``, then record their items in ``ran``."""
+    box = Mailbox()
+    reports: list = []
+
+    def run(slot: Slot, unit: list) -> tuple[list, float]:
+        gate.wait(10)
+        ran.extend(unit)
+        return [], 0.0
+
+    return ThreadWorkers(run, box, reports.append, concurrency), box, reports
+
+
+def test_every_unit_is_run_by_one_worker_or_taken_back_never_both() -> None:
+    gate, ran = threading.Event(), []
+    workers, box, reports = _pool(4, gate, ran)
+    workers.start()
+    workers.submit([[i] for i in range(40)])  # 4 start (and wait at the gate), 36 stay queued
+    deadline = time.monotonic() + 10
+    while len(workers._units) > 36 and time.monotonic() < deadline:  # the 4 workers took theirs
+        time.sleep(0.01)
+    back = workers.take_queued()
+    gate.set()
+    workers.close()
+    workers.join(10)
+    box.drain()
+    taken_back = [u[0] for u in back]
+    assert len(taken_back) == 36
+    assert sorted(ran + taken_back) == list(range(40))  # each unit exactly once, run or taken back
+    assert not set(ran) & set(taken_back)
+    assert len(reports) == 4  # one report a unit run
+    assert not any(t.is_alive() for t in workers._threads)  # close still ends every thread
+
+
+class _CountingMailbox(Mailbox):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rings = 0
+
+    def ring(self) -> None:
+        self.rings += 1
+        super().ring()
+
+
+def test_a_worker_rings_only_when_the_queued_units_run_low() -> None:
+    """16 workers, 32 units queued before they start: a worker's first end finds at least 16 units
+    still queued (each worker holds one unit at a time), so it does not wake the owner; the ends
+    of the last 5 units taken find at most ``low_water(16)`` = 4 queued, so they do."""
+    box = _CountingMailbox()
+    reports: list = []
+    ran: list[int] = []
+
+    def run(slot: Slot, unit: list) -> tuple[list, float]:
+        ran.extend(unit)
+        return [], 0.0
+
+    workers = ThreadWorkers(run, box, reports.append, 16)
+    workers.submit([[i] for i in range(32)])
+    workers.start()
+    deadline = time.monotonic() + 10
+    while len(reports) < 32 and time.monotonic() < deadline:
+        box.wait(0.05)
+    workers.close()
+    workers.join(10)
+    assert sorted(ran) == list(range(32))
+    assert len(reports) == 32
+    assert low_water(16) + 1 <= box.rings < 32
+
+
+def test_async_workers_hand_back_units_no_worker_took() -> None:
+    box = Mailbox()
+    reports: list = []
+    ran: list[int] = []
+    release = threading.Event()
+
+    async def run(slot: Slot, unit: list) -> tuple[list, float]:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        ran.extend(unit)
+        return [], 0.0
+
+    workers = AsyncWorkers(run, box, reports.append, 2, event_loop="asyncio")
+    workers.start()
+    workers.submit([[i] for i in range(10)])
+    deadline = time.monotonic() + 10
+    back: list = []
+    while len(back) < 8 and time.monotonic() < deadline:  # the feed reaches the loop soon
+        back += workers.take_queued()
+        time.sleep(0.01)
+    release.set()
+    workers.close()
+    workers.join(10)
+    taken_back = [u[0] for u in back]
+    assert len(taken_back) == 8
+    assert sorted(ran + taken_back) == list(range(10))
