@@ -211,3 +211,37 @@ def test_features_cost_bench_ci_size(kafka_bootstrap: str, tmp_path: Path) -> No
     calls = res["conflation_handler_calls"]
     assert calls["kc"] == res["conflation_messages"] and calls["kc+conflate"] <= calls["kc"]
     assert (tmp_path / "features_cost.md").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_wakeups_probe_measures_one_instance(kafka_bootstrap: str, mode: str) -> None:
+    # bench/wakeups.py on a tiny topic: one JSON line per engine with every figure; no speed asserted
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/wakeups.py",
+            "--brokers",
+            kafka_bootstrap,
+            "--concurrency",
+            "4",
+            "--mode",
+            mode,
+            "--sleep-ms",
+            "1",
+            "--messages",
+            "2000",
+            "--keys",
+            "200",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(res["engine"]).resolve() == ROOT and res["concurrency"] == 4 and res["mode"] == mode
+    assert res["msgs_per_s"] > 0 and res["cpu_s_per_1000"] > 0
+    assert set(res["by_thread"]) == {"owner", "workers", "other"}
+    assert res["switches_per_msg"] >= sum(res["by_thread"].values()) - 0.03  # by_thread is rounded
