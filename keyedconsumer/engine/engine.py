@@ -234,7 +234,8 @@ class Engine:
             self.flow.finished(ended, nbytes)
 
     def give_back(self, ds: Iterable[Delivery]) -> None:
-        """Taken, not started messages return to the ready queue (taken back from a stuck worker);
+        """Taken, not started messages return to the ready queue (taken back from a stuck worker, or
+        queued units no worker took yet);
         those taken along behind a message not ended yet return to their lane (call it before
         :meth:`finish` of the outcomes taken back with them)."""
         ds = list(ds)

@@ -1,8 +1,8 @@
 """Handing out work: what the owner gives its workers, and what comes back.
 
 The owner (:mod:`.run`) keeps the workers busy: each worker gets one unit and, with several
-workers, one more is queued behind it, so none waits for a hand-over and the owner wakes once for
-many outcomes, not once a message (:class:`~.workers.Mailbox`; :meth:`HandOut.dispatch`). A revoke
+workers, ``concurrency`` more wait on their shared queue, so none waits for a hand-over and the
+owner wakes once for many outcomes, not once a message (:class:`~.workers.Mailbox`; :meth:`HandOut.dispatch`). A revoke
 or a stop takes the queued units back (:meth:`HandOut.rescue`). One worker gets one unit at a time:
 it runs everything in admission order, each partition in offset order (work handed out ahead of
 it, or taken back from it, could otherwise pass a message queued behind a head not finished yet).
@@ -50,7 +50,7 @@ class HandOut:
 
     def dispatch(self) -> None:
         """Hand ready heads to the workers, up to what they can take without waiting for the owner:
-        one unit a worker and, with several workers, one more each queued ahead (a batch handler:
+        one unit a worker and, with several workers, as many again queued ahead (a batch handler:
         one batch a worker). One worker gets one unit at a time, so it runs everything in admission
         order (at ``concurrency=1`` each partition's offsets start in offset order)."""
         engine, workers = self._engine, self._workers

@@ -39,7 +39,7 @@ from .commits import (
 )
 from .engine import Engine
 from .handler import Contract
-from .handout import HandOut
+from .handout import RESCUE_EVERY_S, HandOut
 from .latch import Latch
 from .partitions import Partition
 from .rebalance import CATCH_UP_SHARE, Rebalance
@@ -307,6 +307,8 @@ class Run:
                 # in the poll; in slices when workers are idle and Kafka may have records for them
                 saturated = engine.ready_count() or rebalance.paused or flow.short_of_room(batch)
                 wait_s = timeout_s if saturated else min(timeout_s, self._slice_s)
+                if engine.chunk > 1:  # workers ring rarely: look for one stuck in a handler meanwhile
+                    wait_s = min(wait_s, RESCUE_EVERY_S)
                 if client.wait_outcomes(mailbox.wait, wait_s):
                     self._slice_s = IDLE_SLICE_S[0]
                     self.handout.dispatch()

@@ -2,7 +2,7 @@
 
 The owner (:mod:`.run`) hands *units* (a chunk of lane heads run one after the other, or one batch
 handler call) to a pool of workers: threads for a plain handler (:class:`ThreadWorkers`, on one
-shared ``queue.SimpleQueue``), coroutines on an event loop for an ``async def`` one
+shared queue of units), coroutines on an event loop for an ``async def`` one
 (:class:`AsyncWorkers`, fed with one ``call_soon_threadsafe`` per hand-over). A worker runs a unit
 (:mod:`.runner`) and posts its outcomes to the owner's :class:`Mailbox`, which the owner drains in
 bulk. No worker touches the engine's state: outcomes travel one way, work the other (Confluent
@@ -58,10 +58,11 @@ class Mailbox:
     signal handler: ``deque.append`` and ``SimpleQueue.put`` are atomic and reentrant), ``fn(arg)``
     run by the owner in :meth:`drain`, in the order posted.
 
-    A post normally wakes the owner (rings its bell). A worker that still has work in hand posts
-    its outcomes *quietly* (:meth:`post_quiet`) and rings only when the units queued ahead of the
-    workers run low (or when the owner :meth:`hurry`-s, waiting for every running handler): the
-    owner then drains many outcomes per wake-up instead of waking once a message (Confluent
+    A post normally wakes the owner (rings its bell). A worker posts a unit's outcomes *quietly*
+    (:meth:`post_quiet`) and rings only when the units queued ahead of the workers run low (a
+    quarter of ``concurrency`` or fewer left), when it finds no unit to take next, or when the
+    owner :meth:`hurry`-s (waiting for every running handler): the owner then drains many outcomes
+    per wake-up instead of waking once a message (Confluent
     Parallel Consumer's control loop drains its ``workMailBox`` in bulk the same way)."""
 
     __slots__ = ("_posts", "_bell", "post", "eager")
@@ -123,6 +124,18 @@ class Mailbox:
         return self.drain()
 
 
+def _drain(q: deque[_T]) -> list[_T]:
+    """Everything in ``q`` now, oldest first, each element by one atomic ``popleft`` (another
+    thread may pop meanwhile: what it took is not here)."""
+    out: list[_T] = []
+    while q:
+        try:
+            out.append(q.popleft())
+        except IndexError:
+            break
+    return out
+
+
 class Slot:
     """What one worker holds of its chunk: the unstarted rest and the outcomes not reported yet.
 
@@ -172,16 +185,6 @@ class Slot:
             self.started_s = time.monotonic()
             return d
 
-    @staticmethod
-    def _drain(q: deque[_T]) -> list[_T]:
-        out: list[_T] = []
-        while q:
-            try:
-                out.append(q.popleft())
-            except IndexError:
-                break
-        return out
-
     def cancelled(self, results: Results) -> None:
         """The worker is being cancelled: ``results`` (its messages not done) go with the outcomes
         :meth:`abandon` returns."""
@@ -191,9 +194,9 @@ class Slot:
     def abandon(self) -> Results:
         """End the unit early (the worker is cancelled): the outcomes so far, and every unstarted
         message as not started (but those skipped, see the class docstring)."""
-        results = self._drain(self.results)
+        results = _drain(self.results)
         skip = self._skip
-        for d in self._drain(self.todo):
+        for d in _drain(self.todo):
             if d in skip:
                 skip.discard(d)
             else:
@@ -205,7 +208,7 @@ class Slot:
     def unload(self) -> Results:
         """End the chunk: the outcomes not reported yet."""
         self._skip.clear()
-        return self._drain(self.results)
+        return _drain(self.results)
 
     def take_back(self, force: bool, now: float) -> tuple[list[Delivery], Results]:
         """(The owner.) The unstarted rest of a chunk stuck in one handler for more than
@@ -214,7 +217,7 @@ class Slot:
             return [], []
         if not (force or now - self.started_s > RESCUE_AFTER_S):
             return [], []
-        return self._drain(self.todo), self._drain(self.results)
+        return _drain(self.todo), _drain(self.results)
 
 
 #: ``run(slot, unit) -> (results, handler seconds)``: a worker thread runs a unit (:mod:`.runner`).
@@ -282,19 +285,10 @@ class ThreadWorkers(Workers):
             put(None)
 
     def take_queued(self) -> list[Unit]:
-        out: list[Unit] = []
-        units = self._units
-        while units:
-            try:
-                u = units.popleft()
-            except IndexError:
-                break
-            if u is None:  # a close: it stays, with a token of its own
-                units.appendleft(u)
-                self._tokens.put(None)
-                break
-            out.append(u)
-        return out
+        out = _drain(self._units)
+        closes = [u for u in out if u is None]  # a close stays (its token is still queued)
+        self._units.extend(closes)
+        return [u for u in out if u is not None]
 
     def close(self) -> None:
         """Let every thread exit once the units handed over are done."""
@@ -311,19 +305,31 @@ class ThreadWorkers(Workers):
 
     def _work(self, slot: Slot) -> None:
         wait, units, run, report, low = self._tokens.get, self._units, self._run, self._report, self._low
-        mailbox = self._mailbox
+        mailbox, take = self._mailbox, self._tokens.get_nowait
         post, ring = mailbox.post_quiet, mailbox.ring
+        quiet = False  # this worker's last outcome was posted without ringing
         while True:
-            wait()
+            if quiet:
+                try:
+                    take()
+                except queue.Empty:  # about to wait: the owner must hear of that outcome first
+                    ring()
+                    quiet = False
+                    wait()
+            else:
+                wait()
             try:
                 unit = units.popleft()
             except IndexError:  # the owner took it back
                 continue
+            quiet = False
             if unit is None:
                 return
             post(report, run(slot, unit))
             if len(units) <= low or mailbox.eager:
                 ring()
+            else:
+                quiet = True
 
 
 class AsyncWorkers(Workers):
@@ -390,14 +396,7 @@ class AsyncWorkers(Workers):
     def take_queued(self) -> list[Unit]:
         # units still on their way to the loop (call_soon_threadsafe) are not reached: a revoke's
         # wait takes them at its next turn
-        out: list[Unit] = []
-        units = self._units
-        while units:
-            try:
-                out.append(units.popleft())
-            except IndexError:
-                break
-        return out
+        return _drain(self._units)
 
     def close(self) -> None:
         try:
@@ -433,8 +432,12 @@ class AsyncWorkers(Workers):
         units, idle, loop = self._units, self._idle, self._loop
         run, report, low, mailbox = self._run, self._report, self._low, self._mailbox
         post, ring = mailbox.post_quiet, mailbox.ring
+        quiet = False  # this worker's last outcome was posted without ringing
         while True:
             if not units:
+                if quiet:  # about to wait: the owner must hear of that outcome first
+                    ring()
+                    quiet = False
                 if self._closing:
                     return
                 fut: asyncio.Future[None] = loop.create_future()
@@ -445,6 +448,7 @@ class AsyncWorkers(Workers):
                 unit = units.popleft()
             except IndexError:  # the owner took it back
                 continue
+            quiet = False
             steps = self._steps
             try:
                 out = await run(slot, unit)
@@ -456,6 +460,8 @@ class AsyncWorkers(Workers):
             post(report, out)
             if len(units) <= low or mailbox.eager:
                 ring()
+            else:
+                quiet = True
             # Handlers that never await must not starve the loop (the hand-overs, the caller's
             # tasks): yield after a unit unless another worker ran one meanwhile, which it could
             # only do while this one was suspended in an await, when the loop ran what else was ready.

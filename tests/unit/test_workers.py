@@ -151,3 +151,37 @@ def test_async_workers_hand_back_units_no_worker_took() -> None:
     taken_back = [u[0] for u in back]
     assert len(taken_back) == 8
     assert sorted(ran + taken_back) == list(range(10))
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_a_worker_that_finds_no_unit_to_take_rings_for_its_quiet_outcomes(kind: str) -> None:
+    """Whatever the queue's length said when a worker posted quietly, it rings before it waits for
+    work: else the owner would hear of those outcomes only at its wait's time-out. The low-water
+    mark is set below zero so that every post is quiet: only that ring can end the owner's wait."""
+    box = Mailbox()
+    reports: list = []
+
+    def run(slot: Slot, unit: list) -> tuple[list, float]:
+        return [], 0.0
+
+    async def arun(slot: Slot, unit: list) -> tuple[list, float]:
+        return [], 0.0
+
+    workers = (
+        ThreadWorkers(run, box, reports.append, 2)
+        if kind == "threads"
+        else AsyncWorkers(arun, box, reports.append, 2, event_loop="asyncio")
+    )
+    workers._low = -1
+    workers.start()
+    try:
+        for n in (3, 1, 2):
+            before = len(reports)
+            workers.submit([[i] for i in range(n)])
+            t0 = time.monotonic()
+            while len(reports) < before + n:
+                box.wait(30.0)  # may return 0: a ring answered by an earlier drain wakes it once more
+            assert time.monotonic() - t0 < 20.0  # rings ended the waits, not their 30 s time-out
+    finally:
+        workers.close()
+        workers.join(10)
