@@ -2,8 +2,8 @@
 
 The owner (:mod:`.run`) keeps the workers busy: each worker gets one unit and, with several
 workers, ``concurrency`` more wait on their shared queue, so none waits for a hand-over and the
-owner wakes once for many outcomes, not once a message (:class:`~.workers.Mailbox`; :meth:`HandOut.dispatch`). A revoke
-or a stop takes the queued units back (:meth:`HandOut.rescue`). One worker gets one unit at a time:
+owner wakes once for many outcomes, not once a message (:class:`~.workers.Mailbox`;
+:meth:`HandOut.dispatch`). A revoke or a stop takes the queued units back (:meth:`HandOut.rescue`). One worker gets one unit at a time:
 it runs everything in admission order, each partition in offset order (work handed out ahead of
 it, or taken back from it, could otherwise pass a message queued behind a head not finished yet).
 A batch handler's partial batch waits while the last poll was full (more records are at hand) and
