@@ -3,9 +3,11 @@
 Used by bench/run.py (project venv); standard library only.
 
 - :func:`load_record` is stored with every run: the 1-minute load average before and after it, the
-  core count, and ``busy`` when the load before exceeded the cores (the run shared the machine with
-  other work: "busy: not comparable" in the tables), unless it ran in the noisy pass, whose load is
-  expected.
+  core count, the cores other work kept busy just before it (:func:`cores_busy`, measured while the
+  bench runs nothing), and ``busy`` when that exceeded :data:`BUSY_CORES` (the run shared the
+  machine with other work: "busy: not comparable" in the tables), unless it ran in the noisy pass,
+  whose load is expected. The load average is not the test: it lags by a minute, so the bench's own
+  previous run (one to two cores for 10 s) leaves it near the core count of a 2-core machine.
 - :class:`BusyLoop` is the CPU-bound neighbour of a noisy pass: one process spinning in pure Python
   (one core's worth of CPU, not pinned: the scheduler places it like any other process). It exits on
   its own if the bench dies without stopping it (it checks that its parent is still the one that
@@ -44,14 +46,47 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def load_record(before: list[float], noise: bool) -> dict[str, Any]:
+#: a run is busy when other work kept more than this many cores busy just before it: a CPU-bound
+#: neighbour takes one (the noisy pass's busy loop: 0.89-0.92); an idle broker and the bench's own
+#: process about 0.05
+BUSY_CORES = 0.5
+#: seconds :func:`cores_busy` watches before each run
+BUSY_WINDOW_S = 1.0
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot (``/proc/stat`` line ``cpu``; idle and iowait
+    are not busy)."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - f[3] - f[4], total
+
+
+def cores_busy(window_s: float = BUSY_WINDOW_S) -> float | None:
+    """Cores busy over the next ``window_s`` seconds, the whole machine (``/proc/stat``): called while
+    the bench runs nothing, it is the other work's share (plus the idle broker's). ``None`` where
+    there is no ``/proc/stat``."""
+    a = _cpu_jiffies()
+    time.sleep(window_s)
+    b = _cpu_jiffies()
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return round((b[0] - a[0]) / (b[1] - a[1]) * cores(), 2)
+
+
+def load_record(before: list[float], noise: bool, others: float | None = None) -> dict[str, Any]:
     """What a run stores about the machine's load: ``loadavg_before`` (taken by the caller before the
-    run started), ``loadavg_after`` (now), ``cores``; ``noise: True`` for a run of the noisy pass,
-    else ``busy: True`` when the 1-minute load before exceeded the core count."""
+    run started), ``loadavg_after`` (now), ``cores``, ``other_cores`` (:func:`cores_busy` taken by
+    the caller just before the run); ``noise: True`` for a run of the noisy pass, else ``busy: True``
+    when ``other_cores`` exceeded :data:`BUSY_CORES`."""
     out: dict[str, Any] = {"loadavg_before": before, "loadavg_after": loadavg(), "cores": cores()}
+    out["other_cores"] = others
     if noise:
         out["noise"] = True
-    elif before and before[0] > out["cores"]:
+    elif others is not None and others > BUSY_CORES:
         out["busy"] = True
     return out
 
@@ -108,13 +143,12 @@ class BusyLoop:
 
 
 def cool_down(limit_s: float) -> dict[str, Any]:
-    """After a noisy pass: wait, up to ``limit_s``, for the 1-minute load average to fall back to the
-    core count (it lags the busy loop by about a minute), so that the quiet pass after it is not
-    marked busy for the noise it was meant to be without. Returns what it waited and the load then."""
+    """After a noisy pass: wait, up to ``limit_s``, until other work keeps no more than
+    :data:`BUSY_CORES` busy (:func:`cores_busy`; the busy loop was stopped, so at once unless
+    something else runs), so that the quiet pass after it starts quiet. Returns what it waited, the
+    cores then busy and the load average."""
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        la = loadavg()
-        if not la or la[0] <= cores():
-            break
-        time.sleep(min(2.0, max(0.0, limit_s - (time.perf_counter() - t0))))
-    return {"cool_down_s": round(time.perf_counter() - t0, 1), "loadavg": loadavg()}
+    busy = cores_busy()
+    while busy is not None and busy > BUSY_CORES and time.perf_counter() - t0 < limit_s:
+        busy = cores_busy()
+    return {"cool_down_s": round(time.perf_counter() - t0, 1), "other_cores": busy, "loadavg": loadavg()}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from goals import denominators, find, fmt, paired, spread, spread_of
+from machine_load import BUSY_CORES, BUSY_WINDOW_S
 
 #: a full-size run shorter than this is flagged "short" (every run is meant to last 10 s or more)
 MIN_RUN_S = 10.0
@@ -84,14 +85,14 @@ def header(results: dict[str, Any]) -> list[str]:
         L.append(
             f"- noise: a busy-loop process beside each noisy pass ({len(noise['passes'])} passes, "
             f"{spread_of(used)} cores used by it); after each, up to {fmt(noise.get('cool_down_limit_s'), 0)} s "
-            "of cool-down for the load average"
+            "of cool-down for the other work's CPU"
         )
     busy = sum(
         len(x.get("busy_repeats") or []) for d in results["workloads"].values() for x in d.get("runs", [])
     )
     if busy:
         L.append(
-            f"- **{busy} run(s) started with a 1-minute load average above the core count: "
+            f"- **{busy} run(s) started while other work kept more than {BUSY_CORES} cores busy: "
             '"busy: not comparable" in the tables**'
         )
     return [*L, ""]
@@ -134,7 +135,7 @@ def run_notes(results: dict[str, Any], data: dict[str, Any], x: dict[str, Any]) 
     notes = []
     if x.get("busy_repeats"):
         reps = ", ".join(str(r + 1) for r in x["busy_repeats"])
-        notes.append(f"**busy: not comparable** (repeat {reps}: load before > {x.get('cores')} cores)")
+        notes.append(f"**busy: not comparable** (repeat {reps}: other work > {BUSY_CORES} cores before it)")
     if x.get("error"):
         notes.append("ERROR: " + x["error"].splitlines()[0][:160])
     elif not x.get("complete"):
@@ -312,8 +313,9 @@ NOTES = [
     "keyedconsumer's async runs use uvloop (event_loop='uvloop'); async-asyncio runs use asyncio's default loop "
     "(event_loop='asyncio').",
     "load 1-min before→after: the machine's 1-minute load average (/proc/loadavg) when each repeat's run started "
-    "and ended. A run that started above the core count shared the machine with other work and is marked "
-    '"busy: not comparable" (not in the noisy pass, whose load is expected).',
+    "and ended. A run before which other work kept more than "
+    f"{BUSY_CORES} cores busy (/proc/stat over {BUSY_WINDOW_S:.0f} s while the bench ran nothing) shared the machine and is "
+    'marked "busy: not comparable" (not in the noisy pass, whose load is expected).',
     "--noise: each repeat runs every contender twice, a quiet pass and then a noisy one with a busy-loop process "
     '(one core of pure Python) beside it; ratios are taken within a pass. "a busy machine" compares each goal '
     "figure of the noisy pass with the quiet pass's.",

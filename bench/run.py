@@ -74,7 +74,7 @@ from goals import (  # noqa: E402  (fmt, spread_of: also used by bench/scaling.p
     goals,
     other_checks,
 )
-from machine_load import BusyLoop, cool_down, load_record, loadavg  # noqa: E402  (loadavg: run.loadavg elsewhere)
+from machine_load import BusyLoop, cool_down, cores_busy, load_record, loadavg  # noqa: E402  (loadavg: run.loadavg elsewhere)
 from report import NOTES, print_goals, write_markdown  # noqa: E402
 
 PEERS_PY = HERE / ".venv-peers" / "bin" / "python"
@@ -194,8 +194,8 @@ RUN_LIMITS = {
     "ci": dict(max_seconds=4.0, io_budget_s=1.5, io_min_target=150),
 }
 BLOCK_KEY = "k-blocked"
-#: --noise: after a noisy pass, wait up to this long for the 1-minute load average to fall back to
-#: the core count (machine_load.cool_down)
+#: --noise: after a noisy pass, wait up to this long for other work to fall below
+#: machine_load.BUSY_CORES (machine_load.cool_down)
 COOL_DOWN_S = {"full": 60.0, "ci": 0.0}
 
 
@@ -725,7 +725,7 @@ def run_one(
     env.pop("PYTHONPATH", None)
     if args.engine and not r.get("peer") and not r.get("java"):
         env["PYTHONPATH"] = str(args.engine)  # raw and keyedconsumer import that checkout's package
-    load0 = loadavg()
+    load0, others = loadavg(), cores_busy()
     t0 = time.perf_counter()
     timeout = spec["max_seconds"] + spec["startup_s"] + 90 + (w.get("stall_s", 0) * 4)
     try:
@@ -744,7 +744,7 @@ def run_one(
         "peer": bool(r.get("peer")),
         "repeat": repeat,
         "wall_s": round(wall, 1),
-        **load_record(load0, noise),
+        **load_record(load0, noise, others),
     }
     line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("BENCH_RESULT ")), None)
     if line is None:
@@ -961,7 +961,7 @@ def run_flights(
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)
-    load0 = loadavg()
+    load0, others = loadavg(), cores_busy()
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -976,7 +976,7 @@ def run_flights(
         peer=False,
         repeat=repeat,
         wall_s=wall,
-        **load_record(load0, noise),
+        **load_record(load0, noise, others),
     )
     if not out_json.exists():
         err = f"exit {rc}, no result; output tail: {(stdout + stderr).strip()[-1500:]}"
@@ -1164,7 +1164,7 @@ def main() -> int:
         results["noise"]["passes"].append(rec)
         log(
             f"{wl} r{rep + 1}/{repeats}: busy loop stopped ({rec.get('cores_used')} cores used), "
-            f"cooled down {rec['cool_down_s']} s to load {rec['loadavg'][:1]}"
+            f"cooled down {rec['cool_down_s']} s to {rec['other_cores']} other cores busy, load {rec['loadavg'][:1]}"
         )
 
     json_path, md_path = args.out / "results.json", args.out / "results.md"
