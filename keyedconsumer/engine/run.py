@@ -293,6 +293,7 @@ class Run:
         while not stop.is_set():
             mailbox.hurry(False)  # see _pump
             mailbox.drain()
+            self.handout.turn(mailbox.answered(), time.perf_counter())
             # refill the workers the drained outcomes freed before the sequencer's tick, which may
             # wait on Redis (acquiring and releasing leases): they run meanwhile
             self.handout.dispatch()

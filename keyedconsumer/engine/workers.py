@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .delivery import Delivery
+from .mailbox import Mailbox
 from .outcome import NOT_STARTED, Done, Outcome
 from .timelimit import install_tracking_executor
 
@@ -51,77 +52,6 @@ Results = list[tuple[Delivery, Outcome]]
 #: A worker in one handler for longer than this (seconds) gets its chunk's unstarted messages
 #: taken back and its finished ones reported by the owner (:meth:`Slot.take_back`).
 RESCUE_AFTER_S = 0.01
-
-
-class Mailbox:
-    """The owner thread's inbox: ``post(fn, arg)`` from any thread (a worker, a lease renewer, a
-    signal handler: ``deque.append`` and ``SimpleQueue.put`` are atomic and reentrant), ``fn(arg)``
-    run by the owner in :meth:`drain`, in the order posted.
-
-    A post normally wakes the owner (rings its bell). A worker posts a unit's outcomes *quietly*
-    (:meth:`post_quiet`) and rings only when the units queued ahead of the workers run low (a
-    quarter of ``concurrency`` or fewer left), when it finds no unit to take next, or when the
-    owner :meth:`hurry`-s (waiting for every running handler): the owner then drains many outcomes
-    per wake-up instead of waking once a message (Confluent
-    Parallel Consumer's control loop drains its ``workMailBox`` in bulk the same way)."""
-
-    __slots__ = ("_posts", "_bell", "post", "eager")
-
-    def __init__(self) -> None:
-        self._posts: deque[tuple[Callable[[Any], None], Any]] = deque()
-        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self.post = self._post
-        #: The owner waits for every outcome now (a revoke, a stop): workers ring on each post.
-        self.eager = False
-
-    def _post(self, fn: Callable[[Any], None], arg: Any = None) -> None:
-        self._posts.append((fn, arg))
-        self._bell.put(None)
-
-    def post_quiet(self, fn: Callable[[Any], None], arg: Any = None) -> None:
-        """Post without waking the owner: it runs ``fn(arg)`` at its next drain (at the latest when
-        its current wait times out, or when someone :meth:`ring`-s)."""
-        self._posts.append((fn, arg))
-
-    def ring(self) -> None:
-        """Wake the owner (if it waits) to drain what was posted."""
-        self._bell.put(None)
-
-    def hurry(self, on: bool) -> None:
-        """(The owner.) While on, workers ring on every post (see :attr:`eager`)."""
-        self.eager = on
-
-    def __bool__(self) -> bool:
-        """The bell rang since the last drain: the owner is asked to come back at once."""
-        return not self._bell.empty()
-
-    def drain(self) -> int:
-        """Run everything posted so far (owner thread). Returns how many."""
-        bell = self._bell
-        while not bell.empty():  # the rings up to here are answered by this drain
-            try:
-                bell.get_nowait()
-            except queue.Empty:
-                break
-        posts = self._posts
-        n = 0
-        while True:
-            try:
-                fn, arg = posts.popleft()
-            except IndexError:
-                return n
-            fn(arg)
-            n += 1
-
-    def wait(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` seconds for the bell (quiet posts do not end the wait, but while
-        :attr:`eager` none is waited for), then :meth:`drain`. Returns how many posts ran (0: nothing came)."""
-        if timeout_s > 0 and self._bell.empty() and not (self.eager and self._posts):
-            try:
-                self._bell.get(timeout=timeout_s)
-            except queue.Empty:
-                pass
-        return self.drain()
 
 
 def _drain(q: deque[_T]) -> list[_T]:
@@ -233,6 +163,7 @@ class Workers:
 
     concurrency: int
     slots: list[Slot]
+    _low: int = 0
 
     def start(self) -> None: ...
     def submit(self, units: list[Unit]) -> None: ...
@@ -244,12 +175,18 @@ class Workers:
     def close(self) -> None: ...
     def join(self, timeout_s: float) -> None: ...
 
+    def set_reserve(self, units: int) -> None:
+        """(The owner.) It keeps about ``units`` units queued ahead of the workers
+        (:meth:`~.handout.HandOut.turn`): a worker that ends a unit rings the owner's bell when
+        :func:`low_water` of them or fewer are left."""
+        self._low = low_water(units)
 
-def low_water(concurrency: int) -> int:
-    """A worker that ends a unit rings the owner's bell when no more than this many units are left
-    queued ahead of the workers (:class:`Mailbox`): enough that the others keep busy while the owner
-    wakes, drains and hands out more."""
-    return concurrency // 4
+
+def low_water(reserve: int) -> int:
+    """A worker that ends a unit rings the owner's bell when no more than this many of the
+    ``reserve`` units queued ahead of the workers are left (:class:`Mailbox`): a quarter, enough
+    that the others keep busy while the owner wakes, drains and hands out more."""
+    return reserve // 4
 
 
 class ThreadWorkers(Workers):
@@ -304,7 +241,7 @@ class ThreadWorkers(Workers):
                 t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self, slot: Slot) -> None:
-        wait, units, run, report, low = self._tokens.get, self._units, self._run, self._report, self._low
+        wait, units, run, report = self._tokens.get, self._units, self._run, self._report
         mailbox, take = self._mailbox, self._tokens.get_nowait
         post, ring = mailbox.post_quiet, mailbox.ring
         quiet = False  # this worker's last outcome was posted without ringing
@@ -326,7 +263,7 @@ class ThreadWorkers(Workers):
             if unit is None:
                 return
             post(report, run(slot, unit))
-            if len(units) <= low or mailbox.eager:
+            if len(units) <= self._low or mailbox.eager:
                 ring()
             else:
                 quiet = True
@@ -430,7 +367,7 @@ class AsyncWorkers(Workers):
 
     async def _work(self, slot: Slot) -> None:
         units, idle, loop = self._units, self._idle, self._loop
-        run, report, low, mailbox = self._run, self._report, self._low, self._mailbox
+        run, report, mailbox = self._run, self._report, self._mailbox
         post, ring = mailbox.post_quiet, mailbox.ring
         quiet = False  # this worker's last outcome was posted without ringing
         while True:
@@ -458,7 +395,7 @@ class AsyncWorkers(Workers):
                 mailbox.post(report, (slot.abandon(), 0.0))
                 raise
             post(report, out)
-            if len(units) <= low or mailbox.eager:
+            if len(units) <= self._low or mailbox.eager:
                 ring()
             else:
                 quiet = True

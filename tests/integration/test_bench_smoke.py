@@ -233,6 +233,7 @@ def test_wakeups_probe_measures_one_instance(kafka_bootstrap: str, mode: str) ->
             "2000",
             "--keys",
             "200",
+            "--gaps",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -245,3 +246,6 @@ def test_wakeups_probe_measures_one_instance(kafka_bootstrap: str, mode: str) ->
     assert res["msgs_per_s"] > 0 and res["cpu_s_per_1000"] > 0
     assert set(res["by_thread"]) == {"owner", "workers", "other"}
     assert res["switches_per_msg"] >= sum(res["by_thread"].values()) - 0.03  # by_thread is rounded
+    # --gaps: every handler run in the window slept (about 1 ms: uvloop's timers may fire early)
+    assert 0 < res["handler_ms"]["p50"] <= res["handler_ms"]["p99"]
+    assert 0 <= res["gap_ms"]["p50"] <= res["gap_ms"]["p99"]

@@ -240,6 +240,9 @@ class Simulation:
             self.paused = False
 
     def dispatch(self) -> None:
+        # the owner's turn: how long it took to answer a ring sizes the queue ahead of the workers
+        # (HandOut.turn), from one unit a worker up to three
+        self.handout.turn(self.rng.choice((0.0, 0.0, 0.001, 0.05)), self.now)
         self.handout.dispatch()
 
     def work(self) -> None:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from keyedconsumer.engine.workers import AsyncWorkers, Mailbox, Slot, ThreadWorkers, low_water
+from keyedconsumer.engine.handout import RESERVE_MAX, WINDOW_S, HandOut
+from keyedconsumer.engine.workers import AsyncWorkers, Mailbox, Slot, ThreadWorkers, Workers, low_water
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,3 +186,60 @@ def test_a_worker_that_finds_no_unit_to_take_rings_for_its_quiet_outcomes(kind: 
     finally:
         workers.close()
         workers.join(10)
+
+
+class _Pool(Workers):
+    """A pool that only records the reserve the owner sets."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.slots = []
+        self._low = low_water(concurrency)
+        self.reserves: list[int] = []
+
+    def set_reserve(self, units: int) -> None:
+        super().set_reserve(units)
+        self.reserves.append(units)
+
+
+def _windows(handout: HandOut, windows: int, units_per_window: int, answer_s: float, t: float) -> float:
+    """Play ``windows`` windows of the owner's turns: ``units_per_window`` units reported in each,
+    every ring answered after ``answer_s`` seconds; returns the clock after them."""
+    for _ in range(windows):
+        for _ in range(units_per_window):
+            handout.report(([], 0.0))
+        t += WINDOW_S
+        handout.turn(answer_s, t)
+    return t
+
+
+def test_the_reserve_follows_the_owners_answer_to_a_ring_within_its_bounds() -> None:
+    pool = _Pool(256)
+    handout = HandOut(None, pool)  # type: ignore[arg-type]  # turn and report need no engine
+    handout.turn(0.0, 1.0)  # the first turn opens the first window
+    # 20,000 units a second (2,000 a window), rings answered within 1 ms: 4 x 20,000 x 0.001 = 80
+    # units would last, under the floor of one unit a worker: nothing changes
+    t = _windows(handout, 5, 2_000, 0.001, 1.0)
+    assert pool.reserves == [] and pool._low == 64
+    # answers of 10 ms (the owner waiting for the GIL beside 256 threads): the reserve grows to
+    # 4 x 20,000 x 0.010 = 800 units, capped at RESERVE_MAX x 256 = 768; the ring comes at a quarter
+    t = _windows(handout, 10, 2_000, 0.010, t)
+    assert pool.reserves[0] > 256 and pool.reserves == sorted(pool.reserves)
+    assert pool.reserves[-1] == RESERVE_MAX * 256 and pool._low == 192
+    # prompt answers again: back to one unit a worker
+    _windows(handout, 10, 2_000, 0.0, t)
+    assert pool.reserves[-1] == 256 and pool._low == 64
+
+
+def test_the_mailbox_tells_how_long_the_owner_took_to_answer_a_ring() -> None:
+    box = Mailbox()
+    got: list[int] = []
+    box.post_quiet(got.append, 1)
+    box.drain()
+    assert got == [1] and box.answered() == 0.0  # no ring came
+    box.ring()
+    time.sleep(0.02)
+    box.ring()  # a second ring before the drain: the answer counts from the first
+    box.drain()
+    assert box.answered() >= 0.02
+    assert box.answered() == 0.0  # told once
