@@ -10,8 +10,9 @@ from __future__ import annotations
 
 __all__ = [
     "ACQUIRE",
-    "RENEW",
+    "RENEW_MANY",
     "RELEASE",
+    "RELEASE_MANY",
     "PARK",
     "FETCH",
     "POP_MANY",
@@ -119,15 +120,6 @@ for i = 4, #ARGV, 5 do
 end
 return out
 """
-# KEYS[1] lease, [2] its fence (or none: a plain lease); ARGV[1] owner, [2] ttl ms -> 1 renewed,
-# 0 not ours any more
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
 # KEYS[1] lease, [2] its fence (or none: a plain lease); ARGV[1] owner -> 1 released, 0 not ours
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -135,6 +127,37 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+# Renewing and releasing key leases, a batch of one node in one script call (as ACQUIRE: the keys
+# are in ARGV, allow-cross-slot-keys; each lease key and its fence share a slot, the batch spans
+# slots of one node). One EVALSHA per lease cost the client more than the leases' Redis work
+# (bench/README.md, "Why the goals are still missed: profiles of b257e29").
+# RENEW_MANY: ARGV[1] ttl ms, then per lease (lease key, fence key, owner) -> per lease 1 renewed
+# (both keys' TTL set again), 0 not ours any more. RELEASE_MANY: per lease (lease key, fence key,
+# owner) -> per lease 1 released (both keys deleted), 0 not ours.
+RENEW_MANY = """#!lua flags=allow-cross-slot-keys
+local ttl, out = ARGV[1], {}
+for i = 2, #ARGV, 3 do
+  if redis.call('GET', ARGV[i]) == ARGV[i + 2] then
+    redis.call('PEXPIRE', ARGV[i + 1], ttl)
+    out[#out + 1] = redis.call('PEXPIRE', ARGV[i], ttl)
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+RELEASE_MANY = """#!lua flags=allow-cross-slot-keys
+local out = {}
+for i = 1, #ARGV, 3 do
+  if redis.call('GET', ARGV[i]) == ARGV[i + 2] then
+    redis.call('DEL', ARGV[i], ARGV[i + 1])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
 """
 
 

@@ -90,6 +90,8 @@ class LeaseStore:
 
     #: Leases acquired by one script call (one node's batch is cut into calls of this many).
     ACQUIRE_BATCH = 256
+    #: Leases renewed or released by one script call (one node's batch is cut into calls of this many).
+    LEASE_BATCH = 512
     #: ``cluster-node-timeout`` assumed when ``CONFIG GET`` is refused (Redis's default, ms).
     DEFAULT_NODE_TIMEOUT_MS = 15_000
 
@@ -105,8 +107,9 @@ class LeaseStore:
         self._answered = True
         register = self._r.register_script
         self._acquire = register(scripts.ACQUIRE)
-        self._renew = register(scripts.RENEW)
+        self._renew_many = register(scripts.RENEW_MANY)
         self._release = register(scripts.RELEASE)
+        self._release_many = register(scripts.RELEASE_MANY)
         self._park = register(scripts.PARK)
         self._fetch = register(scripts.FETCH)
         self._pop_many = register(scripts.POP_MANY)
@@ -214,6 +217,7 @@ class LeaseStore:
         """Extend ``[(lease id, owner token)]`` by ``ttl_ms``; per request ``True`` (extended from
         the time of the call), ``False`` (no longer ours) or ``None`` (its Redis node did not
         answer: unknown, the lease stays valid until its last confirmed renewal's TTL runs out).
+        One script call per :data:`LEASE_BATCH` leases of one node (``RENEW_MANY``).
 
         A renewal counts on its master's answer alone (no ``WAIT``): if a failover loses it, the new
         master grants no lease of the slot until this one has ended (its quiet time).
@@ -223,19 +227,48 @@ class LeaseStore:
         StoreUnavailable
             No Redis node answered.
         """
-        ns = self.namespace
-        calls = [((keys.lease(ns, lid), keys.fence(ns, lid)), (owner, ttl_ms)) for lid, owner in requests]
-        sent = self._send(self._renew, calls, wait=False)
+        chunks, sent = self._send_leases(self._renew_many, requests, (int(ttl_ms),))
         if sent.replies and all(isinstance(x, StoreUnavailable) for x in sent.replies):
             raise sent.replies[0]
-        return [None if isinstance(x, StoreUnavailable) else bool(x) for x in sent.replies]
+        out: list[bool | None] = [None] * len(requests)
+        for c, reply in zip(chunks, sent.replies, strict=True):
+            if not isinstance(reply, StoreUnavailable):
+                for i, ok in zip(c, reply, strict=True):
+                    out[i] = bool(ok)
+        return out
 
     def release(self, requests: Sequence[tuple[str, str]]) -> list[bool]:
         """Release ``[(lease id, owner token)]`` (the lease and its token); ``False`` where it was no
-        longer ours."""
+        longer ours. One script call per :data:`LEASE_BATCH` leases of one node (``RELEASE_MANY``).
+
+        Raises
+        ------
+        StoreUnavailable
+            A Redis node did not answer.
+        """
+        chunks, sent = self._send_leases(self._release_many, requests, ())
+        out = [False] * len(requests)
+        for c, reply in zip(chunks, sent.strict(), strict=True):
+            for i, ok in zip(c, reply, strict=True):
+                out[i] = bool(ok)
+        return out
+
+    def _send_leases(
+        self, script: Any, requests: Sequence[tuple[str, str]], head: tuple[Any, ...]
+    ) -> tuple[list[list[int]], Sent]:
+        """``script`` (``RENEW_MANY`` or ``RELEASE_MANY``) over ``[(lease id, owner token)]``: the
+        requests grouped by the node of their lease's slot (a Redis Cluster) and cut into calls of
+        :data:`LEASE_BATCH`, each call's ARGV ``head`` then (lease key, fence key, owner) per lease.
+        Returns the requests' indexes per call and what :meth:`_send` got per call."""
+        if not requests:
+            return [], Sent([], [])
         ns = self.namespace
-        calls = [((keys.lease(ns, lid), keys.fence(ns, lid)), (owner,)) for lid, owner in requests]
-        return [bool(x) for x in self._send(self._release, calls, wait=False).strict()]
+        args = [(keys.lease(ns, lid), keys.fence(ns, lid), owner) for lid, owner in requests]
+        groups = group_by_master(self._r, [a[0] for a in args]) if self._cluster else [list(range(len(args)))]
+        size = self.LEASE_BATCH
+        chunks = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
+        calls = [((), (*head, *(x for i in c for x in args[i]))) for c in chunks]
+        return chunks, self._send(script, calls, wait=False, route=[args[c[0]][0] for c in chunks])
 
     def fencing_token(self, lid: str) -> int:
         """The fencing token of the key's lease while it is held (0: not held)."""

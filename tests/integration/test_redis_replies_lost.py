@@ -84,7 +84,7 @@ def test_every_store_script_sent_again_after_a_lost_reply_acts_once(node: RedisN
         token = _twice(proxy, store._acquire.sha, lambda: store.acquire([(lid, "o1")], 30_000))[0][0]
         assert token == 1 and int(r.hget(keys.slot_fence(ns, lid), "n")) == 1
         # a renewal's: still held
-        assert _twice(proxy, store._renew.sha, lambda: store.renew([(lid, "o1")], 30_000)) == [True]
+        assert _twice(proxy, store._renew_many.sha, lambda: store.renew([(lid, "o1")], 30_000)) == [True]
         # a park's: each entry parked once
         entries = [("74.0", i, f"m{i}".encode()) for i in range(3)]
         park = lambda: store.park([(lid, "o1", entries, None)], 60_000, 100, 1 << 20)  # noqa: E731
@@ -107,7 +107,7 @@ def test_every_store_script_sent_again_after_a_lost_reply_acts_once(node: RedisN
         assert _twice(proxy, store._hold.sha, lambda: store.hold(keys.scheduler(ns), "i1", 30_000))
         assert _twice(proxy, store._check_in.sha, lambda: store.check_in("i1", 30_000)) == []
         # a release's: released once, the lease and its token gone
-        assert _twice(proxy, store._release.sha, lambda: store.release([(lid, "o1")])) == [False]
+        assert _twice(proxy, store._release_many.sha, lambda: store.release([(lid, "o1")])) == [False]
         assert not r.exists(keys.lease(ns, lid), keys.fence(ns, lid))
         # and the next owner's token is the next one (no token was issued twice or skipped back)
         assert store.acquire([(lid, "o2")], 30_000)[0][0] == 2

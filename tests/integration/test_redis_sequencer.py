@@ -251,6 +251,42 @@ def test_sequencer_settings_are_validated() -> None:
         KeyedConsumer(name="n", topics=["t"], handler=lambda m: None, ordering="none", sequencer=s)
 
 
+@pytest.mark.timeout(60)
+def test_batched_renewals_and_releases_answer_for_each_lease_on_its_own(redis_url: str) -> None:
+    # given 40 leases of this owner and 5 of another, spread over the hash slots (on a Redis
+    # Cluster over its masters), and 3 that nobody holds; calls cut into batches of 7
+    from keyedconsumer.sequencing import keys
+    from keyedconsumer.sequencing.store import LeaseStore
+
+    ns = f"many-{uuid.uuid4().hex[:8]}"
+    store = LeaseStore(redis_url, ns)
+    store.LEASE_BATCH = 7
+    mine = [keys.lease_id(f"m{i}".encode(), "t", i % 3) for i in range(40)]
+    theirs = [keys.lease_id(f"o{i}".encode(), "t", 0) for i in range(5)]
+    nobody = [keys.lease_id(f"n{i}".encode(), "t", 0) for i in range(3)]
+    try:
+        assert all(tok > 0 for tok, _ in store.acquire([(lid, "me") for lid in mine], 5_000))
+        assert all(tok > 0 for tok, _ in store.acquire([(lid, "them") for lid in theirs], 5_000))
+        order = [*theirs[:2], *mine[:20], *nobody, *theirs[2:], *mine[20:]]
+        expect = [lid in mine for lid in order]
+        # when this owner renews them all for 60 s in one call
+        assert store.renew([(lid, "me") for lid in order], 60_000) == expect
+        # then each of its leases and their fencing tokens got the new TTL, the others did not
+        r = store._r
+        for lid in mine:
+            assert r.pttl(keys.lease(ns, lid)) > 5_000 and r.pttl(keys.fence(ns, lid)) > 5_000
+        for lid in theirs:
+            assert 0 < r.pttl(keys.lease(ns, lid)) <= 5_000
+        # and when it releases them all: its own go (lease and token), the other owner's stay
+        assert store.release([(lid, "me") for lid in order]) == expect
+        assert not any(r.exists(keys.lease(ns, lid), keys.fence(ns, lid)) for lid in mine)
+        assert all(r.get(keys.lease(ns, lid)) == b"them" for lid in theirs)
+        assert store.renew([], 60_000) == [] and store.release([]) == []
+    finally:
+        store.release([(lid, "them") for lid in theirs])
+        store.close()
+
+
 @pytest.mark.timeout(150)
 def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes(
     kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
