@@ -29,25 +29,24 @@ import gzip
 import sys
 from pathlib import Path
 
-PARTS = ("handler", "poll", "admit", "redis", "commit", "owner", "workers", "other")
+#: (part, substrings of a stack that put a sample in it), first match wins; ``other`` otherwise.
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("handler", ("run_keyedconsumer.<locals>.handler", "make_handlers.<locals>")),
+    ("poll", ("poll_batch",)),
+    ("admit", ("Admission.admit", "Engine.admit")),
+    ("redis", ("keyedconsumer/sequencing/", "redis/")),
+    ("commit", ("engine/commits.py",)),
+    ("owner", ("Run._loop", "Run.serve")),
+    ("workers", ("Thread._bootstrap", "AsyncWorkers", "asyncio/")),
+)
+PARTS = (*(part for part, _ in RULES), "other")
 
 
 def part_of(stack: str) -> str:
-    """The part of one collapsed stack (frames joined by ``;``), by the rules of the module doc."""
-    if "run_keyedconsumer.<locals>.handler" in stack or "make_handlers.<locals>" in stack:
-        return "handler"
-    if "poll_batch" in stack:
-        return "poll"
-    if "Admission.admit" in stack or "Engine.admit" in stack:
-        return "admit"
-    if "keyedconsumer/sequencing/" in stack or "redis/" in stack:
-        return "redis"
-    if "engine/commits.py" in stack:
-        return "commit"
-    if "Run._loop" in stack or "Run.serve" in stack:
-        return "owner"
-    if "Thread._bootstrap" in stack or "AsyncWorkers" in stack or "asyncio/" in stack:
-        return "workers"
+    """The part of one collapsed stack (frames joined by ``;``), by :data:`RULES`."""
+    for part, marks in RULES:
+        if any(m in stack for m in marks):
+            return part
     return "other"
 
 
