@@ -198,8 +198,7 @@ class LeaseStore:
             (keys.lease(ns, lid), keys.fence(ns, lid), keys.park(ns, lid), keys.slot_fence(ns, lid), owner)
             for lid, owner in requests
         ]
-        groups = group_by_master(self._r, [a[0] for a in args]) if self._cluster else [list(range(len(args)))]
-        chunks = [g[i : i + self.ACQUIRE_BATCH] for g in groups for i in range(0, len(g), self.ACQUIRE_BATCH)]
+        chunks = self._batches([a[0] for a in args], self.ACQUIRE_BATCH)
         calls = [
             ((), (ttl, quiet, 1 if self._cluster else 0, *(x for i in c for x in args[i]))) for c in chunks
         ]
@@ -264,11 +263,22 @@ class LeaseStore:
             return [], Sent([], [])
         ns = self.namespace
         args = [(keys.lease(ns, lid), keys.fence(ns, lid), owner) for lid, owner in requests]
-        groups = group_by_master(self._r, [a[0] for a in args]) if self._cluster else [list(range(len(args)))]
-        size = self.LEASE_BATCH
-        chunks = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
+        chunks = self._batches([a[0] for a in args], self.LEASE_BATCH)
         calls = [((), (*head, *(x for i in c for x in args[i]))) for c in chunks]
         return chunks, self._send(script, calls, wait=False, route=[args[c[0]][0] for c in chunks])
+
+    def _batches(self, lease_keys: Sequence[str], size: int) -> list[list[int]]:
+        """The indexes of ``lease_keys`` in calls of at most ``size``, each call's keys on one node
+        (on a Redis Cluster grouped by the master of each key's slot; one Redis: one group).
+
+        Raises
+        ------
+        StoreUnavailable
+            The cluster's slot map could not be read.
+        """
+        n = len(lease_keys)
+        groups = group_by_master(self._r, lease_keys) if self._cluster else [list(range(n))]
+        return [g[i : i + size] for g in groups for i in range(0, len(g), size)]
 
     def fencing_token(self, lid: str) -> int:
         """The fencing token of the key's lease while it is held (0: not held)."""
