@@ -174,7 +174,8 @@ return out
 # already parked (a re-delivery): skipped. Entries are taken in order while the list has room (an
 # empty list takes at least one). With conflate, an entry appended to a list of two or more first
 # removes the entries behind the list's head (returned: conflated, replaced by a newer one). The
-# error, if any, is stored with the time of the park on the Redis server's clock (TIME).
+# error, if any, is stored with the time of the park on the Redis server's clock (TIME), while the
+# list holds anything (a re-delivery of a key drained meanwhile parks nothing and leaves no error).
 # -> {1 | 0 not the owner, length before, entries taken (appended or skipped), bytes added (may be
 #     negative), appended, {entries conflated, in list order}}
 PARK = """
@@ -212,7 +213,7 @@ if taken > 0 then
   if n > 0 then redis.call('PERSIST', KEYS[4]) else redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
 end
 if add ~= 0 then redis.call('INCRBY', KEYS[3], add) end
-if taken > 0 and ARGV[6] ~= '' then
+if n > 0 and ARGV[6] ~= '' then
   local t = redis.call('TIME')
   redis.call('HSET', KEYS[5], 'type', ARGV[6], 'message', ARGV[7], 'at', ARGV[8], 'attempt', ARGV[9],
              'time_ms', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))

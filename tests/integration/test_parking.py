@@ -326,6 +326,35 @@ def test_the_parking_scripts_store_the_last_error_and_conflate_under_the_lease(r
 
 
 @pytest.mark.timeout(60)
+def test_a_redelivered_failure_of_a_key_drained_meanwhile_leaves_no_error_behind(redis_url) -> None:  # type: ignore[no-untyped-def]
+    # given a key parked with its failure, then drained (the list and its error are gone)
+    from keyedconsumer.sequencing import keys
+    from keyedconsumer.sequencing.store import LastError, LeaseStore
+
+    ns = f"redeliv-{uuid.uuid4().hex[:8]}"
+    store = LeaseStore(redis_url, ns)
+    lid = "k.6c"
+    try:
+        assert store.acquire([(lid, "me")], 5000)[0][0] > 0
+        failure = LastError("builtins.ValueError", "boom", "t[0]@5", 1)
+        assert store.park([(lid, "me", [("74.0", 5, b"e5")], failure)], 60_000, 100, 1 << 20)[0][:3] == (
+            1,
+            0,
+            1,
+        )
+        assert store.pop_many(lid, "me", [b"e5"]) == 1
+        assert not store._r.exists(keys.error(ns, lid))
+        # when Kafka delivers the same message again (a crash before its commit) and it fails again
+        again = store.park([(lid, "me", [("74.0", 5, b"e5")], failure)], 60_000, 100, 1 << 20)
+        # then it is recognised as parked already, nothing is appended, and no error key is left
+        assert again[0] == (1, 0, 1, 0, [])
+        assert not store._r.exists(keys.error(ns, lid), keys.park(ns, lid), keys.pbytes(ns, lid))
+    finally:
+        store.release([(lid, "me")])
+        store.close()
+
+
+@pytest.mark.timeout(60)
 def test_parking_is_idempotent_per_topic_partition_offset(redis_url) -> None:  # type: ignore[no-untyped-def]
     # given a key's lease and three parked entries (offsets 5, 6, 7 of partition 0)
     from keyedconsumer.sequencing.store import LeaseStore
