@@ -26,6 +26,7 @@ from pydantic import (
     SecretStr,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_serializer,
     field_validator,
@@ -493,6 +494,7 @@ class ConsumerConfig(BaseSettings):
         "transaction_interval_s",
         "transaction_timeout_s",
         "produce_timeout_s",
+        "handler_timeout_s",
         mode="before",
     )
     @classmethod
@@ -541,19 +543,30 @@ class ConsumerConfig(BaseSettings):
         # shows its object, which may hold a secret; and a function is no JSON
         return handler({k: (_callback_text(v) if _is_callback(v) else v) for k, v in value.items()})
 
-    @model_validator(mode="after")
-    def _defaults(self) -> ConsumerConfig:
-        if self.conflate and self.ordering == "none":
+    # Rules between two options are checked on the later one (its validator sees the earlier ones,
+    # in field order), so the error's ``loc`` names a field as every other error does.
+    @field_validator("conflate")
+    @classmethod
+    def _conflate_needs_order(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("ordering") == "none":
             raise PydanticCustomError(
                 "conflate_needs_order",
                 "conflate replaces a lane's waiting messages: it needs ordering='key' or 'partition'",
             )
-        if self.transactional and self.manual_commit:
+        return value
+
+    @field_validator("transactional")
+    @classmethod
+    def _transactional_commits(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("manual_commit"):
             raise PydanticCustomError(
                 "transactional_commits",
-                "manual_commit: transactional=True commits offsets in its transactions; "
-                "manual_commit must be False",
+                "transactional=True commits offsets in its transactions: manual_commit must be False",
             )
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ConsumerConfig:
         if self.group_id is None:
             self.group_id = self.name
             self._group_follows_name = True

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     Secret,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -110,22 +111,36 @@ class RedisSequencerConfig(BaseModel):
             raise ValueError("expected a boolean")
         return value
 
+    # Rules between two options are checked on the later one (its validator sees the earlier ones,
+    # in field order), so the error's ``loc`` names a field as every other error does. The derived
+    # defaults always keep them: lease_ttl_s > 3 * lease_ttl_s / 4, and three TTLs > three intervals.
+    @field_validator("renew_interval_s")
+    @classmethod
+    def _ttl_above_three_renewals(cls, value: float | None, info: ValidationInfo) -> float | None:
+        ttl = info.data.get("lease_ttl_s")
+        if value is not None and ttl is not None and not ttl > 3 * value:
+            raise ValueError(f"lease_ttl_s ({ttl:g}) must be above three renew_interval_s ({value:g})")
+        return value
+
+    @field_validator("instance_timeout_s")
+    @classmethod
+    def _timeout_above_three_check_ins(cls, value: float | None, info: ValidationInfo) -> float | None:
+        ttl, renew = info.data.get("lease_ttl_s"), info.data.get("renew_interval_s")
+        if renew is None and ttl is not None:
+            renew = ttl / 4
+        if value is not None and renew is not None and not value > 3 * renew:
+            raise ValueError(
+                f"instance_timeout_s ({value:g}) must be above three renew_interval_s ({renew:g}): "
+                "an instance checks in once per renewal"
+            )
+        return value
+
     @model_validator(mode="after")
-    def _ttl_above_three_renewals(self) -> RedisSequencerConfig:
+    def _derived_defaults(self) -> RedisSequencerConfig:
         if self.renew_interval_s is None:
             self.renew_interval_s = self.lease_ttl_s / 4
-        if not self.lease_ttl_s > 3 * self.renew_interval_s:
-            raise ValueError(
-                f"lease_ttl_s ({self.lease_ttl_s:g}) must be above three renew_interval_s "
-                f"({self.renew_interval_s:g})"
-            )
         if self.instance_timeout_s is None:
             self.instance_timeout_s = 3 * self.lease_ttl_s
-        if not self.instance_timeout_s > 3 * self.renew_interval_s:
-            raise ValueError(
-                f"instance_timeout_s ({self.instance_timeout_s:g}) must be above three renew_interval_s "
-                f"({self.renew_interval_s:g}): an instance checks in once per renewal"
-            )
         return self
 
     def seen_retention_for(self, session_timeout_s: float | None, commit_interval_s: float | None) -> float:

@@ -154,9 +154,10 @@ class RedisSequencer:
         trip); ``lease_ttl_s`` must be above three of them.
     lease_linger_s:
         Seconds an idle lease (its key ran dry here) is kept before it is released, so a key that
-        comes back soon pays no Redis round trip (at most ``lease_ttl_s / 2``). Idle leases past it
-        are released together, one round trip per tenth of it, so another instance waits up to
-        1.1 times this long for such a key.
+        comes back soon pays no Redis round trip. The linger used is at most ``lease_ttl_s / 2``: a
+        larger value counts as ``lease_ttl_s / 2`` (not refused, so shortening the TTL alone stays
+        valid). Idle leases past it are released together, one round trip per tenth of it, so
+        another instance waits up to 1.1 times this long for such a key.
     socket_timeout_s:
         Bound of one Redis call.
     require_durable:

@@ -23,6 +23,7 @@ The integration side (a wrong broker address at run time, Redis down at start, s
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 import pytest
@@ -73,13 +74,42 @@ def test_concurrency_not_a_positive_integer_names_the_field(value: object) -> No
 # ------------------------------------------------------------------------------------------------
 
 
+def _numeric(annotation: object) -> bool:
+    """Whether a field's type takes an int or a float (``float | None`` too)."""
+    return annotation in (int, float) or any(a in (int, float) for a in typing.get_args(annotation))
+
+
+#: Every numeric option of the config, read from the model: an option added later is covered too.
+NUMBER_FIELDS = sorted(n for n, f in ConsumerConfig.model_fields.items() if _numeric(f.annotation))
+
+
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("field", INT_FIELDS + FLOAT_FIELDS)
+def test_the_numeric_options_are_read_from_the_model() -> None:
+    assert set(INT_FIELDS + FLOAT_FIELDS + ["handler_timeout_s"]) <= set(NUMBER_FIELDS)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("field", NUMBER_FIELDS)
 @pytest.mark.parametrize("value", [True, False])
-def test_boolean_for_a_number_names_the_field(field: str, value: bool) -> None:
-    # pydantic's lax mode would take True as 1 / 1.0 (a one-second startup timeout, a batch of one)
+def test_a_boolean_for_any_numeric_option_names_the_field(field: str, value: bool) -> None:
+    # pydantic's lax mode would take True as 1 / 1.0 (a one-second startup timeout, a batch of
+    # one); the doc promises (docs/configuration.md): "Booleans are refused for every numeric option"
     err = refused(**{field: value})
     assert fields(err) == {field} and "boolean" in str(err)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "field,opts",
+    [
+        ("conflate", {"conflate": True, "ordering": "none"}),
+        ("transactional", {"transactional": True, "manual_commit": True}),
+    ],
+    ids=["conflate-without-order", "transactional-with-manual-commit"],
+)
+def test_a_rule_between_two_options_names_a_field(field: str, opts: dict[str, object]) -> None:
+    # a ValidationError names the field (loc), also for a rule between two options
+    assert fields(refused(**opts)) == {field}
 
 
 @pytest.mark.timeout(10)
@@ -175,6 +205,7 @@ def test_lease_ttl_not_above_three_renewals_is_refused_naming_both(ttl: float, r
         RedisSequencer("redis://127.0.0.1:6379/0", "ns", lease_ttl_s=ttl, renew_interval_s=renew)
     text = str(info.value)
     assert "lease_ttl_s" in text and "renew_interval_s" in text
+    assert fields(info.value) == {"renew_interval_s"}
 
 
 @pytest.mark.timeout(10)
@@ -247,6 +278,7 @@ def test_instance_timeout_not_above_three_check_ins_is_refused_naming_it(
         )
     text = str(info.value)
     assert "instance_timeout_s" in text and "renew_interval_s" in text
+    assert fields(info.value) == {"instance_timeout_s"}
 
 
 @pytest.mark.timeout(10)
