@@ -23,7 +23,7 @@ attribute                                  value
 ``messaging.message.body.size``            bytes of the value
 ``messaging.consumer.group.name``          the consumer group
 ``keyedconsumer.message.attempt``          ``Message.attempt``: 1, 2, ... (one span per attempt)
-``keyedconsumer.outcome``                  ``SUCCESS``, ``SKIP``, ``FAIL``, ``RETRY`` or ``DEAD_LETTERED``
+``keyedconsumer.outcome``                  ``SUCCESS``, ``SKIP``, ``FAIL``, ``RETRY``, ``DEAD_LETTERED`` or ``CANCELLED``
 ``keyedconsumer.retry.delay_s``            the back-off asked for by a retried attempt
 ``keyedconsumer.dead_letter.topic``        where a dead-lettered message went
 ``error.type``                             the failure's class, ``module.QualName`` (failures only)

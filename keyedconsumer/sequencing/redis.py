@@ -120,10 +120,11 @@ class RedisSequencer:
     and posts what it answered to the owner.)
 
     Before a lane's head runs, this instance holds the lease of its key (``SET NX PX`` with a random
-    owner token; the same Lua script ``INCR``s the key's fencing counter, exposed as
-    ``Message.fencing_token`` for the handler to guard its own writes). The lease is renewed every
-    ``renew_interval_s`` (compare-and-``PEXPIRE``) while the key has work, kept while the key has
-    queued messages, and released (compare-and-delete) when the key runs dry. A message whose key
+    owner token; the same Lua script issues the lease's fencing token, above the key's last one and
+    above every token its hash slot's counter issued, exposed as ``Message.fencing_token`` for the
+    handler to guard its own writes). The lease is renewed every ``renew_interval_s``
+    (compare-and-``PEXPIRE``) while the key has work, kept while the key has queued messages, and
+    released (compare-and-delete) once the key has been dry for ``lease_linger_s``. A message whose key
     is leased elsewhere waits; other keys go on. A message starts only while at least half the TTL
     is left since the last renewal Redis confirmed, else it waits for a renewal asked for at once
     (a run begun just before its lease lapsed would run on beside the key's next holder).
