@@ -185,3 +185,18 @@ def test_a_built_wheel_holds_every_package_of_the_source_tree(tmp_path: Path) ->
     have = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
     assert want <= have, sorted(want - have)
     assert "keyedconsumer/sequencing/store.py" in names and "keyedconsumer/middleware/retry.py" in names
+
+
+@pytest.mark.timeout(10)
+def test_setup_installs_every_extra_of_the_package() -> None:
+    # the README's first-hour step ("scripts/setup: the same, every extra") holds when an extra is added
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    found = re.search(r"^\s*extras=([\w,-]+)", (ROOT / "scripts" / "setup").read_text(), re.MULTILINE)
+    assert found is not None, "scripts/setup names its extras in one extras=... line"
+    assert set(found.group(1).split(",")) == extras
