@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     flights = load_flights(args.limit)
     topic = args.topic or f"flights-{uuid.uuid4().hex[:8]}"
     print(
-        f"{len(flights):,} flights, {len({f['tail'] for f in flights}):,} aircraft -> topic {topic} ({PARTITIONS} partitions)"
+        f"{len(flights):,} flights, {len({f['tail'] for f in flights if f['tail']}):,} aircraft -> topic {topic} ({PARTITIONS} partitions)"
     )
     produce(args.brokers, topic, flights, progress or _Quiet)
 
