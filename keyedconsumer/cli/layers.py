@@ -271,6 +271,23 @@ class Layered:
         except pydantic.ValidationError as exc:
             raise self.explain(exc) from None
 
+    def check_consumer_values(self) -> None:
+        """Validate the consumer settings the layers gave before anything uses them: a bad value
+        exits 2 naming its layer even where a ``KeyedApp`` route's own option would have replaced
+        it, and before the handler's module is imported (whose routes would read the same
+        ``KEYEDCONSUMER_*`` variables and fail as an import). ``name`` and ``topics``, when no layer
+        gave them, take placeholders (a ``KeyedApp``'s routes carry their own).
+
+        Raises
+        ------
+        CliError
+            (exit code 2) A bad value, naming the field and its layer.
+        """
+        try:
+            ConsumerConfig.model_validate({"name": "_", "topics": ["_"], **self.consumer_values()})
+        except pydantic.ValidationError as exc:
+            raise self.explain(exc) from None
+
     def run_options(self) -> RunOptions:
         return RunOptions.model_validate({k: v for k, v in self.values.items() if k in RUN_KEYS})
 

@@ -331,6 +331,7 @@ def _consume(
         raise CliError(
             f"no handler: give package.module:function, {ENV_PREFIX}HANDLER, or 'handler' in the TOML file", 2
         )
+    layers.check_consumer_values()
     target = load_handler(spec, app_dir)
     if isinstance(target, KeyedApp):
         _run_app(spec, target, layers, print_settings, health_port, metrics_port, http_addr, link)

@@ -413,9 +413,16 @@ def test_an_app_takes_the_layers_over_its_own_options_and_under_its_routes_optio
     assert "route remote sets its own config.client.id: the file" in caplog.text
     assert "the flag --brokers replaces the app's own brokers" in caplog.text
     assert "the flag --group replaces the app's own group_id" in caplog.text
-    # and a bad setting names the field, its layer and the route; routes' topics from a flag are refused
+    # and a bad setting names the field and its layer, before the app's module is imported (its
+    # routes read the same variables), also where a route's own option replaces it
     bad = routes("--batch-size", "0")
     assert bad.exit_code == 2 and "batch_size (from flag --batch-size)" in bad.output, bad.output
-    assert "route 'fast'" in bad.output, bad.output
+    bad = routes(env={"KEYEDCONSUMER_BATCH_SIZE": "abc"})
+    assert bad.exit_code == 2, bad.output
+    assert "invalid setting batch_size (from environment KEYEDCONSUMER_BATCH_SIZE)" in bad.output, bad.output
+    assert "importing" not in bad.output, bad.output
+    bad = routes(env={"KEYEDCONSUMER_CONCURRENCY": "abc"})  # route fast sets its own concurrency
+    assert bad.exit_code == 2 and "concurrency (from environment KEYEDCONSUMER_CONCURRENCY)" in bad.output
+    # routes' topics from a flag are refused
     bad = routes("-t", "other")
     assert bad.exit_code == 2 and "is a KeyedApp" in bad.output and "topics" in bad.output, bad.output
