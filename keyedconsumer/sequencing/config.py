@@ -125,8 +125,10 @@ class RedisSequencerConfig(BaseModel):
     @field_validator("instance_timeout_s")
     @classmethod
     def _timeout_above_three_check_ins(cls, value: float | None, info: ValidationInfo) -> float | None:
-        ttl, renew = info.data.get("lease_ttl_s"), info.data.get("renew_interval_s")
-        if renew is None and ttl is not None:
+        if "renew_interval_s" not in info.data:  # it was refused: its own error says why
+            return value
+        ttl, renew = info.data.get("lease_ttl_s"), info.data["renew_interval_s"]
+        if renew is None and ttl is not None:  # the default: a quarter of the TTL
             renew = ttl / 4
         if value is not None and renew is not None and not value > 3 * renew:
             raise ValueError(

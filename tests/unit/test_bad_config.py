@@ -113,6 +113,14 @@ def test_a_rule_between_two_options_names_a_field(field: str, opts: dict[str, ob
 
 
 @pytest.mark.timeout(10)
+def test_a_refused_renew_interval_is_one_error_not_a_second_about_the_instance_timeout() -> None:
+    # the instance timeout's rule would otherwise be judged against the default interval
+    with pytest.raises(ValidationError) as info:
+        RedisSequencer("redis://127.0.0.1:6379/0", "ns", renew_interval_s=0.001, instance_timeout_s=1.0)
+    assert fields(info.value) == {"renew_interval_s"}
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("value", [0, 1, 1.0, 0.0])
 def test_number_for_a_boolean_names_the_field(value: object) -> None:
     assert fields(refused(manual_commit=value)) == {"manual_commit"}
