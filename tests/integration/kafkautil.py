@@ -7,6 +7,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -78,6 +79,22 @@ def committed(
                 time.sleep(0.2)
     finally:
         c.close()
+
+
+def log_lines(path: Path) -> list[str]:
+    """The complete lines of a log another process may be appending to; ``[]`` if it is missing.
+
+    A reader can see a line half written (the kernel copies an append page by page, so a line
+    across a page boundary shows its first part first): a last line without its newline is left
+    out, to be read whole next time. (A writer killed mid-line leaves a fragment that the next
+    process appending to the same log continues: one garbled line, which the parsers of these
+    logs would reject. It needs a SIGKILL inside a write across a page boundary.)
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return text.split("\n")[:-1]
 
 
 def wait_until(pred, timeout_s: float, interval_s: float = 0.05) -> bool:  # type: ignore[no-untyped-def]

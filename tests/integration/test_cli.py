@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 from keyedconsumer.cli import app, parse_since
 
-from .kafkautil import committed, end_offsets, produce, read_all, wait_until
+from .kafkautil import committed, end_offsets, log_lines, produce, read_all, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -70,10 +70,8 @@ def start_run(args: list[str], log: Path, extra_env: dict[str, str] | None = Non
 
 
 def read_log(log: Path) -> list[tuple[str, int, int, str, str]]:
-    if not log.exists():
-        return []
     out = []
-    for line in log.read_text().splitlines():
+    for line in log_lines(log):
         kind, p, o, key, value = line.split(" ", 4)
         out.append((kind, int(p), int(o), key, value))
     return out

@@ -14,7 +14,7 @@ import pytest
 
 from keyedconsumer import KeyedConsumer, Message
 
-from .kafkautil import committed, end_offsets, produce, wait_until
+from .kafkautil import committed, end_offsets, log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def start_proc(bootstrap: str, topic: str, group: str, log: Path) -> subprocess.
 
 def read_log(log: Path) -> list[tuple[str, int, int, int, str, int]]:
     out = []
-    for line in log.read_text().splitlines():
+    for line in log_lines(log):
         kind, pid, p, o, key, ns = line.split()
         out.append((kind, int(pid), int(p), int(o), key, int(ns)))
     return out

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyedconsumer.offsets import FinishedOffsets
 
-from .kafkautil import committed, produce, wait_until
+from .kafkautil import committed, log_lines, produce, wait_until
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +51,7 @@ def _start(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> su
 
 def _ends(log: Path) -> list[tuple[int, int, int]]:
     """``(pid, partition, offset)`` of each handler end, in log order."""
-    try:
-        lines = log.read_text().splitlines()
-    except OSError:
-        return []
+    lines = log_lines(log)
     return [
         (int(x[1]), int(x[2]), int(x[3]))
         for x in (ln.split() for ln in lines)

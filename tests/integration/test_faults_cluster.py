@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from .kafkautil import log_lines
 from .test_faults import assert_all_pass, run_harness
 
 pytestmark = [pytest.mark.slow]
@@ -41,7 +42,7 @@ def _need_hosts() -> None:
 def _faults(out: Path) -> list[tuple[str, str]]:
     """``(kind, detail)`` of every record of the run's ``faults.log``."""
     rows = []
-    for line in (out / "faults.log").read_text().splitlines():
+    for line in log_lines(out / "faults.log"):
         _t, kind, _pid, detail = line.split(" ", 3)
         rows.append((kind, detail))
     return rows

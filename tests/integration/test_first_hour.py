@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from .kafkautil import produce, wait_until
+from .kafkautil import log_lines, produce, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -79,7 +79,7 @@ def app_env(tmp_path: Path, brokers: str, topic: str = "fh-orders") -> dict[str,
 
 def app_log(tmp_path: Path) -> list[str]:
     path = tmp_path / "app.log"
-    return path.read_text().splitlines() if path.exists() else []
+    return log_lines(path)
 
 
 def json_lines(stderr: str) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from keyedconsumer import KeyedConsumer, Message, RedisSequencer, RetryLater
 from keyedconsumer.sequencing import inspect_redis
 from keyedconsumer.sequencing.store import connect
 
-from .kafkautil import produce, wait_until
+from .kafkautil import log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,10 +72,8 @@ class Skewed:
 
     def starts(self, value: str | None = None) -> list[dict[str, Any]]:
         """Handler starts: ``{"key", "value", "attempt", "redis_ms", "mono_ns"}``."""
-        if not self.log.exists():
-            return []
         out = []
-        for line in self.log.read_text().splitlines():
+        for line in log_lines(self.log):
             _, _pid, key, val, attempt, redis_ms, mono = line.split()
             if value is None or val == value:
                 out.append(

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .kafkautil import committed, end_offsets, produce, wait_until
+from .kafkautil import committed, end_offsets, log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka]
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,10 +58,8 @@ class Supervised:
         return self.out.read_text()
 
     def rows(self) -> list[tuple[int, int, int, str, str]]:
-        if not self.log.exists():
-            return []
         out = []
-        for line in self.log.read_text().splitlines():
+        for line in log_lines(self.log):
             pid, p, o, key, value = line.split(" ", 4)
             out.append((int(pid), int(p), int(o), key, value))
         return out
@@ -301,7 +299,7 @@ def test_a_keyed_app_runs_in_n_processes_and_each_child_runs_its_shutdown_hook(
     )
 
     def rows() -> list[str]:
-        return log.read_text().splitlines() if log.exists() else []
+        return log_lines(log)
 
     try:
         wait_ready(f"http://127.0.0.1:{health_port}", 120, sup, assigned=2)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from .kafkautil import committed, produce, wait_until
+from .kafkautil import committed, log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka]
 
@@ -62,7 +62,7 @@ class Run:
         return int(children.read_text().split()[0])
 
     def rows(self) -> list[list[str]]:
-        return [line.split() for line in self.log.read_text().splitlines()] if self.log.exists() else []
+        return [line.split() for line in log_lines(self.log)]
 
     def count(self, kind: str) -> int:
         return sum(1 for r in self.rows() if r[0] == kind)
