@@ -109,7 +109,7 @@ def test_stop_before_run_async_task_first_runs_is_not_lost(kafka_bootstrap: str,
     assert asyncio.run(main()), "run_async() ignored a stop() issued before it first ran"
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(60)
 def test_two_concurrent_run_async_calls_are_refused(kafka_bootstrap: str, new_topic) -> None:  # type: ignore[no-untyped-def]
     # given one consumer object
     topic = new_topic(1)
@@ -119,12 +119,17 @@ def test_two_concurrent_run_async_calls_are_refused(kafka_bootstrap: str, new_to
 
     async def main() -> list[Any]:
         async def stopper() -> None:
-            await asyncio.sleep(3)
+            # stop once all 20 messages ran (20 s at most), and 1 s later, long enough for a
+            # second run to show its duplicates
+            deadline = time.monotonic() + 20
+            while len(set(seen)) < 20 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1)
             c.stop()
 
         s = asyncio.create_task(stopper())
         # when run_async() is awaited twice at once
-        res = await asyncio.wait_for(asyncio.gather(c.run_async(), c.run_async(), return_exceptions=True), 25)
+        res = await asyncio.wait_for(asyncio.gather(c.run_async(), c.run_async(), return_exceptions=True), 40)
         await s
         return res
 
@@ -140,7 +145,7 @@ def test_two_concurrent_run_async_calls_are_refused(kafka_bootstrap: str, new_to
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(60)
 def test_async_handler_raising_cancelled_error_fails_its_message(
     kafka_bootstrap: str, new_topic, start
 ) -> None:  # type: ignore[no-untyped-def]
@@ -160,7 +165,7 @@ def test_async_handler_raising_cancelled_error_fails_its_message(
     # then, with no error_handler, the consumer stops by itself and run() raises MessageError
     # naming offset 2 (README: "A handler fails by raising (any exception, BaseException
     # subclasses included)")
-    ended = r.join(6)
+    ended = r.join(25)
     if not ended:
         r.stop()
     assert ended, f"the consumer neither failed nor went on: handled {seen}, then stalled"
@@ -168,7 +173,7 @@ def test_async_handler_raising_cancelled_error_fails_its_message(
     assert committed(kafka_bootstrap, group, topic, 1) == {0: 2}
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(60)
 def test_async_handler_raising_cancelled_error_goes_to_error_handler(
     kafka_bootstrap: str, new_topic, start
 ) -> None:  # type: ignore[no-untyped-def]
@@ -194,7 +199,7 @@ def test_async_handler_raising_cancelled_error_goes_to_error_handler(
     )
     r = start(c)
     # then the failure is handled (error_handler called) and the key's later messages still run
-    ok = wait_until(lambda: sorted(seen) == [0, 1, 2, 3, 4], 5)
+    ok = wait_until(lambda: sorted(seen) == [0, 1, 2, 3, 4], 25)
     assert r.stop()
     assert ok, f"handled {sorted(seen)}: the rest of the key was silently dropped"
     assert handled == [("CancelledError", 1)]
@@ -295,7 +300,7 @@ def test_late_failure_of_a_previous_runs_handler_does_not_stop_the_next_run(
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_one_slow_key_does_not_block_other_keys_with_idle_workers(
     kafka_bootstrap: str, new_topic, start, is_async: bool
@@ -308,6 +313,7 @@ def test_one_slow_key_does_not_block_other_keys_with_idle_workers(
     produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"x", 0) for i in range(n)])
     group = gid("hol")
     release = threading.Event()
+    slow_started: set[int] = set()
     done: set[int] = set()
     lock = threading.Lock()
 
@@ -315,6 +321,7 @@ def test_one_slow_key_does_not_block_other_keys_with_idle_workers(
 
         async def handle(msg: Message) -> None:
             if msg.offset in slow_offsets:
+                slow_started.add(msg.offset)
                 while not release.is_set():
                     await asyncio.sleep(0.02)
             with lock:
@@ -323,13 +330,16 @@ def test_one_slow_key_does_not_block_other_keys_with_idle_workers(
 
         def handle(msg: Message) -> None:  # type: ignore[misc]
             if msg.offset in slow_offsets:
-                release.wait(30)
+                slow_started.add(msg.offset)
+                release.wait(60)  # above the 30 + 6 s the test can wait: only the test releases them
             with lock:
                 done.add(msg.offset)
 
     r = start(consumer(kafka_bootstrap, topic, group, handle, concurrency=8))
     try:
         others = set(range(n)) - slow_offsets
+        # (once both slow handlers run: the group join and the warm-up take what they take)
+        wait_until(lambda: slow_started == slow_offsets, 30)
         # then while the 2 slow keys wait (6 of 8 workers free), every other key completes
         ok = wait_until(lambda: others <= done, 6)
         with lock:
@@ -831,21 +841,26 @@ def test_memory_does_not_grow_with_distinct_keys(kafka_bootstrap: str, new_topic
     r = start(c)
     try:
         assert wait_until(lambda: count[0] == n, 60)
-        time.sleep(0.3)
         d = c._run.engine  # internal, read only
-        lanes = sum(len(lanes) for lanes in d.partitions.lanes_of())
-        pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
-        done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())
-        flow = d.flow
-        assert (
-            lanes,
-            flow.buffered,
-            flow.buffered_bytes,
-            flow.running,
-            len(d.queue),
-            pending,
-            done_sets,
-        ) == (0, 0, 0, 0, 0, 0, 0)
+
+        def held() -> tuple[int, ...]:
+            lanes = sum(len(lanes) for lanes in d.partitions.lanes_of())
+            pending = sum(p.tracker.pending for p in d.partitions.by_tp.values())
+            done_sets = sum(len(p.tracker._done) for p in d.partitions.by_tp.values())
+            flow = d.flow
+            return (
+                lanes,
+                flow.buffered,
+                flow.buffered_bytes,
+                flow.running,
+                len(d.queue),
+                pending,
+                done_sets,
+            )
+
+        # (the last handlers' ends are booked just after they return: wait for them, 10 s at most)
+        zeros = (0, 0, 0, 0, 0, 0, 0)
+        assert wait_until(lambda: held() == zeros, 10), held()
     finally:
         assert r.stop()
 
@@ -965,7 +980,7 @@ def test_run_async_returns_in_bounded_time_with_a_hung_async_handler(kafka_boots
     assert got is not None and got <= 3  # never past the hung message
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_async_one_hung_handler_does_not_block_another_key_with_a_free_worker(
     kafka_bootstrap: str, new_topic, start
 ) -> None:  # type: ignore[no-untyped-def]
@@ -984,7 +999,7 @@ def test_async_one_hung_handler_does_not_block_another_key_with_a_free_worker(
     r = start(consumer(kafka_bootstrap, topic, gid("hol-min"), handle, concurrency=2))
     try:
         # then key a's 3 messages all run on the free worker while h hangs
-        ok = wait_until(lambda: sorted(ran) == [0, 1, 2, 3], 5)
+        ok = wait_until(lambda: sorted(ran) == [0, 1, 2, 3], 25)
         assert ok, f"ran {sorted(ran)}: key a waits behind the hung key h although a worker is free"
     finally:
         release.set()
@@ -1011,7 +1026,7 @@ def test_max_in_flight_1_is_a_hard_bound(kafka_bootstrap: str, new_topic, start)
     assert c.peak_in_flight == 1
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_handler_reassigning_msg_key_does_not_break_its_lane(kafka_bootstrap: str, new_topic, start) -> None:  # type: ignore[no-untyped-def]
     # given 3 messages of key "a"; the handler normalises msg.key (a public, writable attribute)
     topic = new_topic(1)
@@ -1023,7 +1038,7 @@ def test_handler_reassigning_msg_key_does_not_break_its_lane(kafka_bootstrap: st
         msg.key = (msg.key or b"").upper()
 
     r = start(consumer(kafka_bootstrap, topic, gid("rekey"), handle, concurrency=2))
-    ok = wait_until(lambda: ran == [0, 1, 2], 5)
+    ok = wait_until(lambda: ran == [0, 1, 2], 25)
     assert r.stop()
     assert ok, f"ran {ran}: the rest of key a never ran after the handler changed msg.key"
 
@@ -1033,7 +1048,8 @@ def test_handler_reassigning_msg_key_does_not_break_its_lane(kafka_bootstrap: st
 def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(
     kafka_bootstrap: str, new_topic, start, manual_commit: bool
 ) -> None:  # type: ignore[no-untyped-def]
-    # given 1,500 messages on 4 partitions (30 keys), handlers of 2-12 ms at concurrency 8
+    # given 1,500 messages on 4 partitions (30 keys), handlers of 5-25 ms at concurrency 8 (0.2 s
+    # while B joins, so that A cannot end the run before the rebalance gave B partitions)
     import random
 
     topic = new_topic(4)
@@ -1046,6 +1062,7 @@ def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(
     overlaps: list[bytes | None] = []
 
     by: dict[str, int] = {"a": 0, "b": 0}
+    joining = threading.Event()
 
     def handler(who: str) -> Callable[[Message], None]:
         def handle(msg: Message) -> None:
@@ -1053,7 +1070,7 @@ def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(
                 active[msg.key] = active.get(msg.key, 0) + 1
                 if active[msg.key] > 1:
                     overlaps.append(msg.key)
-            time.sleep(random.uniform(0.005, 0.025))
+            time.sleep(0.2 if joining.is_set() else random.uniform(0.005, 0.025))
             with lock:
                 active[msg.key] -= 1
                 ended.add((msg.partition, msg.offset))
@@ -1088,10 +1105,18 @@ def test_join_and_leave_mid_run_loses_nothing_and_never_overlaps_or_moves_back(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    a = start(make("a"))
+    ca, cb = make("a"), make("b")
+    a = start(ca)
     assert wait_until(lambda: len(ended) > 200, 15)
-    # when B joins mid-run (and runs handlers), and then A leaves mid-run
-    b = start(make("b"))
+    # when B joins mid-run (and runs handlers), and then A leaves mid-run; A's handlers are slow
+    # until the rebalance gave B partitions (taken from A)
+    joining.set()
+    b = start(cb)
+    assert wait_until(lambda: len(cb.assignment) > 0 and len(ca.assignment) < 4, 20), (
+        ca.assignment,
+        cb.assignment,
+    )
+    joining.clear()
     assert wait_until(lambda: by["b"] > 50, 20)
     assert len(ended) < n - 300
     assert a.stop() and a.error is None

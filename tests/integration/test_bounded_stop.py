@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from keyedconsumer.consumer import BLOCKING_CALL_S, SHUTDOWN_MARGIN_S
 
-from .kafkautil import committed, produce, wait_until
+from .kafkautil import committed, log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,10 +96,7 @@ def _start(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> su
 
 
 def _ends(log: Path) -> set[tuple[int, int]]:
-    try:
-        lines = log.read_text().splitlines()
-    except OSError:
-        return set()
+    lines = log_lines(log)
     return {(int(x[2]), int(x[3])) for x in (ln.split() for ln in lines) if x and x[0] == "E" and len(x) == 4}
 
 
@@ -108,8 +105,8 @@ def _started(bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> 
     SIGTERM before ``run()`` registered its handler kills a process at once (the default action),
     and the interpreter's start-up takes longer than the shortest wait below on a loaded machine."""
     proc = _start(bootstrap, topic, group, log, *extra)
-    marker = f"R {proc.pid}"
-    assert wait_until(lambda: marker in (log.read_text() if log.exists() else ""), 60), _stderr(log)
+    marker = f"R {proc.pid}"  # a whole line: "R 123" is not the line "R 1234" of another process
+    assert wait_until(lambda: marker in log_lines(log), 60), _stderr(log)
     return proc
 
 
@@ -237,9 +234,9 @@ def test_finished_work_never_runs_again_under_kip848_membership_churn(kafka_boot
     assert wait_until(lambda: len(_ends(log)) >= 500, 60), _stderr(log)
     # when members join and leave (SIGTERM: graceful) again and again while it runs
     for _ in range(5):
-        b = _start(kafka_bootstrap, topic, group, log, *extra)
+        b = _started(kafka_bootstrap, topic, group, log, *extra)
         time.sleep(rng.uniform(2.0, 5.0))
-        c = _start(kafka_bootstrap, topic, group, log, *extra)
+        c = _started(kafka_bootstrap, topic, group, log, *extra)
         time.sleep(rng.uniform(1.0, 4.0))
         for proc in (b, c):
             assert _term_and_time(proc) <= BOUND_S and proc.returncode == 0, _stderr(log)[-3000:]
@@ -247,11 +244,7 @@ def test_finished_work_never_runs_again_under_kip848_membership_churn(kafka_boot
     assert _term_and_time(a) <= BOUND_S and a.returncode == 0
     # then every message ran, and none ran twice: each revoke's commit (with the metadata of what
     # finished above it) was accepted, even when the group had moved to a new member epoch meanwhile
-    runs = [
-        (int(x[2]), int(x[3]))
-        for x in (ln.split() for ln in log.read_text().splitlines())
-        if x and x[0] == "E"
-    ]
+    runs = [(int(x[2]), int(x[3])) for x in (ln.split() for ln in log_lines(log)) if x and x[0] == "E"]
     twice = len(runs) - len(set(runs))
     assert len(set(runs)) == n and twice == 0, (twice, len(set(runs)), _stderr(log)[-3000:])
 
@@ -285,7 +278,7 @@ def test_sigterm_during_a_revoke_whose_commit_meets_a_stopped_broker_returns_wit
     )
 
     def lines(kind: str) -> list[str]:
-        return [ln for ln in (log.read_text().splitlines() if log.exists() else []) if ln.startswith(kind)]
+        return [ln for ln in log_lines(log) if ln.startswith(kind)]
 
     pid = _kafka_pid(own_kafka)
     assert pid is not None

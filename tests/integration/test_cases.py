@@ -13,7 +13,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -67,6 +68,16 @@ class Intervals:
                 if nxt[0] < prev[1]:
                     bad.append((prev, nxt))
         return bad
+
+
+@contextmanager
+def _released_at_exit(release: threading.Event) -> Iterator[None]:
+    """Sets ``release`` on leaving the block, also when an assertion failed in it (the handlers
+    waiting on it then end at once, and the consumers stop)."""
+    try:
+        yield
+    finally:
+        release.set()
 
 
 def group_offsets(admin: AdminClient, group: str, topic: str, partitions: int) -> dict[int, int | None]:
@@ -408,11 +419,11 @@ def test_c3_transactional_offsets_commit_past_last_data_offset(
 def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(
     kafka_bootstrap: str, new_topic, start, returns_first: bool
 ) -> None:  # type: ignore[no-untyped-def]
-    # given 2 partitions of 20 messages; offset 2 of each is slow for consumer A, whose revoke waits
-    # only 1 s for running handlers; offsets 2..19 share one key, so they wait behind the slow one
-    # (A's tracker of the partition holds them unfinished when the partition moves)
+    # given 2 partitions of 20 messages; offset 2 of each is slow for consumer A (it runs until the
+    # test releases it, 30 s at most), whose revoke waits only 1 s for running handlers; offsets
+    # 2..19 share one key, so they wait behind the slow one (A's tracker of the partition holds
+    # them unfinished when the partition moves)
     per_partition, slow_at = 20, 2
-    slow_s = 8.0 if returns_first else 6.0
     topic = new_topic(2)
     produce(
         kafka_bootstrap,
@@ -428,20 +439,21 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(
     rec = Intervals()
     lock = threading.Lock()
     slow_started: set[int] = set()
+    release = threading.Event()
 
     def slow_a(msg: Message) -> None:
         t0 = time.monotonic()
         if msg.value == b"slow":
             with lock:
                 slow_started.add(msg.partition)
-            time.sleep(slow_s)
+            release.wait(30)
         rec.record("A", msg, t0)
 
     def fast_b(msg: Message) -> None:
         rec.record("B", msg, time.monotonic())
 
     # and a sampler of the group's committed offsets
-    with CommitSampler(kafka_bootstrap, group, topic, 2) as sampler:
+    with CommitSampler(kafka_bootstrap, group, topic, 2) as sampler, _released_at_exit(release):
         a = KeyedConsumer(
             name=group,
             handler=slow_a,
@@ -475,11 +487,13 @@ def test_c5_slow_handler_after_revoke_never_moves_commit_backwards(
             assert run_b.stop(), "the consumer did not stop"
             assert wait_until(lambda: len(a.assignment) == 2, 20)
             assert slow_at not in rec.offsets("A", moved), "the slow message ended too early for this case"
+            release.set()
             assert wait_until(lambda: slow_at in rec.offsets("A", moved) and rec.seen() >= everything, 15)
             time.sleep(1.0)  # room for a late store of A to be committed
         else:
             # and A's old slow message finishes while B owns the partition; then B leaves and the
             # partition returns to A
+            release.set()
             assert wait_until(lambda: slow_at in rec.offsets("A", moved) and rec.seen() >= everything, 15)
             assert b.assignment == [(topic, moved)]
             time.sleep(0.5)  # room for a late store of A to show up

@@ -84,8 +84,8 @@ def test_runs_stop_starting_half_a_ttl_after_the_last_renewal_when_redis_stalls(
         r = start(_consumer(kafka_bootstrap, topic, group, runs.handler("a", 0.005), seq))
         assert wait_until(lambda: len(runs.offsets()) >= 200, 60)
         # when Redis stops answering for 3 s (shorter than the TTL)
-        stalled_ns = time.monotonic_ns()
         rs.signal(signal.SIGSTOP)
+        stalled_ns = time.monotonic_ns()
         time.sleep(3.0)
         resumed_ns = time.monotonic_ns()
         rs.signal(signal.SIGCONT)
@@ -115,14 +115,18 @@ def test_an_instance_cut_off_from_redis_never_runs_a_key_beside_the_instance_tha
     try:
         topic = new_topic(2)
         n = 6000
-        recs = [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)]
-        acked = produce(kafka_bootstrap, topic, recs)
         runs = Runs()
         ns, group = f"t{uuid.uuid4().hex[:8]}", f"ls-{uuid.uuid4().hex[:8]}"
         a_seq = RedisSequencer(f"redis://127.0.0.1:{proxy.port}/0", ns, lease_ttl_s=2.0)
         b_seq = RedisSequencer(rs.url, ns, lease_ttl_s=2.0)
         ra = start(_consumer(kafka_bootstrap, topic, group, runs.handler("a", 0.003), a_seq))
         rb = start(_consumer(kafka_bootstrap, topic, group, runs.handler("b", 0.003), b_seq))
+        # (the messages come once each instance has its partition: produced before the second
+        # joined, the first could run them all alone before the rebalance gave the second one)
+        one_each = lambda: len(ra.consumer.assignment) == 1 and len(rb.consumer.assignment) == 1  # noqa: E731
+        assert wait_until(one_each, 60), "the group never settled"
+        recs = [(f"k{i % 20}".encode(), str(i).encode(), (i // 20) % 2) for i in range(n)]
+        acked = produce(kafka_bootstrap, topic, recs)
         both = lambda: {x[0] for x in runs.snapshot()} == {"a", "b"}  # noqa: E731
         assert wait_until(both, 60), "both instances did not work"
         # when a's connection to Redis is cut off for 3 s (longer than the TTL), b's is not

@@ -20,7 +20,7 @@ from keyedconsumer import KeyedConsumer, Message, RedisSequencer
 from keyedconsumer.sequencing import inspect_redis
 from keyedconsumer.sequencing.store import connect
 
-from .kafkautil import committed, end_offsets, produce, wait_until
+from .kafkautil import committed, end_offsets, log_lines, produce, wait_until
 from .redisnodes import RedisNode, free_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _events(log: Path) -> list[list[str]]:
-    return [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+    return [ln.split() for ln in log_lines(log)]
 
 
 def _spawn(
@@ -198,9 +198,11 @@ def _redis_restart_scenario(rs: RedisNode, kafka_bootstrap: str, new_topic, star
         middlewares=[Retry(max_attempts=None, initial_delay_s=1.0, multiplier=1.0, jitter=0, park=True)],
     )
     r = start(consumer)
+    assert wait_until(lambda: seq.parker is not None and seq.parker.parked >= 6, 30)
+    # (scheduled once the key is parked, however long the join and the parks took: still pending
+    # when Redis is killed)
     for i in range(5):
         consumer.schedule(b"s", f"s{i}".encode(), delay_s=2.0 + i * 0.5)
-    assert wait_until(lambda: seq.parker is not None and seq.parker.parked >= 6, 30)
     # when Redis is SIGKILLed with the key parked and the schedules pending, and restarted 2 s later
     assert inspect_redis(rs.url, ns)["scheduled"] >= 1
     rs.kill()

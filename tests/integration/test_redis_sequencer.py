@@ -21,7 +21,7 @@ from keyedconsumer import KeyedConsumer, RedisSequencer
 from keyedconsumer.sequencing import GroupTiming
 from keyedconsumer.sequencing.store import connect
 
-from .kafkautil import committed, end_offsets, produce, wait_until
+from .kafkautil import committed, end_offsets, log_lines, produce, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +47,20 @@ def start(
     )
 
 
+def _stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (SIGSTOP delivered to all of them)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # the thread ended meanwhile
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 def events(log: Path) -> list[list[str]]:
-    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    return [line.split() for line in log_lines(log)]
 
 
 def intervals(log: Path) -> dict[str, list[tuple[int, int, int, int, int]]]:
@@ -171,9 +183,11 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(
     b = start(kafka_bootstrap, topic, group, log, redis_url, ns, *common)
     procs = {a.pid: a, b.pid: b}
     try:
-        # wait until both instances have run "hot" (so each owns one partition) and one runs it now
-        def running_hot() -> tuple[int, int] | None:
+        # wait until both instances have run "hot" (so each owns one partition) and one has just
+        # started it (its 0.3 s sleep, before its write, has at least 0.2 s to go)
+        def running_hot() -> list[str] | None:
             evs = events(log)
+            now_ns = time.monotonic_ns()
             pids = {int(e[1]) for e in evs if e[4] == "hot"}
             if len(pids) < 2:
                 return None
@@ -185,18 +199,29 @@ def test_zombie_instance_loses_its_key_and_its_late_write_is_refused(
                     open_runs[(e[1], e[2], e[3])] = e
                 elif e[0] == "E":
                     open_runs.pop((e[1], e[2], e[3]), None)
-            for e in open_runs.values():
-                return int(e[1]), int(e[5]), int(e[2])
-            return None
+            fresh = [e for e in open_runs.values() if now_ns - int(e[-1]) < 100_000_000]
+            return fresh[0] if fresh else None
 
-        assert wait_until(lambda: running_hot() is not None, 50)
-        zombie_pid, zombie_token, zombie_partition = running_hot()  # type: ignore[misc]
+        chosen: list[list[str]] = []  # the run found, found once (a second look may find none)
+
+        def choose() -> bool:
+            found = running_hot()
+            if found is not None:
+                chosen[:] = [found]
+            return found is not None
+
+        assert wait_until(choose, 50, 0.01)
+        run = chosen[0]
+        zombie_pid, zombie_token, zombie_partition = int(run[1]), int(run[5]), int(run[2])
         zombie = procs[zombie_pid]
         other = a if zombie is b else b
         # when the instance holding "hot" is paused for longer than the lease TTL, while more "hot"
         # messages arrive on the other instance's partition
         zombie.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: _stopped(zombie_pid), 10, 0.001), "the zombie did not stop"
         stopped_ns = time.monotonic_ns()
+        # (the chosen run is still open: it was stopped within its 0.3 s sleep, before its write)
+        assert stopped_ns < int(run[-1]) + 300_000_000, "the chosen run may have written before the stop"
         produce(
             kafka_bootstrap, topic, [(b"hot", f"late{i}".encode(), 1 - zombie_partition) for i in range(5)]
         )
@@ -342,7 +367,7 @@ def test_a_paused_instance_that_lost_its_partition_runs_nothing_after_it_resumes
 
 def ownership_checks(log: Path) -> list[str]:
     """The ownership checks that went to the broker, from a consumer's ``--log`` file."""
-    lines = log.read_text().splitlines() if log.exists() else []
+    lines = log_lines(log)
     return [x for x in lines if "ownership check" in x and "not during a rebalance callback" not in x]
 
 
@@ -350,13 +375,17 @@ def ownership_checks(log: Path) -> list[str]:
 def test_short_stalls_of_a_busy_process_ask_nothing_of_the_group_coordinator(
     kafka_bootstrap: str, redis_url: str, new_topic, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    # given an instance with a 10 s session timeout (1 s heartbeats) and a 4 s lease TTL, running a
-    # backlog of 50 keys
+    # given an instance with a 10 s session timeout (1 s heartbeats: a stall past 4.5 s may have
+    # cost the membership) and a 4 s lease TTL renewed every 0.5 s, running a backlog of 50 keys
+    # (a lease was confirmed at most ~0.5 s before a stop, so it outlives a stop of 2.5 s by 1 s of
+    # scheduling delays on a loaded machine; renewed every 1 s, the default, only by 0.5 s, and
+    # a lease lost that way asks the coordinator)
     topic = new_topic(1)
     produce(kafka_bootstrap, topic, [(f"k{i % 50}".encode(), str(i).encode(), 0) for i in range(20000)])
     group, ns = f"short-{uuid.uuid4().hex[:8]}", f"s{uuid.uuid4().hex[:8]}"
     log, a_log = tmp_path / "events.log", tmp_path / "a.log"
-    opts = ("--ttl", "4", "--session-ms", "10000", "--sleep", "0.002", "--log", str(a_log))
+    opts = ("--ttl", "4", "--renew-s", "0.5", "--session-ms", "10000", "--sleep", "0.002")
+    opts += ("--log", str(a_log))
     a = start(kafka_bootstrap, topic, group, log, redis_url, ns, *opts)
     try:
         assert wait_until(lambda: sum(1 for e in events(log) if e[0] == "E") >= 100, 60)
@@ -373,7 +402,7 @@ def test_short_stalls_of_a_busy_process_ask_nothing_of_the_group_coordinator(
         stop_all(a)
     # then it asked the group coordinator nothing (before: a committed-offsets fetch and a commit
     # per stall, every 0.2 s while unanswered) and logged no stall
-    lines = a_log.read_text().splitlines()
+    lines = log_lines(a_log)
     assert ownership_checks(a_log) == []
     assert [x for x in lines if "no tick for" in x or "a stall" in x] == []
 

@@ -1,8 +1,10 @@
 """A consumer process with the Redis sequencer, for multi-instance tests.
 
     python -m tests.integration.procs.redis_consumer BOOTSTRAP TOPIC GROUP LOGFILE REDIS_URL NAMESPACE
-        [--ttl S] [--sleep S] [--slow-key KEY --slow-s S] [--concurrency N] [--session-ms MS]
-        [--log PATH]
+        [--ttl S] [--renew-s S] [--sleep S] [--slow-key KEY --slow-s S] [--concurrency N]
+        [--session-ms MS] [--log PATH]
+
+``--renew-s``: the sequencer's ``renew_interval_s`` (default a quarter of ``--ttl``).
 
 Logs, unbuffered (O_APPEND), one line per event:
 ``S|E pid partition offset key token monotonic_ns`` for handler start/end and
@@ -34,6 +36,7 @@ def main() -> None:
     for name in ("bootstrap", "topic", "group", "logfile", "redis_url", "namespace"):
         ap.add_argument(name)
     ap.add_argument("--ttl", type=float, default=2.0)
+    ap.add_argument("--renew-s", type=float, default=None)
     ap.add_argument("--sleep", type=float, default=0.002)
     ap.add_argument("--slow-key", default="")
     ap.add_argument("--slow-s", type=float, default=0.0)
@@ -65,7 +68,7 @@ def main() -> None:
         log("W", msg, "ok " if ok else "refused ")
         log("E", msg)
 
-    seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl)
+    seq = RedisSequencer(a.redis_url, a.namespace, lease_ttl_s=a.ttl, renew_interval_s=a.renew_s)
     KeyedConsumer(
         name=a.group,
         handler=handle,
