@@ -87,8 +87,9 @@ def test_a_dead_letter_reported_failed_is_never_delivered_later(kafka_bootstrap,
 def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(
     kafka_bootstrap, new_topic, start
 ) -> None:  # type: ignore[no-untyped-def]
-    # given a failing message that runs 8 s at the head of each of two partitions, and a first member
-    # whose revokes wait 1 s for running handlers
+    # given a failing message at the head of each of two partitions that runs until the second member
+    # holds its partition (so a run of the first member is revoked while it runs, however long the
+    # join takes), and a first member whose revokes wait 1 s for running handlers
     topic = new_topic(2)
     produce(
         kafka_bootstrap,
@@ -101,11 +102,12 @@ def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(
     admin.create_topics([NewTopic(dlq, 1, 1)])[dlq].result(30)
     group = f"g-{uuid.uuid4().hex[:8]}"
     started = threading.Semaphore(0)
+    moved = threading.Event()
 
     def handle(msg: Message) -> None:
         if msg.value == b"poison":
             started.release()
-            time.sleep(8.0)
+            moved.wait(60)
             raise Poison("bad record")
 
     def member() -> KeyedConsumer:
@@ -131,6 +133,7 @@ def test_a_run_revoked_while_it_fails_does_not_dead_letter_its_message(
         a.assignment,
         b.assignment,
     )
+    moved.set()
     # then each failing offset is dead-lettered once: by the first member for the partition it kept,
     # by the new owner for the one that moved (the revoked run, ending later, does not publish)
     assert wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == {0: 11, 1: 11}, 60)

@@ -45,6 +45,7 @@ class StaleOnce:
         self._inner = inner
         self.in_revoke = False
         self.refused = 0
+        self.revoking = threading.Event()  # set once a revoke started
 
     def subscribe(self, topics: Any, listener: Any) -> None:
         outer = self
@@ -58,6 +59,7 @@ class StaleOnce:
 
             def on_revoke(self, partitions: Any) -> None:
                 outer.in_revoke = True
+                outer.revoking.set()
                 try:
                     listener.on_revoke(partitions)
                 finally:
@@ -82,7 +84,8 @@ def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(
     kafka_bootstrap, new_topic, start
 ) -> None:  # type: ignore[no-untyped-def]
     # given a member of a KIP-848 group with manual commits (no commit of librdkafka's own at the
-    # unassign) whose two partitions each start with a 3 s message, the rest finished meanwhile
+    # unassign) whose two partitions each start with a slow message that runs until the member's
+    # revoke started and 1 s more, the rest finished meanwhile
     topic = new_topic(2)
     produce(
         kafka_bootstrap,
@@ -96,7 +99,8 @@ def test_a_revoke_commit_refused_with_a_stale_member_epoch_is_made_again(
 
     def handle(msg: Message) -> None:
         if msg.value == b"slow":
-            time.sleep(3.0)
+            clients[0].revoking.wait(60)
+            time.sleep(1.0)
         with lock:
             runs[(msg.partition, msg.offset)] += 1
 
