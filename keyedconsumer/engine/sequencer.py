@@ -14,7 +14,7 @@ Threads: every method of :class:`Sequencer` runs in the engine's owner thread (t
 except :meth:`Sequencer.may_start` and :meth:`Sequencer.owns`, which workers call and which must
 only read. A sequencer acts on the engine only through the :class:`LanePort` handed to it at
 :meth:`Sequencer.attach` (in the owner thread too), or by returning what the engine should make
-ready. A thread of the sequencer's own (a lease renewer) reaches the owner thread with
+ready. A thread of the sequencer's own (a lease renewer, a lease I/O thread) reaches the owner thread with
 :meth:`LanePort.post`. This module imports nothing above the engine.
 """
 

@@ -8,7 +8,8 @@ Redis round trip. A lease is released when no local lane needs it.
 A lease's *holders* are the lane heads (:class:`~keyedconsumer.engine.delivery.Delivery`) and the
 drain jobs of a parked key that wait for it or run under it: anything with a ``fencing_token``.
 
-All methods run in the engine's owner thread (the renewer thread only reads the list of leases
+All methods run in the engine's owner thread (the lease I/O thread gets lists of leases to acquire
+and release, and its answers come back to the owner; the renewer thread only reads the list of leases
 the owner publishes for it: :meth:`LeaseTable.to_renew` builds it).
 """
 
@@ -45,6 +46,7 @@ class Lease:
         "retry_s",
         "parked",
         "renewing",
+        "asking",
     )
 
     def __init__(self, lid: str) -> None:
@@ -58,6 +60,7 @@ class Lease:
         self.retry_s = 0.0  # not asked again before this time
         self.parked = False  # the key has a parked list in Redis (known while the lease is held)
         self.renewing: list[Holder] = []  # heads that did not start for lack of time left: renew first
+        self.asking = False  # an acquire of it is on its way to Redis (its answer not seen yet)
 
 
 class LeaseTable:
@@ -255,19 +258,32 @@ class LeaseTable:
         return lease.held and now - lease.renewed_s < self.ttl_s
 
     def to_acquire(self, now: float) -> list[tuple[str, str]]:
-        """``[(lease id, owner)]`` to ask Redis for. A lease asked for again keeps its owner token:
-        if an earlier ask was granted but its answer was lost (or not yet acknowledged by a replica),
-        Redis gives the same owner the same lease and token back instead of making it wait for its
-        own lease to expire."""
+        """``[(lease id, owner)]`` to ask Redis for, each now marked as asked: it is not asked again
+        until its answer (:meth:`acquired`) or its failure (:meth:`unanswered`) is seen, and it is
+        kept here until then, so a grant that comes after its lane went is released, not leaked.
+        A lease asked for again keeps its owner token: if an earlier ask was granted but its answer
+        was lost (or not yet acknowledged by a replica), Redis gives the same owner the same lease
+        and token back instead of making it wait for its own lease to expire."""
         out = []
         for lid in self.want:
             lease = self.by_id.get(lid)
-            if lease is None or lease.retry_s > now:
+            if lease is None or lease.asking or lease.retry_s > now:
                 continue
             if not lease.owner:
                 lease.owner = f"{self._instance}-{next(self._n)}"
+            lease.asking = True
             out.append((lid, lease.owner))
         return out
+
+    def unanswered(self, asks: list[tuple[str, str]]) -> None:
+        """Acquires that were not sent or got no answer: asked again later if still wanted."""
+        for lid, owner in asks:
+            lease = self.by_id.get(lid)
+            if lease is None or lease.owner != owner:
+                continue
+            lease.asking = False
+            if not lease.held and lease.active is None and not lease.waiting:
+                self._forget(lease)
 
     def is_parked(self, lid: str) -> bool:
         """True if the key's lease is held here and its key has a parked list in Redis."""
@@ -288,8 +304,11 @@ class LeaseTable:
         lease = self.by_id.get(lid)
         if lease is None or lease.owner != owner:
             return None
+        lease.asking = False
         if token <= 0:
             lease.retry_s = now + min(RETRY_MAX_S, max(RETRY_MIN_S, -token / 1000.0))
+            if lease.active is None and not lease.waiting:  # its lanes went while it was asked
+                self._forget(lease)
             return None
         self.want.discard(lid)
         lease.held = True
@@ -385,13 +404,16 @@ class LeaseTable:
         return out
 
     def release_all(self) -> list[tuple[str, str]]:
-        out = [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held]
+        """Every lease held, or asked for with its answer not seen (Redis may have granted it:
+        releasing a lease another owner holds changes nothing), forgotten here."""
+        out = [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held or lease.asking]
         self.by_id.clear()
         self.want.clear()
         self.idle.clear()
         return out
 
     def _forget(self, lease: Lease) -> None:
-        self.by_id.pop(lease.lid, None)
         self.want.discard(lease.lid)
         self.idle.pop(lease.lid, None)
+        if not lease.asking:  # else kept until its answer: a grant is then idle, and released
+            self.by_id.pop(lease.lid, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import re
 import threading
 import time
@@ -116,8 +117,9 @@ class RedisSequencer:
     """Per-key leases with fencing tokens in Redis (``KeyedConsumer(..., sequencer=...)``).
 
     (Engine threads: every method of the sequencer protocol and :meth:`tick` run in the engine's
-    owner thread, which owns the lease table and the parker; the renewer thread only talks to Redis
-    and posts what it answered to the owner.)
+    owner thread, which owns the lease table and the parker. Two threads of its own only talk to
+    Redis and post what it answered to the owner: the renewer (check-ins, renewals) and the lease
+    I/O thread (the acquires and releases the owner chose, in order).)
 
     Before a lane's head runs, this instance holds the lease of its key (``SET NX PX`` with a random
     owner token; the same Lua script issues the lease's fencing token, above the key's last one and
@@ -220,6 +222,13 @@ class RedisSequencer:
         self._stop = threading.Event()
         self._wake = threading.Event()  # renew now: a head waits for its lease's renewal
         self._renewer: threading.Thread | None = None
+        #: Acquires and releases for the lease I/O thread, in the order the owner chose them (a
+        #: key's release goes before its next acquire): ``(kind, [(lease id, owner)], chosen at
+        #: (monotonic seconds), stalls then)``; ``None`` stops the thread.
+        self._lease_io: queue.SimpleQueue[tuple[str, list[tuple[str, str]], float, int] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lease_io_thread: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_try_s = 0.0
         self._next_release_s = 0.0  # idle leases go to Redis in one batch no sooner than this
@@ -408,9 +417,16 @@ class RedisSequencer:
             target=self._renew_loop, name="keyedconsumer-lease-renewer", daemon=True
         )
         self._renewer.start()
+        self._lease_io = queue.SimpleQueue()
+        self._lease_io_thread = threading.Thread(
+            target=self._lease_io_loop, name="keyedconsumer-lease-io", daemon=True
+        )
+        self._lease_io_thread.start()
 
     def tick(self) -> float | None:
-        """Acquire wanted leases and release idle ones, in one round trip each.
+        """Choose the wanted leases to acquire and the idle ones to release, and hand them to the
+        lease I/O thread (one round trip each; the owner does not wait for Redis's answer, which
+        comes back through the engine's mailbox: :meth:`_acquired`).
 
         After a stall long enough to have cost the group membership (no tick for the
         ``membership_stall_s`` given to :meth:`attach`: a SIGSTOP, a VM pause; by default half of
@@ -459,50 +475,116 @@ class RedisSequencer:
             # per tick: the owner thread waits for it while handlers wait for their next message
             releases = leases.to_release(now) if now >= self._next_release_s else []
             if releases:
-                store.release(releases)
+                self._lease_io.put(("release", releases, now, self.stalls))
                 self._next_release_s = now + leases.linger_s / 10
-            if asks:
-                asked_s = time.monotonic()
-                if asked_s - self._last_tick_s > self._stall_s:
-                    # a stall within this tick, after the check at its start (the process was
-                    # stopped between choosing the leases to ask for and asking): on resuming it may
-                    # have lost its partitions, so nothing is acquired until ownership is confirmed
-                    log.warning(
-                        "a stall of %.1f s within a tick: checking partition ownership before acquiring leases",
-                        asked_s - self._last_tick_s,
-                    )
-                    self._suspected()
-                    asks = []
-            if asks:
-                tokens = store.acquire(asks, redis_ms(self.config.lease_ttl_s))
-                self.acquire_calls += len(asks)
-                now = time.monotonic()
-                for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
-                    head = leases.acquired(lid, owner, token, asked_s, now, depth)
-                    if head is not None:
-                        ready = self._route(head)
-                        if ready is not None:
-                            port.make_ready(ready)
+            if asks:  # chosen at the tick's start: the I/O thread judges a stall from then
+                self._lease_io.put(("acquire", asks, self._last_tick_s, self.stalls))
             self._publish_renewals(time.monotonic())
             busy = self._parking_tick()
         except StoreUnavailable as exc:
-            if exc.unacknowledged:  # Redis answered; a slow replica paced this tick (its WAIT)
-                if not self._replica_slow:
-                    log.warning("a Redis replica is slow (%s): parking waits for it, leases go on", exc)
-                self._replica_slow = True
-                return 0.05
-            self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
-            self._next_try_s = time.monotonic() + self._backoff_s
-            log.warning("Redis unavailable (%s); retrying in %.2f s", exc, self._backoff_s)
-            return self._backoff_s
+            return self._unavailable(exc)
         except RuntimeError as exc:  # Redis not durable: fencing tokens could repeat
             self._fatal(exc)
             return None
-        self._backoff_s = 0.0
-        self._replica_slow = False
+        if not leases.want:  # else an acquire's answer resets them (_acquired), or its failure doubles
+            self._backoff_s = 0.0
+            self._replica_slow = False
         if leases.want or busy:
             return 0.01
         return SCHEDULER_SCAN_S if self.is_scheduler else None
+
+    def _unavailable(self, exc: Exception) -> float:
+        """(Owner.) Redis did not answer (``exc``, a ``StoreUnavailable``): the next tick waits a
+        back-off doubling from 0.05 s to 2 s. Returns the wait (seconds)."""
+        if getattr(exc, "unacknowledged", False):  # Redis answered; a slow replica paced it (WAIT)
+            if not self._replica_slow:
+                log.warning("a Redis replica is slow (%s): parking waits for it, leases go on", exc)
+            self._replica_slow = True
+            return 0.05
+        self._backoff_s = min(2.0, max(0.05, self._backoff_s * 2))
+        self._next_try_s = time.monotonic() + self._backoff_s
+        log.warning("Redis unavailable (%s); retrying in %.2f s", exc, self._backoff_s)
+        return self._backoff_s
+
+    # -- acquires and releases: the owner chooses them, the lease I/O thread sends them ----------
+
+    def _lease_io_loop(self) -> None:
+        """The lease I/O thread: sends the acquires and releases the owner queued, in order, and
+        posts what Redis answered to the owner (it never touches the lease table).
+
+        An acquire chosen more than the stall bound before it could be sent (the process was
+        stopped between choosing and asking: a SIGSTOP, a VM pause) is not sent: it may have lost
+        its partitions meanwhile, and a fresh lease would let it re-run what their new owner ran.
+        Nor is one chosen before the owner began to doubt its ownership (a stall or a lost lease
+        seen since: :attr:`stalls` moved on); it is asked for again once the check passes.
+        """
+        from .store import StoreUnavailable
+
+        port, store, jobs = self._port, self._store, self._lease_io  # this attach's, to its end
+        assert port is not None
+        ttl_ms = redis_ms(self.config.lease_ttl_s)
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            kind, leases, chosen_s, stalls = job
+            try:
+                if kind == "release":
+                    store.release(leases)
+                    continue
+                asked_s = time.monotonic()
+                if asked_s - chosen_s > self._stall_s:
+                    port.post(self._ask_stalled, (leases, asked_s - chosen_s))
+                    continue
+                if stalls != self.stalls:  # the owner doubts its partitions since it chose them
+                    port.post(self._ask_failed, (leases, None))
+                    continue
+                port.post(self._acquired, (leases, store.acquire(leases, ttl_ms), asked_s))
+            except StoreUnavailable as exc:
+                if kind == "release":
+                    log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
+                else:
+                    port.post(self._ask_failed, (leases, exc))
+            except Exception as exc:  # noqa: BLE001 - a bug: the consumer stops with it
+                if kind == "acquire":
+                    port.post(self._ask_failed, (leases, None))
+                port.post(self._fatal, exc)
+
+    def _acquired(self, answer: tuple[list[tuple[str, str]], list[tuple[int, int]], float]) -> None:
+        """(Owner, posted by the lease I/O thread.) Redis answered acquires sent at ``asked_s``:
+        the heads of the leases granted are routed (made ready, or a parked key's drain first)."""
+        asks, tokens, asked_s = answer
+        leases, port = self._leases, self._port
+        self.acquire_calls += len(asks)
+        self._backoff_s = 0.0
+        self._replica_slow = False
+        now = time.monotonic()
+        for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
+            head = leases.acquired(lid, owner, token, asked_s, now, depth)
+            if head is not None and port is not None:
+                ready = self._route(head)
+                if ready is not None:
+                    port.make_ready(ready)
+
+    def _ask_stalled(self, answer: tuple[list[tuple[str, str]], float]) -> None:
+        """(Owner, posted by the lease I/O thread.) Acquires were not sent: a stall of this many
+        seconds came between choosing and sending them."""
+        asks, stall_s = answer
+        self._leases.unanswered(asks)
+        log.warning(
+            "a stall of %.1f s before leases were asked for: checking partition ownership before acquiring leases",
+            stall_s,
+        )
+        self._suspected()
+
+    def _ask_failed(self, answer: tuple[list[tuple[str, str]], Exception | None]) -> None:
+        """(Owner, posted by the lease I/O thread.) Acquires got no answer (``exc``, a
+        ``StoreUnavailable``), or were not sent (``None``: an ownership check came first, or an
+        unexpected error, reported as fatal apart)."""
+        asks, exc = answer
+        self._leases.unanswered(asks)
+        if exc is not None:
+            self._unavailable(exc)
 
     def _suspected(self) -> None:
         if not self._suspect:
@@ -555,6 +637,10 @@ class RedisSequencer:
         self._wake.set()
         if self._renewer is not None:
             self._renewer.join(5)
+        if self._lease_io_thread is not None:  # its queued releases go first, then release_all's
+            self._lease_io.put(None)  # (a thread still in a Redis call after the join ends with it)
+            self._lease_io_thread.join(5)
+            self._lease_io_thread = None
         if self._port is not None and self._store is not None:
             held = self._leases.release_all()
             try:

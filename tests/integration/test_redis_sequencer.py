@@ -410,7 +410,9 @@ def test_short_stalls_of_a_busy_process_ask_nothing_of_the_group_coordinator(
 def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequencer, Any, dict[str, Any]]:
     """A sequencer (lease TTL 1 s) attached to an engine with partition ("t", 0), whose ownership
     check answers ``owner["ok"]`` and counts its calls in ``owner["asked"]``. The test plays the
-    engine's owner thread: ``owner["tick"]()`` runs what the renewer posted, then ticks."""
+    engine's owner thread: ``owner["tick"]()`` runs what the renewer and the lease I/O thread posted,
+    then ticks; ``owner["until"](pred)`` ticks until ``pred()`` holds (5 s at most): an acquire's
+    answer comes back through the mailbox a tick or more after the tick that chose it."""
     from keyedconsumer.engine.engine import Engine
     from keyedconsumer.engine.workers import Mailbox
 
@@ -430,7 +432,11 @@ def _with_ownership_check(redis_url: str, **options: Any) -> tuple[RedisSequence
         mailbox.drain()
         seq.tick()
 
+    def until(pred: Any) -> bool:
+        return wait_until(lambda: (tick(), pred())[1], 5)
+
     owner["tick"] = tick
+    owner["until"] = until
     owner["drain"] = mailbox.drain
     seq.attach(d.port, lambda e: None, confirm=confirm, timing=GroupTiming(1.5, 0.5))  # stalls of 0.5 s
     return seq, d, owner
@@ -446,8 +452,8 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
     seq, d, owner = _with_ownership_check(redis_url)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
-        owner["tick"]()
-        assert len(d.queue) == 1 and owner["asked"] == 0  # no stall: leases come without a check
+        assert owner["until"](lambda: len(d.queue) == 1)
+        assert owner["asked"] == 0  # no stall: leases come without a check
         # when the poll thread stalls for longer than half the lease TTL, and the group has moved on
         time.sleep(0.7)
         owner["ok"] = False
@@ -460,8 +466,8 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         assert len(d.queue) == 1 and seq._leases.want
         # when it passes, the lease is acquired
         owner["ok"] = True
-        owner["tick"]()
-        assert len(d.queue) == 2 and owner["asked"] >= 3
+        assert owner["until"](lambda: len(d.queue) == 2)
+        assert owner["asked"] >= 3
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
         owner["ok"] = False
@@ -486,11 +492,11 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
     seq, d, owner = _with_ownership_check(redis_url, lease_linger_s=0.0)
     try:
         d.admit([Message("t", 0, 0, b"k0", b"v")])
-        owner["tick"]()
+        assert owner["until"](lambda: len(d.queue) == 1)
         ((k0,),) = d.take(1)
         d.finish([(k0, DONE)])  # k0's lane ran dry: its lease idles, to be released at the next tick
-        # when the process is stopped within the next tick, after it chose the lease of k1 to ask
-        # for and before it asked (here: while it releases k0's lease), and the group moved on
+        # when the process is stopped after it chose the lease of k1 to ask for and before it asked
+        # (here: the lease I/O thread is held up releasing k0's lease), and the group moved on
         release = seq._store.release
 
         def paused_release(requests):  # type: ignore[no-untyped-def]
@@ -501,14 +507,15 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
         owner["ok"] = False
         d.admit([Message("t", 0, 1, b"k1", b"v")])
         owner["tick"]()
+        # then the ownership check is asked, and k1's lease was not acquired: no run of it is ready
+        assert owner["until"](lambda: owner["asked"] >= 1)
         seq._store.release = release
-        # then k1's lease was not acquired: no run of it is ready
         assert len(d.queue) == 0
-        # and the ownership check is asked (again while it fails), with no lease meanwhile
+        # and the check is asked again while it fails, with no lease meanwhile
         for _ in range(3):
             owner["tick"]()
             time.sleep(0.25)
-        assert owner["asked"] >= 1 and len(d.queue) == 0
+        assert owner["asked"] >= 2 and len(d.queue) == 0
         # when it passes, the lease is acquired
         owner["ok"] = True
 

@@ -7,6 +7,7 @@ Redis did not confirm within its TTL, whatever order acquires and renewals are a
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from keyedconsumer.sequencing.leases import LeaseTable
@@ -74,3 +75,51 @@ def test_a_lease_whose_renewal_failed_is_lost_at_once_and_a_sweep_skips_nothing_
     assert _held(leases) == {"b"}
     leases.expire_unconfirmed(103.0)
     assert _held(leases) == set() and leases.lost == 2
+
+
+def test_a_lease_asked_for_is_not_asked_again_until_its_answer_and_is_kept_for_it() -> None:
+    # given a lane of key a that wants its lease, asked for (the answer comes back later: the
+    # lease I/O thread sends the acquire)
+    leases = LeaseTable(TTL_S, linger_s=1.0)
+    head = _holder()
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.0)
+    # then it is not asked for again while its answer is on its way
+    assert leases.to_acquire(100.1) == []
+    # when its lane goes before the answer (a revoke)
+    leases.drop(head, "a")
+    # then the lease is kept, so a grant that comes after is not leaked in Redis: it idles and is
+    # released after the linger
+    assert "a" in leases.by_id and "a" not in leases.want
+    assert leases.release_all() == [("a", owner)]  # a stop releases it too, granted or not
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.0)
+    leases.drop(head, "a")
+    assert leases.acquired(lid, owner, 7, 100.0, 100.2) is None
+    idle_since = time.monotonic()  # (idle time is read on the real clock)
+    assert leases.to_release(idle_since) == []
+    assert leases.to_release(idle_since + 1.1) == [("a", owner)] and "a" not in leases.by_id
+
+
+def test_a_refused_or_unsent_ask_is_asked_again_only_while_wanted() -> None:
+    # given key a's lane waiting for its lease, asked for and refused (held elsewhere, 10 ms left)
+    leases = LeaseTable(TTL_S)
+    head = _holder()
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.0)
+    assert leases.acquired(lid, owner, -10, 100.0, 100.0) is None
+    # then it is asked for again once the wait is over, with the same owner token
+    assert leases.to_acquire(100.0) == []
+    assert leases.to_acquire(100.1) == [("a", owner)]
+    # when that ask is not sent (a stall or an ownership check came first), it is asked again
+    leases.unanswered([("a", owner)])
+    assert leases.to_acquire(100.2) == [("a", owner)]
+    # and when the lane went meanwhile, an unsent or refused ask leaves nothing behind
+    leases.drop(head, "a")
+    leases.unanswered([("a", owner)])
+    assert "a" not in leases.by_id and leases.to_acquire(100.3) == []
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.4)
+    leases.drop(head, "a")
+    assert leases.acquired(lid, owner, -10, 100.4, 100.4) is None
+    assert "a" not in leases.by_id and leases.release_all() == []
