@@ -295,7 +295,7 @@ class Run:
             mailbox.drain()
             self.handout.turn(mailbox.answered(), time.perf_counter())
             # refill the workers the drained outcomes freed before the sequencer's tick, which may
-            # wait on Redis (acquiring and releasing leases): they run meanwhile
+            # wait on Redis (the Redis sequencer's parking): they run meanwhile
             self.handout.dispatch()
             timeout_s = self._timers(poll_timeout_s)
             self.handout.dispatch()

@@ -78,6 +78,10 @@ class LeaseTable:
         self.want: set[str] = set()
         self.idle: dict[str, float] = {}  # lease id -> since when idle (monotonic seconds)
         self.lost = 0  # leases lost so far (expired unconfirmed or taken over), not released
+        #: ``[(lease id, owner)]`` forgotten here while Redis may hold them (an ask answered "held,
+        #: not acknowledged by a replica", or failed after Redis may have run it, once no lane
+        #: wanted the lease any more): released with the next batch (:meth:`to_release`).
+        self._stray: list[tuple[str, str]] = []
         #: No held lease expires unconfirmed before this (monotonic seconds): the earliest
         #: ``renewed_s + ttl_s`` of the held leases, kept by :meth:`acquired` and
         #: :meth:`expire_unconfirmed` (renewals only move a lease's expiry later).
@@ -275,15 +279,20 @@ class LeaseTable:
             out.append((lid, lease.owner))
         return out
 
-    def unanswered(self, asks: list[tuple[str, str]]) -> None:
-        """Acquires that were not sent or got no answer: asked again later if still wanted."""
+    def unanswered(self, asks: list[tuple[str, str]], retry_s: float = 0.0, maybe_run: bool = False) -> None:
+        """Acquires that were not sent, or got no answer: asked again, with the same owner token,
+        from ``retry_s`` on (monotonic seconds) if still wanted. ``maybe_run``: Redis may have run
+        them (a reply lost, a partial answer): one no lane wants any more is released."""
         for lid, owner in asks:
             lease = self.by_id.get(lid)
             if lease is None or lease.owner != owner:
                 continue
             lease.asking = False
+            lease.retry_s = max(lease.retry_s, retry_s)
             if not lease.held and lease.active is None and not lease.waiting:
                 self._forget(lease)
+                if maybe_run:
+                    self._stray.append((lid, owner))
 
     def is_parked(self, lid: str) -> bool:
         """True if the key's lease is held here and its key has a parked list in Redis."""
@@ -309,6 +318,8 @@ class LeaseTable:
             lease.retry_s = now + min(RETRY_MAX_S, max(RETRY_MIN_S, -token / 1000.0))
             if lease.active is None and not lease.waiting:  # its lanes went while it was asked
                 self._forget(lease)
+                if token == 0:  # held on its master, no replica acknowledged it yet
+                    self._stray.append((lid, owner))
             return None
         self.want.discard(lid)
         lease.held = True
@@ -380,9 +391,10 @@ class LeaseTable:
         idle[lid] = time.monotonic()
 
     def to_release(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Idle leases whose linger is over: ``[(lease id, owner)]``, forgotten here. Reads
-        :attr:`idle` from the oldest and stops at the first lease idle for less than the linger
-        (the rest are younger), so a tick costs the leases released, not every idle one."""
+        """Idle leases whose linger is over, and leases forgotten while Redis may hold them:
+        ``[(lease id, owner)]``, forgotten here. Reads :attr:`idle` from the oldest and stops at
+        the first lease idle for less than the linger (the rest are younger), so a tick costs the
+        leases released, not every idle one."""
         now = time.monotonic() if now is None else now
         out = []
         drop = []
@@ -401,12 +413,15 @@ class LeaseTable:
             del idle[lid]
         for lid, _ in out:
             del by_id[lid]
-        return out
+        stray, self._stray = self._stray, []
+        return stray + out
 
     def release_all(self) -> list[tuple[str, str]]:
         """Every lease held, or asked for with its answer not seen (Redis may have granted it:
         releasing a lease another owner holds changes nothing), forgotten here."""
         out = [(lease.lid, lease.owner) for lease in self.by_id.values() if lease.held or lease.asking]
+        out += self._stray
+        self._stray = []
         self.by_id.clear()
         self.want.clear()
         self.idle.clear()

@@ -229,6 +229,9 @@ class RedisSequencer:
             queue.SimpleQueue()
         )
         self._lease_io_thread: threading.Thread | None = None
+        self._lease_io_stop = threading.Event()  # this attach's I/O thread sends no more acquires
+        self._ask_backoff_s = 0.0  # after failed acquires, no acquire is sent for this long
+        self._asks_from_s = 0.0  # ... until then (monotonic seconds)
         self._backoff_s = 0.0
         self._next_try_s = 0.0
         self._next_release_s = 0.0  # idle leases go to Redis in one batch no sooner than this
@@ -418,6 +421,8 @@ class RedisSequencer:
         )
         self._renewer.start()
         self._lease_io = queue.SimpleQueue()
+        self._lease_io_stop = threading.Event()
+        self._ask_backoff_s = self._asks_from_s = 0.0
         self._lease_io_thread = threading.Thread(
             target=self._lease_io_loop, name="keyedconsumer-lease-io", daemon=True
         )
@@ -459,6 +464,8 @@ class RedisSequencer:
             else:
                 self._next_confirm_s = time.monotonic() + 0.2
             self._last_tick_s = now = time.monotonic()
+        # leases granted meanwhile (answers come through the mailbox) get renewed while backing off
+        self._publish_renewals(now)
         if now < self._next_try_s:
             return self._next_try_s - now
         try:
@@ -470,7 +477,7 @@ class RedisSequencer:
             if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
                 self._lost_seen = leases.lost
                 self._suspected()
-            asks = [] if self._suspect else leases.to_acquire(now)
+            asks = [] if self._suspect or now < self._asks_from_s else leases.to_acquire(now)
             # idle leases past their linger go in one round trip per tenth of the linger, not one
             # per tick: the owner thread waits for it while handlers wait for their next message
             releases = leases.to_release(now) if now >= self._next_release_s else []
@@ -486,9 +493,8 @@ class RedisSequencer:
         except RuntimeError as exc:  # Redis not durable: fencing tokens could repeat
             self._fatal(exc)
             return None
-        if not leases.want:  # else an acquire's answer resets them (_acquired), or its failure doubles
-            self._backoff_s = 0.0
-            self._replica_slow = False
+        self._backoff_s = 0.0  # (the owner's own calls; failed acquires wait apart: _ask_failed)
+        self._replica_slow = False
         if leases.want or busy:
             return 0.01
         return SCHEDULER_SCAN_S if self.is_scheduler else None
@@ -520,35 +526,43 @@ class RedisSequencer:
         """
         from .store import StoreUnavailable
 
-        port, store, jobs = self._port, self._store, self._lease_io  # this attach's, to its end
+        # this attach's: a thread still in a Redis call when detach() gave up waiting ends with them
+        port, store, jobs, stop = self._port, self._store, self._lease_io, self._lease_io_stop
         assert port is not None
         ttl_ms = redis_ms(self.config.lease_ttl_s)
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            kind, leases, chosen_s, stalls = job
-            try:
-                if kind == "release":
-                    store.release(leases)
-                    continue
-                asked_s = time.monotonic()
-                if asked_s - chosen_s > self._stall_s:
-                    port.post(self._ask_stalled, (leases, asked_s - chosen_s))
-                    continue
-                if stalls != self.stalls:  # the owner doubts its partitions since it chose them
-                    port.post(self._ask_failed, (leases, None))
-                    continue
-                port.post(self._acquired, (leases, store.acquire(leases, ttl_ms), asked_s))
-            except StoreUnavailable as exc:
-                if kind == "release":
-                    log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
-                else:
-                    port.post(self._ask_failed, (leases, exc))
-            except Exception as exc:  # noqa: BLE001 - a bug: the consumer stops with it
-                if kind == "acquire":
-                    port.post(self._ask_failed, (leases, None))
-                port.post(self._fatal, exc)
+        try:
+            while True:
+                job = jobs.get()
+                if job is None:
+                    return
+                kind, leases, chosen_s, stalls = job
+                try:
+                    if kind == "release":
+                        store.release(leases)
+                        continue
+                    if stop.is_set():  # detached: what it would grant, nobody would release
+                        continue
+                    # a stall: no tick of the owner since the ask was chosen, for longer than the
+                    # bound (a stall before the owner's last tick, that tick saw: stalls moved on)
+                    last_tick_s = self._last_tick_s  # (read before stalls: the owner writes it after)
+                    asked_s = time.monotonic()
+                    if asked_s - max(chosen_s, last_tick_s) > self._stall_s:
+                        port.post(self._ask_stalled, (leases, asked_s - chosen_s))
+                        continue
+                    if stalls != self.stalls:  # the owner doubts its partitions since it chose them
+                        port.post(self._ask_failed, (leases, None))
+                        continue
+                    port.post(self._acquired, (leases, store.acquire(leases, ttl_ms), asked_s))
+                except StoreUnavailable as exc:
+                    if kind == "release":
+                        log.warning(
+                            "leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc
+                        )
+                    else:
+                        port.post(self._ask_failed, (leases, exc))
+        except Exception as exc:  # noqa: BLE001 - a bug: the consumer stops with it
+            log.exception("the lease I/O thread failed")
+            port.post(self._fatal, exc)
 
     def _acquired(self, answer: tuple[list[tuple[str, str]], list[tuple[int, int]], float]) -> None:
         """(Owner, posted by the lease I/O thread.) Redis answered acquires sent at ``asked_s``:
@@ -556,8 +570,7 @@ class RedisSequencer:
         asks, tokens, asked_s = answer
         leases, port = self._leases, self._port
         self.acquire_calls += len(asks)
-        self._backoff_s = 0.0
-        self._replica_slow = False
+        self._ask_backoff_s = 0.0
         now = time.monotonic()
         for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
             head = leases.acquired(lid, owner, token, asked_s, now, depth)
@@ -579,12 +592,16 @@ class RedisSequencer:
 
     def _ask_failed(self, answer: tuple[list[tuple[str, str]], Exception | None]) -> None:
         """(Owner, posted by the lease I/O thread.) Acquires got no answer (``exc``, a
-        ``StoreUnavailable``), or were not sent (``None``: an ownership check came first, or an
-        unexpected error, reported as fatal apart)."""
+        ``StoreUnavailable``: no acquire is sent for a back-off doubling from 0.05 s to 2 s, which
+        an answer resets), or were not sent (``None``: an ownership check came first)."""
         asks, exc = answer
-        self._leases.unanswered(asks)
-        if exc is not None:
-            self._unavailable(exc)
+        if exc is None:
+            self._leases.unanswered(asks)
+            return
+        self._ask_backoff_s = min(2.0, max(0.05, self._ask_backoff_s * 2))
+        self._asks_from_s = time.monotonic() + self._ask_backoff_s
+        log.warning("Redis unavailable for lease acquires (%s); retrying in %.2f s", exc, self._ask_backoff_s)
+        self._leases.unanswered(asks, self._asks_from_s, maybe_run=True)
 
     def _suspected(self) -> None:
         if not self._suspect:
@@ -638,7 +655,8 @@ class RedisSequencer:
         if self._renewer is not None:
             self._renewer.join(5)
         if self._lease_io_thread is not None:  # its queued releases go first, then release_all's
-            self._lease_io.put(None)  # (a thread still in a Redis call after the join ends with it)
+            self._lease_io_stop.set()  # (and its queued acquires are not sent)
+            self._lease_io.put(None)
             self._lease_io_thread.join(5)
             self._lease_io_thread = None
         if self._port is not None and self._store is not None:

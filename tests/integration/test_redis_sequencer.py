@@ -507,6 +507,7 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
         owner["ok"] = False
         d.admit([Message("t", 0, 1, b"k1", b"v")])
         owner["tick"]()
+        time.sleep(0.8)  # (stopped: the owner does not tick either)
         # then the ownership check is asked, and k1's lease was not acquired: no run of it is ready
         assert owner["until"](lambda: owner["asked"] >= 1)
         seq._store.release = release

@@ -123,3 +123,22 @@ def test_a_refused_or_unsent_ask_is_asked_again_only_while_wanted() -> None:
     leases.drop(head, "a")
     assert leases.acquired(lid, owner, -10, 100.4, 100.4) is None
     assert "a" not in leases.by_id and leases.release_all() == []
+
+
+def test_a_lease_redis_may_hold_is_released_when_no_lane_wants_it_any_more() -> None:
+    # given key a's lease asked for, and its lane gone before the answer
+    leases = LeaseTable(TTL_S)
+    head = _holder()
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.0)
+    leases.drop(head, "a")
+    # when Redis answers "held on the master, no replica acknowledged it" (token 0)
+    assert leases.acquired(lid, owner, 0, 100.0, 100.0) is None
+    # then the lease is released with the next batch (it is held in Redis until then), once
+    assert leases.to_release(100.0) == [("a", owner)] and leases.to_release(100.0) == []
+    # and so is one whose acquire failed after Redis may have run it (a lost reply)
+    leases.admit_head(head, "a")
+    ((lid, owner),) = leases.to_acquire(100.0)
+    leases.drop(head, "a")
+    leases.unanswered([(lid, owner)], maybe_run=True)
+    assert "a" not in leases.by_id and leases.release_all() == [("a", owner)]
