@@ -9,6 +9,7 @@ view of its leases), :mod:`.parking` (ordered non-blocking retries and scheduled
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -224,10 +225,11 @@ class RedisSequencer:
         self._renewer: threading.Thread | None = None
         #: Acquires and releases for the lease I/O thread, in the order the owner chose them (a
         #: key's release goes before its next acquire): ``(kind, [(lease id, owner)], chosen at
-        #: (monotonic seconds), stalls then)``; ``None`` stops the thread.
-        self._lease_io: queue.SimpleQueue[tuple[str, list[tuple[str, str]], float, int] | None] = (
-            queue.SimpleQueue()
-        )
+        #: (monotonic seconds), stalls then)``; a callable is the detach's last job (:meth:`detach`):
+        #: the thread runs it and ends.
+        self._lease_io: queue.SimpleQueue[
+            tuple[str, list[tuple[str, str]], float, int] | Callable[[], None]
+        ] = queue.SimpleQueue()
         self._lease_io_thread: threading.Thread | None = None
         self._lease_io_stop = threading.Event()  # this attach's I/O thread sends no more acquires
         self._ask_backoff_s = 0.0  # after failed acquires, no acquire is sent for this long
@@ -474,9 +476,7 @@ class RedisSequencer:
                     store.check_durable()
                 self._checked = True
             leases.expire_unconfirmed(now)
-            if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
-                self._lost_seen = leases.lost
-                self._suspected()
+            self._lost_noticed()
             asks = [] if self._suspect or now < self._asks_from_s else leases.to_acquire(now)
             # idle leases past their linger go in one round trip per tenth of the linger, not one
             # per tick: the owner thread waits for it while handlers wait for their next message
@@ -533,7 +533,8 @@ class RedisSequencer:
         try:
             while True:
                 job = jobs.get()
-                if job is None:
+                if callable(job):  # detached: the last releases, the check-out, the store closed
+                    job()
                     return
                 kind, leases, chosen_s, stalls = job
                 try:
@@ -552,7 +553,7 @@ class RedisSequencer:
                     if stalls != self.stalls:  # the owner doubts its partitions since it chose them
                         port.post(self._ask_failed, (leases, None))
                         continue
-                    port.post(self._acquired, (leases, store.acquire(leases, ttl_ms), asked_s))
+                    port.post(self._acquired, (leases, store.acquire(leases, ttl_ms), asked_s, stalls))
                 except StoreUnavailable as exc:
                     if kind == "release":
                         log.warning(
@@ -564,13 +565,24 @@ class RedisSequencer:
             log.exception("the lease I/O thread failed")
             port.post(self._fatal, exc)
 
-    def _acquired(self, answer: tuple[list[tuple[str, str]], list[tuple[int, int]], float]) -> None:
-        """(Owner, posted by the lease I/O thread.) Redis answered acquires sent at ``asked_s``:
-        the heads of the leases granted are routed (made ready, or a parked key's drain first)."""
-        asks, tokens, asked_s = answer
+    def _acquired(self, answer: tuple[list[tuple[str, str]], list[tuple[int, int]], float, int]) -> None:
+        """(Owner, posted by the lease I/O thread.) Redis answered acquires sent at ``asked_s``,
+        chosen at the owner's doubt generation ``stalls``: the heads of the leases granted are
+        routed (made ready, or a parked key's drain first). If the owner began to doubt its
+        partitions while they were on their way (a stall or a lost lease seen since), what Redis
+        granted is released, not used, and asked for again once the ownership check passes: a lease
+        granted after the doubt began is one acquired before the check."""
+        asks, tokens, asked_s, stalls = answer
         leases, port = self._leases, self._port
         self.acquire_calls += len(asks)
         self._ask_backoff_s = 0.0
+        if stalls != self.stalls:
+            # token 0: held on its master, no replica acknowledged it; below 0: not granted
+            granted = [ask for ask, (token, _depth) in zip(asks, tokens, strict=True) if token >= 0]
+            if granted:
+                self._lease_io.put(("release", granted, time.monotonic(), self.stalls))
+            leases.unanswered(asks)
+            return
         now = time.monotonic()
         for (lid, owner), (token, depth) in zip(asks, tokens, strict=True):
             head = leases.acquired(lid, owner, token, asked_s, now, depth)
@@ -647,29 +659,43 @@ class RedisSequencer:
             log.warning("finished parked messages not settled (they run again): %s", exc)
 
     def detach(self) -> None:
-        """Stop renewing and release every lease still held (best effort)."""
-        from .store import StoreUnavailable
+        """Stop renewing and release every lease held or asked for (best effort), waiting up to
+        5 s for the renewer and 5 s for the lease I/O thread.
 
+        The last releases go through the lease I/O thread, after the jobs it has in hand (its
+        queued acquires are not sent): an acquire already on its way to Redis is answered first, so
+        what it may be granted is released too (its lease is still in the table, asked for). When
+        Redis is slow and the wait ends first, the thread finishes that work alone (a daemon
+        thread: a lease it cannot release expires after ``lease_ttl_s``)."""
         self._stop.set()
         self._wake.set()
         if self._renewer is not None:
             self._renewer.join(5)
-        if self._lease_io_thread is not None:  # its queued releases go first, then release_all's
-            self._lease_io_stop.set()  # (and its queued acquires are not sent)
-            self._lease_io.put(None)
-            self._lease_io_thread.join(5)
-            self._lease_io_thread = None
-        if self._port is not None and self._store is not None:
-            held = self._leases.release_all()
-            try:
-                self._store.release(held)
-                if self.is_scheduler:
-                    self._store.release_plain(keys.scheduler(self.config.namespace), self.instance_id)
-                self._store.check_out(self.instance_id)
-            except StoreUnavailable as exc:
-                log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
-            self.is_scheduler = False
-            self._store.close()
+        io, self._lease_io_thread = self._lease_io_thread, None
+        self._lease_io_stop.set()  # this attach's thread sends no more acquires
+        if self._port is None or self._store is None:
+            return
+        scheduler, self.is_scheduler = self.is_scheduler, False
+        last = functools.partial(self._close_store, self._store, self._leases.release_all(), scheduler)
+        if io is not None and io.is_alive():
+            self._lease_io.put(last)
+            io.join(5)
+        else:  # (it failed: the consumer stops with its error)
+            last()
+
+    def _close_store(self, store: Any, held: list[tuple[str, str]], scheduler: bool) -> None:
+        """(The lease I/O thread's last job, or the owner's.) Release ``held`` (``[(lease id,
+        owner)]``) and, if it was the scheduler, the scheduler's lease; check out; close ``store``."""
+        from .store import StoreUnavailable
+
+        try:
+            store.release(held)
+            if scheduler:
+                store.release_plain(keys.scheduler(self.config.namespace), self.instance_id)
+            store.check_out(self.instance_id)
+        except StoreUnavailable as exc:
+            log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
+        store.close()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -794,6 +820,7 @@ class RedisSequencer:
             for head in leases.renewed(lid, owner, ok, asked_s):
                 if port is not None:
                     port.make_ready(head)
+        self._lost_noticed()  # a renewal refused: the lease was taken over
 
     def _renew_now(self) -> None:
         """(Owner.) A head waits for its lease's renewal: publish the leases held and wake the
@@ -805,6 +832,15 @@ class RedisSequencer:
     def _renewal_failed(self, now: float) -> None:
         """(Owner, posted by the renewer.) Redis did not answer: leases unconfirmed for a TTL are lost."""
         self._leases.expire_unconfirmed(now)
+        self._lost_noticed()
+
+    def _lost_noticed(self) -> None:
+        """(Owner.) A lease lost since the last look (expired unconfirmed, taken over) makes the
+        owner doubt its partitions at once: acquires on their way are then not used (:meth:`_acquired`)."""
+        leases = self._leases
+        if leases.lost != self._lost_seen:  # lost, not released: a stall or Redis trouble
+            self._lost_seen = leases.lost
+            self._suspected()
 
     def _renew_loop(self) -> None:
         """The renewer thread: checks in and renews the published leases every ``renew_interval_s``,

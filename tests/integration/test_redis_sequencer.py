@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -471,10 +472,14 @@ def test_after_a_stall_or_a_lost_lease_no_lease_is_acquired_until_ownership_is_c
         # when a held lease is lost (deleted in Redis: taken over) the check is asked again
         asked = owner["asked"]
         owner["ok"] = False
+        # (a lease may have been lost already, in the stall above: k0's, granted after the renewer's
+        # list was last published, is not renewed while nothing ticks, and may be lost and acquired
+        # again; the loss waited for is the one the deletion causes)
+        lost = seq._leases.lost
         r = connect(redis_url, 5.0)
         for name in r.scan_iter(f"kc:{seq.config.namespace}:*:lease"):
             r.delete(name)
-        assert wait_until(lambda: owner["drain"]() >= 0 and seq._leases.lost > 0, 5)
+        assert wait_until(lambda: owner["drain"]() >= 0 and seq._leases.lost > lost, 5)
         d.admit([Message("t", 0, 2, b"k2", b"v")])
         owner["tick"]()
         owner["tick"]()
@@ -525,5 +530,54 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
             return len(d.queue) == 1
 
         assert wait_until(acquired, 5)
+    finally:
+        seq.detach()
+
+
+@pytest.mark.timeout(30)
+def test_a_lease_granted_after_a_doubt_began_is_released_not_used(redis_url: str) -> None:
+    from keyedconsumer.message import Message
+
+    # given a sequencer whose acquire of k0's lease is on its way to Redis (held up in the lease
+    # I/O thread) when the owner begins to doubt its partitions (a stall) and the group moved on
+    seq, d, owner = _with_ownership_check(redis_url)
+    try:
+        acquire, sent, go = seq._store.acquire, threading.Event(), threading.Event()
+
+        def held_up_acquire(requests, ttl_ms):  # type: ignore[no-untyped-def]
+            sent.set()
+            go.wait(10)
+            return acquire(requests, ttl_ms)
+
+        release, released = seq._store.release, []
+
+        def recorded_release(requests):  # type: ignore[no-untyped-def]
+            released.extend(requests)
+            return release(requests)
+
+        seq._store.acquire, seq._store.release = held_up_acquire, recorded_release
+        d.admit([Message("t", 0, 0, b"k0", b"v")])
+        owner["tick"]()
+        assert sent.wait(5)  # checked for a stall and a doubt, and sent
+        time.sleep(0.7)  # longer than the stall bound (0.5 s): the next tick doubts
+        owner["ok"] = False
+        owner["tick"]()
+        assert owner["asked"] == 1
+        # when Redis grants it, after the doubt began
+        go.set()
+        seq._store.acquire = acquire
+        assert wait_until(lambda: owner["drain"]() >= 0 and seq.acquire_calls == 1, 5)
+        # then no run of k0 is made ready while the check fails, and the grant is released
+        for _ in range(4):
+            owner["tick"]()
+            time.sleep(0.25)
+        assert len(d.queue) == 0 and owner["asked"] >= 2
+        assert wait_until(lambda: len(released) == 1, 5), released
+        # when the check passes, the lease is asked for again and the run made ready
+        owner["ok"] = True
+        assert owner["until"](lambda: len(d.queue) == 1)
+        r = connect(redis_url, 5.0)
+        held = [k for k in r.scan_iter(f"kc:{seq.config.namespace}:*:lease") if b"{_sched}" not in k]
+        assert len(held) == 1, held
     finally:
         seq.detach()
