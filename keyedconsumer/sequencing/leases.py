@@ -350,6 +350,8 @@ class LeaseTable:
             lease.renewed_s = max(lease.renewed_s, asked_s)
             heads, lease.renewing = lease.renewing, []
             return heads
+        if asked_s < lease.renewed_s:  # refused before Redis confirmed it again (acquired anew)
+            return []
         self.lose(lease)
         return []
 

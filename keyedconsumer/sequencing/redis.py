@@ -9,7 +9,6 @@ view of its leases), :mod:`.parking` (ordered non-blocking retries and scheduled
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -232,6 +231,7 @@ class RedisSequencer:
         ] = queue.SimpleQueue()
         self._lease_io_thread: threading.Thread | None = None
         self._lease_io_stop = threading.Event()  # this attach's I/O thread sends no more acquires
+        self._lease_io_closed = threading.Event()  # this attach's store is closed: the thread ends
         self._ask_backoff_s = 0.0  # after failed acquires, no acquire is sent for this long
         self._asks_from_s = 0.0  # ... until then (monotonic seconds)
         self._backoff_s = 0.0
@@ -424,6 +424,7 @@ class RedisSequencer:
         self._renewer.start()
         self._lease_io = queue.SimpleQueue()
         self._lease_io_stop = threading.Event()
+        self._lease_io_closed = threading.Event()
         self._ask_backoff_s = self._asks_from_s = 0.0
         self._lease_io_thread = threading.Thread(
             target=self._lease_io_loop, name="keyedconsumer-lease-io", daemon=True
@@ -528,10 +529,11 @@ class RedisSequencer:
 
         # this attach's: a thread still in a Redis call when detach() gave up waiting ends with them
         port, store, jobs, stop = self._port, self._store, self._lease_io, self._lease_io_stop
+        closed = self._lease_io_closed
         assert port is not None
         ttl_ms = redis_ms(self.config.lease_ttl_s)
         try:
-            while True:
+            while not closed.is_set():  # (the owner closed the store when its wait ended first)
                 job = jobs.get()
                 if callable(job):  # detached: the last releases, the check-out, the store closed
                     job()
@@ -665,8 +667,10 @@ class RedisSequencer:
         The last releases go through the lease I/O thread, after the jobs it has in hand (its
         queued acquires are not sent): an acquire already on its way to Redis is answered first, so
         what it may be granted is released too (its lease is still in the table, asked for). When
-        Redis is slow and the wait ends first, the thread finishes that work alone (a daemon
-        thread: a lease it cannot release expires after ``lease_ttl_s``)."""
+        that wait ends first (Redis slow: the thread still in an earlier call) or the thread is
+        gone, the owner does the last work itself; either way it is done, once, before this
+        returns (a lease granted to a call still on its way then expires after ``lease_ttl_s``).
+        A second call does nothing more."""
         self._stop.set()
         self._wake.set()
         if self._renewer is not None:
@@ -676,12 +680,23 @@ class RedisSequencer:
         if self._port is None or self._store is None:
             return
         scheduler, self.is_scheduler = self.is_scheduler, False
-        last = functools.partial(self._close_store, self._store, self._leases.release_all(), scheduler)
+        store, held, closed, once = (
+            self._store,
+            self._leases.release_all(),
+            self._lease_io_closed,
+            threading.Lock(),
+        )
+
+        def last() -> None:  # the I/O thread's last job, or the owner's: whoever comes first
+            with once:
+                if not closed.is_set():
+                    closed.set()
+                    self._close_store(store, held, scheduler)
+
         if io is not None and io.is_alive():
             self._lease_io.put(last)
             io.join(5)
-        else:  # (it failed: the consumer stops with its error)
-            last()
+        last()  # (done already, unless the wait ended first or the thread failed)
 
     def _close_store(self, store: Any, held: list[tuple[str, str]], scheduler: bool) -> None:
         """(The lease I/O thread's last job, or the owner's.) Release ``held`` (``[(lease id,
@@ -695,7 +710,10 @@ class RedisSequencer:
             store.check_out(self.instance_id)
         except StoreUnavailable as exc:
             log.warning("leases not released (they expire in %g s): %s", self.config.lease_ttl_s, exc)
-        store.close()
+        except Exception:  # noqa: BLE001 - a bug; the detach goes on (the run's own error stands)
+            log.exception("leases not released at detach (they expire in %g s)", self.config.lease_ttl_s)
+        finally:
+            store.close()
 
     # -- public -------------------------------------------------------------------------------
 

@@ -537,6 +537,7 @@ def test_a_stall_within_a_tick_acquires_nothing_until_ownership_is_confirmed(red
 @pytest.mark.timeout(30)
 def test_a_lease_granted_after_a_doubt_began_is_released_not_used(redis_url: str) -> None:
     from keyedconsumer.message import Message
+    from keyedconsumer.sequencing import keys
 
     # given a sequencer whose acquire of k0's lease is on its way to Redis (held up in the lease
     # I/O thread) when the owner begins to doubt its partitions (a stall) and the group moved on
@@ -576,8 +577,59 @@ def test_a_lease_granted_after_a_doubt_began_is_released_not_used(redis_url: str
         # when the check passes, the lease is asked for again and the run made ready
         owner["ok"] = True
         assert owner["until"](lambda: len(d.queue) == 1)
-        r = connect(redis_url, 5.0)
-        held = [k for k in r.scan_iter(f"kc:{seq.config.namespace}:*:lease") if b"{_sched}" not in k]
-        assert len(held) == 1, held
+        r = connect(redis_url, 5.0)  # (one key read: a SCAN of a big database outlasts the 1 s TTL)
+        assert r.exists(keys.lease(seq.config.namespace, keys.lease_id(b"k0", "t", 0)))
     finally:
+        seq.detach()
+
+
+@pytest.mark.timeout(40)
+def test_detach_releases_what_it_holds_before_it_returns_when_the_lease_io_thread_is_held_up(
+    redis_url: str,
+) -> None:
+    from keyedconsumer.engine.engine import Engine
+    from keyedconsumer.engine.workers import Mailbox
+    from keyedconsumer.message import Message
+    from keyedconsumer.sequencing import keys
+
+    # given a sequencer (lease TTL 30 s) holding k0's lease, whose lease I/O thread is held up in
+    # k1's acquire for longer than detach waits for it (5 s)
+    ns = f"detach{uuid.uuid4().hex[:8]}"
+    seq = RedisSequencer(redis_url, ns, lease_ttl_s=30.0, require_durable=False)
+    mailbox = Mailbox()
+    d = Engine("key", seq, mailbox.post)
+    d.assign([("t", 0)])
+    seq.attach(d.port, lambda e: None)
+    go = threading.Event()
+    try:
+        d.admit([Message("t", 0, 0, b"k0", b"v")])
+        assert wait_until(lambda: (mailbox.drain(), seq.tick(), len(d.queue) == 1)[2], 5)
+        r = connect(redis_url, 5.0)
+        k0_lease = keys.lease(ns, keys.lease_id(b"k0", "t", 0))
+        assert r.exists(k0_lease)
+        assert wait_until(lambda: r.zscore(keys.instances(ns), seq.instance_id) is not None, 5)
+        acquire, sent = seq._store.acquire, threading.Event()
+
+        def held_up_acquire(requests, ttl_ms):  # type: ignore[no-untyped-def]
+            sent.set()
+            go.wait(20)
+            return acquire(requests, ttl_ms)
+
+        seq._store.acquire = held_up_acquire
+        d.admit([Message("t", 0, 1, b"k1", b"v")])
+        assert wait_until(lambda: (mailbox.drain(), seq.tick(), sent.is_set())[2], 5)
+        io = seq._lease_io_thread
+        assert io is not None
+        # when the consumer detaches
+        seq.detach()
+        # then k0's lease is released and the instance checked out before detach returned (not
+        # left to the thread, which a process's exit would end first: k0 would wait 30 s)
+        assert not r.exists(k0_lease) and not r.exists(keys.scheduler(ns))
+        assert r.zscore(keys.instances(ns), seq.instance_id) is None
+        # and the held-up thread ends once its call returns, sending nothing more
+        go.set()
+        io.join(5)
+        assert not io.is_alive()
+    finally:
+        go.set()
         seq.detach()

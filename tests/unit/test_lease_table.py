@@ -142,3 +142,21 @@ def test_a_lease_redis_may_hold_is_released_when_no_lane_wants_it_any_more() -> 
     leases.drop(head, "a")
     leases.unanswered([(lid, owner)], maybe_run=True)
     assert "a" not in leases.by_id and leases.release_all() == [("a", owner)]
+
+
+def test_a_refusal_sent_before_the_lease_was_acquired_anew_does_not_lose_it() -> None:
+    # given lease a acquired at 100, lost unconfirmed at 103, and acquired again (same owner) at 104
+    leases = LeaseTable(TTL_S)
+    _acquire(leases, "a", 100.0)
+    owner = leases.by_id["a"].owner
+    leases.expire_unconfirmed(103.0)
+    assert _held(leases) == set() and leases.lost == 1
+    _acquire(leases, "a", 104.0)
+    assert leases.by_id["a"].owner == owner and _held(leases) == {"a"}
+    # when a renewal sent at 102.5, before the new acquire, comes back refused
+    leases.renewed("a", owner, False, 102.5)
+    # then the lease acquired at 104 stays held: the refusal is about the old one
+    assert _held(leases) == {"a"} and leases.lost == 1
+    # and a refusal of a renewal sent after it still loses it
+    leases.renewed("a", owner, False, 104.5)
+    assert _held(leases) == set() and leases.lost == 2
