@@ -699,7 +699,8 @@ class TransactionalPublisher:
             records and none of ``offsets`` became visible.
         KafkaClientError
             This publisher was fenced (another publisher with the same id started) or hit a fatal
-            error; its open transaction is aborted by the broker.
+            error, either in the commit or in the abort after a commit that failed otherwise (a
+            commit racing the fence); its open transaction is aborted by the broker.
         """
         tps = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
         try:
@@ -723,17 +724,32 @@ class TransactionalPublisher:
                 raise KafkaClientError(
                     f"transaction failed: {err.name()}: {err.str()}", code=err.name(), fatal=True
                 ) from None
-            self._abort()
             cause = f"{refused[0].name()}: {refused[0].str()}" if refused else f"{err.name()}: {err.str()}"
+            # a commit that races a newer publisher's fencing can fail with another error (seen:
+            # Kafka 4.1's transaction coordinator answered EndTxn with UNKNOWN_SERVER_ERROR); the
+            # abort then meets the fence, and the fence is what the caller must hear about
+            fatal = self._abort()
+            if fatal is not None:
+                raise KafkaClientError(
+                    f"transaction failed: {fatal.name()}: {fatal.str()} (the commit had failed with {cause})",
+                    code=fatal.name(),
+                    fatal=True,
+                ) from None
             raise PublishError(f"the transaction was aborted, nothing of it was published: {cause}") from None
         self._open = False
         return [(r[1], r[2]) if r is not None else (-1, -1) for r in self._results]
 
-    def _abort(self) -> None:
+    def _abort(self) -> KafkaError | None:
+        """Abort the open transaction; return the error when the producer is fenced or failed for
+        good (``_FENCED``, or any fatal error), else ``None`` (other failures are logged)."""
         try:
             self._producer.abort_transaction(self.timeout_s)
         except KafkaException as exc:
-            tools_log.warning("abort_transaction failed: %s", exc.args[0].str())
+            err: KafkaError = exc.args[0]
+            tools_log.warning("abort_transaction failed: %s", err.str())
+            if err.fatal() or err.code() == KafkaError._FENCED:
+                return err
+        return None
 
     def abort(self) -> None:
         """Abort the open transaction, if any (best effort: errors are logged)."""

@@ -50,3 +50,25 @@ def test_a_fenced_publisher_reports_fenced_and_closes_without_raising(kafka_boot
             older.close()
         finally:
             newer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(120)
+def test_a_commit_after_a_newer_publisher_started_reports_the_fence(kafka_bootstrap: str) -> None:
+    conf = {"bootstrap.servers": kafka_bootstrap}
+    topic, tid = _topic(kafka_bootstrap), f"txp-{uuid.uuid4().hex[:8]}"
+    reader = admin.TopicReader(conf, topic, f"g-{tid}", 10)
+    # given a publisher with a record in its open transaction, fenced off by a newer publisher of its id
+    older = admin.TransactionalPublisher(conf, tid, 10)
+    older.begin()
+    older.send(topic, b"k", b"v", [])
+    newer = admin.TransactionalPublisher(conf, tid, 10)
+    try:
+        # when the older one commits, then its error is a fatal one that names the fence
+        with pytest.raises(KafkaClientError) as raised:
+            older.commit({(topic, 0): (1, "")}, reader)
+        assert raised.value.fatal and "FENCED" in (raised.value.code or "").upper(), raised.value
+        older.close()
+    finally:
+        newer.close()
+        reader.close()
