@@ -152,10 +152,29 @@ def dashboard(scene: Scene, redis_url: str, tmp_path_factory: pytest.TempPathFac
 
 
 def _wait(driver: Any, pred: Any, timeout_s: float = 20.0, what: str = "") -> Any:
-    """Wait until ``pred(driver)`` is truthy; an element replaced by a live refresh meanwhile
-    (stale) just means: look again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    """Wait until ``pred(driver)`` is truthy; an element replaced by a live refresh or a page load
+    meanwhile (stale) just means: look again.
+
+    chromedriver reports an element of a document that a navigation (a form's submit) replaced
+    between finding it and reading it not always as stale: seen in CI, a generic
+    ``WebDriverException`` "unhandled inspector error: Node with given id does not belong to the
+    document" while waiting for the page after signing in. That one means the same: look again."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def look(d: Any) -> Any:
+        try:
+            return pred(d)
+        except (StaleElementReferenceException, NoSuchElementException):
+            raise
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return False
+            raise
 
     wait = WebDriverWait(
         driver,
@@ -163,7 +182,7 @@ def _wait(driver: Any, pred: Any, timeout_s: float = 20.0, what: str = "") -> An
         poll_frequency=0.2,
         ignored_exceptions=(StaleElementReferenceException, NoSuchElementException),
     )
-    return wait.until(lambda d: pred(d), what)
+    return wait.until(look, what)
 
 
 def _click(driver: Any, css: str, what: str = "") -> None:
