@@ -47,7 +47,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from engine_cpu import run as engine_pass  # noqa: E402
 
 from keyedconsumer.config import ConsumerConfig  # noqa: E402
-from keyedconsumer.kafka.client import _ConfluentClient  # noqa: E402
+from keyedconsumer.kafka.client import connect  # noqa: E402
 from keyedconsumer.message import Message  # noqa: E402
 
 PARTITIONS, KEYS, SIZE, BATCH = 8, 10_000, 100, 500
@@ -143,9 +143,7 @@ class _Listener:
 def poll_pass(brokers: str, topic: str, n: int) -> tuple[float, list[Message]]:
     """(the thread's CPU seconds a message of ``poll_batch``, the last 20,000 messages for the
     handler pass)."""
-    client = _ConfluentClient(
-        _engine_conf(brokers, topic), on_error=lambda err: print("floor:", err, file=sys.stderr)
-    )
+    client = connect(_engine_conf(brokers, topic), on_error=lambda err: print("floor:", err, file=sys.stderr))
     client.subscribe([topic], _Listener())  # type: ignore[arg-type]
     got, c0, kept = 0, 0.0, []
     try:
@@ -158,7 +156,7 @@ def poll_pass(brokers: str, topic: str, n: int) -> tuple[float, list[Message]]:
                 kept.extend(msgs)
         return (time.thread_time() - c0) / n, kept
     finally:
-        client._consumer.close()
+        client.close()
 
 
 def handler_pass(msgs: list[Message], n: int) -> float:

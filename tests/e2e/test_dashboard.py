@@ -169,9 +169,7 @@ def _wait(driver: Any, pred: Any, timeout_s: float = 20.0, what: str = "") -> An
     def look(d: Any) -> Any:
         try:
             return pred(d)
-        except (StaleElementReferenceException, NoSuchElementException):
-            raise
-        except WebDriverException as exc:
+        except WebDriverException as exc:  # stale / no such element: re-raised, ignored by the wait
             if "does not belong to the document" in str(exc):
                 return False
             raise
