@@ -688,6 +688,10 @@ class TransactionalPublisher:
         """Commit the open transaction with ``offsets`` (``{(topic, partition): (offset, metadata)}``)
         committed for the reader's consumer group in the same transaction.
 
+        A commit librdkafka answers with a retriable error is resumed (``commit_transaction`` again)
+        until ``timeout_s``; one that fails otherwise is aborted, as librdkafka's transactional API
+        asks (``txn_requires_abort``).
+
         Returns
         -------
         ``(partition, offset)`` of each record sent in the transaction, in the order sent.
@@ -695,18 +699,24 @@ class TransactionalPublisher:
         Raises
         ------
         PublishError
-            A record was refused or the commit failed; the transaction was aborted: none of its
-            records and none of ``offsets`` became visible.
+            A record was refused or the commit failed, and the abort that followed was confirmed:
+            none of its records and none of ``offsets`` became visible.
         KafkaClientError
-            This publisher was fenced (another publisher with the same id started) or hit a fatal
-            error, either in the commit or in the abort after a commit that failed otherwise (a
-            commit racing the fence); its open transaction is aborted by the broker.
+            - ``fatal``: this publisher was fenced (another publisher with the same id started) or
+              hit a fatal error, either in the commit or in the abort after a commit that failed
+              otherwise (a commit racing the fence); its open transaction is aborted by the broker.
+            - not ``fatal``: the transaction's outcome is not known. Either the commit was still
+              unanswered at ``timeout_s`` (it is not aborted then: librdkafka may still complete it,
+              and the broker commits or aborts it as a whole), or it failed and the abort was not
+              confirmed. Read the group's committed offsets with ``require_stable`` to learn which.
         """
         tps = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in offsets.items()]
+        committing = False
         try:
             if tps:
                 self._producer.send_offsets_to_transaction(tps, reader._group_metadata(), self.timeout_s)
             deadline = time.monotonic() + self.timeout_s
+            committing = True
             while True:
                 try:
                     self._producer.commit_transaction(max(0.1, deadline - time.monotonic()))
@@ -718,37 +728,55 @@ class TransactionalPublisher:
                     raise
         except KafkaException as exc:
             self._open = False
-            err = exc.args[0]
-            refused = next((r for r in self._results if r is not None and r[0] is not None), None)
-            if err.fatal() or err.code() == KafkaError._FENCED:
-                raise KafkaClientError(
-                    f"transaction failed: {err.name()}: {err.str()}", code=err.name(), fatal=True
-                ) from None
-            cause = f"{refused[0].name()}: {refused[0].str()}" if refused else f"{err.name()}: {err.str()}"
-            # a commit that races a newer publisher's fencing can fail with another error (seen:
-            # Kafka 4.1's transaction coordinator answered EndTxn with UNKNOWN_SERVER_ERROR); the
-            # abort then meets the fence, and the fence is what the caller must hear about
-            fatal = self._abort()
-            if fatal is not None:
-                raise KafkaClientError(
-                    f"transaction failed: {fatal.name()}: {fatal.str()} (the commit had failed with {cause})",
-                    code=fatal.name(),
-                    fatal=True,
-                ) from None
-            raise PublishError(f"the transaction was aborted, nothing of it was published: {cause}") from None
+            self._commit_failed(exc.args[0], committing)
         self._open = False
         return [(r[1], r[2]) if r is not None else (-1, -1) for r in self._results]
 
+    def _commit_failed(self, err: KafkaError, committing: bool) -> NoReturn:
+        """Raise what a failed commit means (``err``, raised by ``send_offsets_to_transaction``, or
+        by ``commit_transaction`` when ``committing``): see :meth:`commit`."""
+        if err.fatal() or err.code() == KafkaError._FENCED:
+            raise KafkaClientError(
+                f"transaction failed: {err.name()}: {err.str()}", code=err.name(), fatal=True
+            ) from None
+        if committing and err.retriable() and not err.txn_requires_abort():
+            # librdkafka keeps such a commit going and refuses an abort meanwhile (_CONFLICT): the
+            # broker may still commit it (the engine's producer calls this "in doubt" too)
+            raise KafkaClientError(
+                f"the commit was not answered within {self.timeout_s:g} s ({err.name()}: {err.str()}): "
+                "its outcome is not known (the transaction commits or aborts as a whole); the "
+                "consumer group's committed offsets say which once the broker ends it",
+                code=err.name(),
+            ) from None
+        refused = next((r for r in self._results if r is not None and r[0] is not None), None)
+        cause = f"{refused[0].name()}: {refused[0].str()}" if refused else f"{err.name()}: {err.str()}"
+        # a commit that races a newer publisher's fencing can fail with another error (seen:
+        # Kafka 4.1's transaction coordinator answered EndTxn with UNKNOWN_SERVER_ERROR); the
+        # abort then meets the fence, and the fence is what the caller must hear about
+        failed = self._abort()
+        if failed is None:
+            raise PublishError(f"the transaction was aborted, nothing of it was published: {cause}") from None
+        if failed.fatal() or failed.code() == KafkaError._FENCED:
+            raise KafkaClientError(
+                f"transaction failed: {failed.name()}: {failed.str()} (the commit had failed with {cause})",
+                code=failed.name(),
+                fatal=True,
+            ) from None
+        raise KafkaClientError(
+            f"the commit failed ({cause}) and its abort was not confirmed ({failed.name()}: "
+            f"{failed.str()}): the transaction's outcome is not known until the broker ends it",
+            code=failed.name(),
+        ) from None
+
     def _abort(self) -> KafkaError | None:
-        """Abort the open transaction; return the error when the producer is fenced or failed for
-        good (``_FENCED``, or any fatal error), else ``None`` (other failures are logged)."""
+        """Abort the open transaction; return the abort's error (logged too), or ``None`` when the
+        abort was confirmed."""
         try:
             self._producer.abort_transaction(self.timeout_s)
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             tools_log.warning("abort_transaction failed: %s", err.str())
-            if err.fatal() or err.code() == KafkaError._FENCED:
-                return err
+            return err
         return None
 
     def abort(self) -> None:

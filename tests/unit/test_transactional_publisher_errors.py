@@ -64,8 +64,43 @@ def test_a_commit_that_fails_and_is_aborted_cleanly_is_a_publish_error() -> None
     assert producer.aborts == 1
 
 
-def test_an_abort_that_fails_without_a_fence_still_reports_the_commit_error() -> None:
+def test_a_commit_that_fails_and_an_abort_that_meets_another_fatal_error_report_that_error() -> None:
+    refused = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "not authorised", fatal=True)
+    producer = _Producer(_UNKNOWN, refused)
+    with pytest.raises(KafkaClientError) as raised:
+        _publisher(producer).commit({}, reader=None)  # type: ignore[arg-type]
+    assert raised.value.fatal and raised.value.code == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", raised.value
+    assert "UNKNOWN" in str(raised.value)
+
+
+def test_an_abort_that_is_not_confirmed_does_not_claim_nothing_was_published() -> None:
     timed_out = KafkaError(KafkaError._TIMED_OUT, "abort timed out", retriable=True)
     producer = _Producer(_UNKNOWN, timed_out)
-    with pytest.raises(PublishError, match="UNKNOWN"):
+    with pytest.raises(KafkaClientError) as raised:
         _publisher(producer).commit({}, reader=None)  # type: ignore[arg-type]
+    assert not isinstance(raised.value, PublishError) and not raised.value.fatal
+    assert "not known" in str(raised.value) and "UNKNOWN" in str(raised.value)
+    assert producer.aborts == 1
+
+
+def test_a_commit_unanswered_in_time_is_not_aborted_and_its_outcome_is_not_known() -> None:
+    # librdkafka goes on with such a commit (the broker may commit it) and refuses an abort meanwhile
+    timed_out = KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True)
+    conflict = KafkaError(KafkaError._CONFLICT, "commit_transaction already in progress")
+    producer = _Producer(timed_out, conflict)
+    publisher = _publisher(producer)
+    publisher.timeout_s = 0.2
+    with pytest.raises(KafkaClientError) as raised:
+        publisher.commit({}, reader=None)  # type: ignore[arg-type]
+    assert not isinstance(raised.value, PublishError) and not raised.value.fatal
+    assert "not known" in str(raised.value) and raised.value.code == "_TIMED_OUT"
+    assert producer.aborts == 0
+
+
+def test_a_fatal_commit_error_is_raised_without_an_abort() -> None:
+    fenced = KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
+    producer = _Producer(fenced, None)
+    with pytest.raises(KafkaClientError) as raised:
+        _publisher(producer).commit({}, reader=None)  # type: ignore[arg-type]
+    assert raised.value.fatal and raised.value.code == "_FENCED"
+    assert producer.aborts == 0
