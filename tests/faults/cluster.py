@@ -89,6 +89,11 @@ class Cluster:
         """The Redis Cluster's URL (``redis+cluster://``, every node a startup node)."""
         return "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in self.redis_nodes)
 
+    @property
+    def ports(self) -> list[int]:
+        """Every port the cluster's nodes will listen on (brokers, controllers, Redis nodes, buses)."""
+        return _kafka_ports(self.kafka_base) + _redis_ports(self.redis_base)
+
     def kafka_port(self, node: int) -> int:
         return self.kafka_base + 2 * (node - 1)
 
@@ -111,7 +116,7 @@ class Cluster:
         run_services(self.env, self.log_path, *args, timeout_s=timeout_s)
 
     def up(self) -> None:
-        for port in _kafka_ports(self.kafka_base) + _redis_ports(self.redis_base):
+        for port in self.ports:
             if not port_free(port):
                 raise RuntimeError(f"port {port} is in use: the tests run their own cluster only")
         self._run("cluster-up")

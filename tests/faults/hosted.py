@@ -65,7 +65,7 @@ class ClusterServices:
         self.hosts = hosts.Hosts(len(SLOT_HOSTS), owner_pid)
         try:
             self.cluster = Cluster(run_dir, pick_bases((38100, 48100)), host=self.hosts.address)
-            self.db_port = pick_ports((28180, 28181, 28182))[2]
+            self.db_port = pick_ports((28180, 28181, 28182), avoid=self.cluster.ports)[2]
         except BaseException:
             self.hosts.close()
             raise

@@ -14,6 +14,7 @@ import random
 import socket
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from .common import REPO
@@ -50,17 +51,23 @@ def stable_port(port: int) -> bool:
     return port < ephemeral_start() and port_free(port)
 
 
-def pick_ports(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
+def pick_ports(preferred: tuple[int, int, int], avoid: Collection[int] = ()) -> tuple[int, int, int]:
     """Kafka, Kafka controller and Redis ports: the preferred ones if all are :func:`stable_port`,
-    else free ones below the ephemeral range."""
-    if all(stable_port(p) for p in preferred):
+    else free ones below the ephemeral range. None is in ``avoid``: the ports of services of the
+    same run chosen before and not started yet (free now, but taken once they start; seen in CI:
+    the cluster harness's own Redis got a port of its Kafka cluster)."""
+
+    def usable(port: int) -> bool:
+        return port not in avoid and stable_port(port)
+
+    if all(usable(p) for p in preferred):
         return preferred
     rng = random.Random()
     top = ephemeral_start() - 100
     for _ in range(200):
         base = rng.randrange(20000, top - 50)
         cand = (base, base + 1, base + 50)
-        if all(stable_port(p) for p in cand):
+        if all(usable(p) for p in cand):
             return cand
     raise RuntimeError("no free ports below the ephemeral range for the harness's Kafka and Redis")
 
